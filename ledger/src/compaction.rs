@@ -1,0 +1,51 @@
+//! Bounded memory, correct forever (SPEC.md §5.5). Once cluster time passes a command's
+//! `not_after_ms + retention_ms` no copy of it can apply, so its full event may leave memory:
+//! the dedupe row keeps a digest and the answer, and final holds keep an archive record.
+
+use crate::family::{CompactionItem, DedupeEntry, Family};
+use crate::hold::HoldSlot;
+use crate::limits::MAX_COMPACTIONS_PER_COMMAND;
+
+impl Family {
+    /// Runs due compaction steps, at most `MAX_COMPACTIONS_PER_COMMAND`, in due order.
+    /// Deterministic: it depends only on replicated state and cluster time.
+    pub(crate) fn compact_due(&mut self, now_ms: u64) {
+        for _ in 0..MAX_COMPACTIONS_PER_COMMAND {
+            match self.compaction_queue.first() {
+                Some((due, _)) if *due < now_ms => {}
+                _ => return,
+            }
+            let Some((_, item)) = self.compaction_queue.pop_first() else { return };
+            self.compact(item, now_ms);
+        }
+    }
+
+    fn compact(&mut self, item: CompactionItem, now_ms: u64) {
+        match item {
+            CompactionItem::Journal(index) => {
+                self.journal.remove(&index);
+            }
+            CompactionItem::Dedupe(event_id) => match self.dedupe.get_mut(&event_id) {
+                Some(DedupeEntry::Applied { identity, .. }) => *identity = identity.compacted(),
+                Some(DedupeEntry::Tombstoned { .. }) => {
+                    self.dedupe.remove(&event_id);
+                }
+                None => panic!("compaction of unknown event {event_id}"),
+            },
+            CompactionItem::Hold(hold_id) => {
+                let Some(HoldSlot::Live(hold)) = self.holds.get(&hold_id) else { return };
+                if !hold.is_final() {
+                    return;
+                }
+                let archived = HoldSlot::Archived(Box::new(hold.archive()));
+                self.holds.insert(hold_id, archived);
+                self.live_holds -= 1;
+            }
+            CompactionItem::Nonce(nonce_id) => {
+                if self.nonces.get(&nonce_id).is_some_and(|at| *at < now_ms) {
+                    self.nonces.remove(&nonce_id);
+                }
+            }
+        }
+    }
+}

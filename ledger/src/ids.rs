@@ -1,0 +1,161 @@
+//! Identifier types. Ids are cheap to clone (shared, immutable strings) because the same
+//! id is stored in the journal, the dedupe table and the hold it names.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::error::LedgerError;
+use crate::limits::{MAX_ID_BYTES, RESERVED_EVENT_ID_PREFIX};
+
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident, $field:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(Arc<str>);
+
+        impl $name {
+            /// Wraps any string; `validate` decides whether a client may use it.
+            pub fn new(value: impl Into<Arc<str>>) -> Self {
+                Self(value.into())
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            /// Non-empty and at most `MAX_ID_BYTES` long.
+            pub fn validate(&self) -> Result<(), LedgerError> {
+                validate_id($field, &self.0)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{:?}", &*self.0)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(value: &str) -> Self {
+                Self::new(value)
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(value: String) -> Self {
+                Self::new(value)
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(&self.0)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let value = String::deserialize(deserializer)?;
+                Ok(Self::new(value))
+            }
+        }
+    };
+}
+
+id_type!(
+    /// The root capability of a delegation chain: the unit of placement and linearization.
+    FamilyId,
+    "family_id"
+);
+id_type!(
+    /// A capability token's id.
+    CapabilityId,
+    "capability_id"
+);
+id_type!(
+    /// A two-phase reservation, chosen by the kernel as a pure function of the request.
+    HoldId,
+    "hold_id"
+);
+id_type!(
+    /// The dedupe key of a command (SPEC.md §5).
+    EventId,
+    "event_id"
+);
+id_type!(
+    /// One evaluation by one kernel; tells a kernel's own capture from its twin's.
+    AttemptId,
+    "attempt_id"
+);
+id_type!(
+    /// An execution nonce consumed once per family.
+    NonceId,
+    "nonce_id"
+);
+
+impl EventId {
+    /// Client ids may not start with the reserved `auto:` prefix.
+    pub fn validate_client(&self) -> Result<(), LedgerError> {
+        self.validate()?;
+        if self.0.starts_with(RESERVED_EVENT_ID_PREFIX) {
+            return Err(LedgerError::invalid(
+                "event_id",
+                format!("ids starting with {RESERVED_EVENT_ID_PREFIX:?} are reserved for the cluster"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The id of the `expire_hold` event the cluster appends for `hold_id`.
+    pub fn for_expiry(hold_id: &HoldId) -> Self {
+        Self::new(format!("{RESERVED_EVENT_ID_PREFIX}expire:{hold_id}"))
+    }
+
+    pub fn is_reserved(&self) -> bool {
+        self.0.starts_with(RESERVED_EVENT_ID_PREFIX)
+    }
+}
+
+fn validate_id(field: &'static str, value: &str) -> Result<(), LedgerError> {
+    if value.is_empty() {
+        return Err(LedgerError::invalid(field, "must not be empty"));
+    }
+    if value.len() > MAX_ID_BYTES {
+        return Err(LedgerError::invalid(
+            field,
+            format!("is {} bytes, at most {MAX_ID_BYTES} allowed", value.len()),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_reject_empty_oversized_and_reserved() {
+        assert!(HoldId::from("").validate().is_err());
+        assert!(HoldId::from("x".repeat(MAX_ID_BYTES)).validate().is_ok());
+        assert!(HoldId::from("x".repeat(MAX_ID_BYTES + 1)).validate().is_err());
+        assert!(EventId::from("auto:x").validate_client().is_err());
+        assert!(EventId::from("automatic").validate_client().is_ok());
+    }
+
+    #[test]
+    fn ids_serialize_as_plain_strings() {
+        let bytes = rmp_serde::to_vec(&FamilyId::from("fam")).expect("encode");
+        let plain = rmp_serde::to_vec("fam").expect("encode");
+        assert_eq!(bytes, plain);
+        let back: FamilyId = rmp_serde::from_slice(&bytes).expect("decode");
+        assert_eq!(back, FamilyId::from("fam"));
+    }
+}

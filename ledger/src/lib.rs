@@ -1,0 +1,34 @@
+//! Tally's budget rules (SPEC.md §1–8) as pure, deterministic code: no I/O, no async, no
+//! clocks, no randomness. Every replica applies the same commands in log order through
+//! [`Family::apply`] and reaches byte-identical state.
+
+pub mod account;
+mod apply;
+pub mod cluster_time;
+pub mod command;
+pub mod commit_index;
+mod compaction;
+pub mod decision;
+pub mod error;
+pub mod event;
+pub mod family;
+pub mod hold;
+pub mod identity;
+pub mod ids;
+mod invariants;
+pub mod limits;
+pub mod reads;
+pub mod snapshot;
+
+pub use account::{Account, AccountKey, GrantLimits, LegacyUnheld, UsageRecord};
+pub use cluster_time::ClusterParams;
+pub use command::{AncestorAccount, ClientCommand, Command, CommandHeader, Operation};
+pub use commit_index::{BudgetCommitIndex, LogPosition};
+pub use decision::{Decision, DenyReason, DenyRule, Outcome, Resolution};
+pub use error::{ConflictReason, LedgerError, PreconditionCode};
+pub use event::{AccountImage, EventKind, EventLookup, EventRecord};
+pub use family::{ApplyCtx, Family};
+pub use hold::{ArchivedHold, Hold, HoldStates, HoldView, InvocationState, MonetaryState};
+pub use ids::{AttemptId, CapabilityId, EventId, FamilyId, HoldId, NonceId};
+pub use reads::HoldFilter;
+pub use snapshot::SnapshotError;

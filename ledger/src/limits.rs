@@ -1,0 +1,33 @@
+//! Every bound the ledger enforces, in one place, so a reviewer sees all of them together.
+
+/// Longest id (family, capability, hold, event, attempt, nonce), in bytes.
+pub const MAX_ID_BYTES: usize = 512;
+/// Prefix of event ids the cluster mints itself (expiry events); clients may not use it.
+pub const RESERVED_EVENT_ID_PREFIX: &str = "auto:";
+/// Ancestor accounts a delegated hold may reserve on (SPEC.md §8).
+pub const MAX_ANCESTORS: usize = 7;
+/// Highest grant index a capability may address.
+pub const MAX_GRANT_INDEX: u32 = 4_095;
+/// Currency codes are short ASCII alphanumerics such as `USD`.
+pub const MAX_CURRENCY_BYTES: usize = 16;
+/// Longest hold timeout a client may ask for: a week.
+pub const MAX_HOLD_TIMEOUT_MS: u64 = 7 * 24 * 3_600_000;
+/// Longest nonce lifetime: nonces are remembered until they expire, so this bounds memory.
+pub const MAX_NONCE_TTL_MS: u64 = 24 * 3_600_000;
+/// Commands per Raft log entry (12 bits of the budget commit index, SPEC.md §6).
+pub const MAX_COMMANDS_PER_ENTRY: usize = 4_096;
+/// Events one command may append (8 bits of the budget commit index, SPEC.md §6).
+pub const MAX_EVENTS_PER_COMMAND: usize = 256;
+/// Holds reversed by one `ExpireHolds` command (SPEC.md §4).
+pub const MAX_EXPIRED_PER_COMMAND: usize = 256;
+/// Compaction steps done before one command, so a backlog never stalls an apply.
+pub const MAX_COMPACTIONS_PER_COMMAND: usize = 1_024;
+/// Open (non-archived) holds per family; beyond it authorize is refused, not denied.
+pub const MAX_LIVE_HOLDS_PER_FAMILY: usize = 1 << 20;
+/// Rows returned by one list read.
+pub const MAX_LIST_LIMIT: usize = 10_000;
+/// Log indexes fit in the 44 high bits of the budget commit index.
+pub const MAX_LOG_INDEX: u64 = (1 << 44) - 1;
+/// How far past cluster time a command's `not_after_ms` may lie: the dedupe table keeps a
+/// full event until `not_after_ms + retention_ms`, so this bounds its memory.
+pub const MAX_COMMAND_LIFETIME_MS: u64 = 24 * 3_600_000;

@@ -1,0 +1,141 @@
+//! The reads of SPEC.md §7, over one family. The router merges them across families.
+
+use crate::account::{AccountKey, UsageRecord};
+use crate::commit_index::BudgetCommitIndex;
+use crate::event::{EventLookup, EventRecord};
+use crate::family::{DedupeEntry, Family};
+use crate::hold::{Hold, HoldSlot, HoldView, InvocationState};
+use crate::ids::{CapabilityId, EventId, HoldId};
+use crate::limits::MAX_LIST_LIMIT;
+
+/// Which holds `list_holds` returns (for reconcilers).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HoldFilter {
+    pub state: Option<InvocationState>,
+    pub created_before_ms: Option<u64>,
+}
+
+impl Family {
+    pub fn get_usage(&self, key: &AccountKey) -> Option<UsageRecord> {
+        self.accounts
+            .get(key)
+            .map(|account| UsageRecord { key: key.clone(), account: account.clone() })
+    }
+
+    /// Ordered by `(updated_at_ms desc, capability_id, grant_index)`.
+    pub fn list_usages(&self, capability_id: Option<&CapabilityId>, limit: usize) -> Vec<UsageRecord> {
+        let mut rows: Vec<UsageRecord> = self
+            .accounts
+            .iter()
+            .filter(|(key, _)| capability_id.is_none_or(|c| &key.capability_id == c))
+            .map(|(key, account)| UsageRecord { key: key.clone(), account: account.clone() })
+            .collect();
+        rows.sort_by(usage_order);
+        rows.truncate(limit.min(MAX_LIST_LIMIT));
+        rows
+    }
+
+    /// Retained events in commit order, after `after` when given.
+    pub fn list_events(
+        &self,
+        capability_id: Option<&CapabilityId>,
+        grant_index: Option<u32>,
+        after: Option<BudgetCommitIndex>,
+        limit: usize,
+    ) -> Vec<EventRecord> {
+        let start = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+        self.journal
+            .range((start, std::ops::Bound::Unbounded))
+            .map(|(_, record)| record)
+            .filter(|r| capability_id.is_none_or(|c| &r.capability_id == c))
+            .filter(|r| grant_index.is_none_or(|g| r.grant_index == g))
+            .take(limit.min(MAX_LIST_LIMIT))
+            .cloned()
+            .collect()
+    }
+
+    /// `Unknown` is never a no: only `ResolveEvent` makes "not applied" final.
+    pub fn get_event(&self, event_id: &EventId) -> EventLookup {
+        match self.dedupe.get(event_id) {
+            Some(DedupeEntry::Applied { decision, .. }) => {
+                let record = decision
+                    .commit_index
+                    .and_then(|index| self.journal.get(&index))
+                    .filter(|record| &record.event_id == event_id)
+                    .cloned();
+                EventLookup::Applied { decision: decision.clone(), record }
+            }
+            Some(DedupeEntry::Tombstoned { .. }) => EventLookup::Tombstoned,
+            None if event_id.is_reserved() => self.cluster_event(event_id),
+            None => EventLookup::Unknown,
+        }
+    }
+
+    /// Cluster-minted events (expiries) are not deduped; find them in the journal.
+    fn cluster_event(&self, event_id: &EventId) -> EventLookup {
+        self.journal
+            .values()
+            .find(|record| &record.event_id == event_id)
+            .map_or(EventLookup::Unknown, |record| EventLookup::Applied {
+                decision: crate::decision::Decision {
+                    event_id: event_id.clone(),
+                    outcome: crate::decision::Outcome::AlreadyReversed {
+                        hold_id: record.hold_id.clone().expect("expiry names its hold"),
+                        by_event_id: event_id.clone(),
+                    },
+                    commit_index: Some(record.commit_index),
+                    log_id: Some(record.log_id),
+                    replayed: true,
+                },
+                record: Some(record.clone()),
+            })
+    }
+
+    pub fn get_hold(&self, hold_id: &HoldId) -> Option<HoldView> {
+        self.holds.get(hold_id).map(|slot| match slot {
+            HoldSlot::Live(hold) => HoldView::Live((**hold).clone()),
+            HoldSlot::Denied { event_id } => {
+                HoldView::Denied { hold_id: hold_id.clone(), event_id: event_id.clone() }
+            }
+            HoldSlot::Archived(hold) => {
+                HoldView::Archived { hold_id: hold_id.clone(), hold: (**hold).clone() }
+            }
+        })
+    }
+
+    /// Live holds matching `filter`, oldest first, for reconcilers.
+    pub fn list_holds(&self, filter: &HoldFilter, limit: usize) -> Vec<Hold> {
+        let mut holds: Vec<&Hold> = self
+            .holds
+            .values()
+            .filter_map(|slot| match slot {
+                HoldSlot::Live(hold) => Some(&**hold),
+                _ => None,
+            })
+            .filter(|h| filter.state.is_none_or(|s| h.invocation_state == s))
+            .filter(|h| filter.created_before_ms.is_none_or(|t| h.created_at_ms < t))
+            .collect();
+        holds.sort_by(|a, b| (a.created_at_ms, &a.hold_id).cmp(&(b.created_at_ms, &b.hold_id)));
+        holds.into_iter().take(limit.min(MAX_LIST_LIMIT)).cloned().collect()
+    }
+
+    pub fn account_count(&self) -> usize {
+        self.accounts.len()
+    }
+
+    pub fn live_hold_count(&self) -> usize {
+        self.live_holds
+    }
+
+    pub fn journal_len(&self) -> usize {
+        self.journal.len()
+    }
+}
+
+/// `(updated_at_ms desc, capability_id, grant_index)`.
+pub fn usage_order(a: &UsageRecord, b: &UsageRecord) -> std::cmp::Ordering {
+    b.account
+        .updated_at_ms
+        .cmp(&a.account.updated_at_ms)
+        .then_with(|| a.key.cmp(&b.key))
+}
