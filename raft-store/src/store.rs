@@ -1,0 +1,277 @@
+//! [`RedbLogStore`]: openraft's `RaftLogStorage` on the redb file.
+//!
+//! The async methods are a thin shell: encode and check on the calling task, run the one
+//! blocking redb transaction (and its fsync) on a blocking thread via the type config's
+//! runtime, then report. openraft serialises calls (`&mut self`) and awaits each, so writes
+//! reach the file in the order openraft issued them, as its storage contract requires.
+
+use std::io;
+use std::marker::PhantomData;
+use std::path::Path;
+use std::sync::Arc;
+
+use openraft::entry::RaftEntry;
+use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
+use openraft::type_config::alias::{LogIdOf, VoteOf};
+use openraft::type_config::TypeConfigExt;
+use openraft::{OptionalSend, RaftTypeConfig};
+
+use crate::codec::encode;
+use crate::error::StoreError;
+use crate::metrics::{MetricsSnapshot, StoreMetrics};
+use crate::open::open_database;
+use crate::reader::{RedbLogReader, Shared};
+use crate::schema::{KEY_COMMITTED, KEY_PURGED, KEY_VOTE};
+use crate::txn::{self, Encoded};
+
+/// Default [`StoreConfig::max_entry_bytes`]: 64 MiB, far above any Tally command batch and far
+/// below redb's 3 GiB value limit.
+pub const DEFAULT_MAX_ENTRY_BYTES: usize = 64 << 20;
+
+/// Limits of the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// Largest encoded entry `append` accepts; a larger one fails the whole call with
+    /// [`StoreError::EntryTooLarge`] and nothing is written. A bound here keeps one bad client
+    /// batch from stalling every follower's replication and the open-time integrity check.
+    pub max_entry_bytes: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
+        }
+    }
+}
+
+/// The Raft log, vote and committed id of one node, in one redb file.
+///
+/// Generic over any [`RaftTypeConfig`]: with openraft's `serde` feature (always on for this
+/// crate) its entry, vote and log id types are serde types, which is all the store needs.
+/// Not `Clone`: exactly one writer, owned by openraft; readers come from
+/// [`RaftLogStorage::get_log_reader`] or [`RedbLogStore::reader`].
+pub struct RedbLogStore<C: RaftTypeConfig> {
+    shared: Arc<Shared>,
+    metrics: Arc<StoreMetrics>,
+    config: StoreConfig,
+    _types: PhantomData<fn() -> C>,
+}
+
+impl<C: RaftTypeConfig> RedbLogStore<C> {
+    /// Opens the log at `path` with [`StoreConfig::default`], creating it if no file exists.
+    ///
+    /// See [`RedbLogStore::open_with`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with(path, StoreConfig::default())
+    }
+
+    /// Opens the log at `path`, creating it if no file exists there.
+    ///
+    /// A new file is created under a temporary name and renamed into place once initialised,
+    /// so an existing file must be a complete Tally raft log: a file that fails redb's checksum
+    /// check, is cut short, is not redb, lacks the format marker, has another format version,
+    /// or has a hole in its log is an error, never an empty store. Opening reads the whole
+    /// file once. The parent directory must exist.
+    ///
+    /// Blocking: call it before handing the store to openraft, or from a blocking thread.
+    pub fn open_with(path: impl AsRef<Path>, config: StoreConfig) -> Result<Self, StoreError> {
+        assert!(
+            config.max_entry_bytes > 0,
+            "StoreConfig::max_entry_bytes must be positive"
+        );
+        let path = path.as_ref().to_path_buf();
+        let db = open_database(&path)?;
+        let shared = Arc::new(Shared { db, path });
+        shared.verify_log::<C>()?;
+        Ok(Self {
+            shared,
+            metrics: Arc::new(StoreMetrics::default()),
+            config,
+            _types: PhantomData,
+        })
+    }
+
+    /// The file this store writes.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    /// The limits this store was opened with.
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    /// The counters now (fsyncs, entries appended; see [`MetricsSnapshot::entries_per_fsync`]).
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.metrics.snapshot()
+    }
+
+    /// The live counters, to keep for export after the store is moved into openraft.
+    pub fn metrics_handle(&self) -> Arc<StoreMetrics> {
+        self.metrics.clone()
+    }
+
+    /// A read handle that shares this store's file.
+    pub fn reader(&self) -> RedbLogReader<C> {
+        RedbLogReader::new(self.shared.clone())
+    }
+
+    /// Encodes a batch, asserting it is contiguous and rejecting an entry over the limit.
+    fn encode_batch<I>(&self, entries: I) -> Result<(Vec<Encoded>, u64), StoreError>
+    where
+        I: IntoIterator<Item = C::Entry>,
+    {
+        let mut out: Vec<Encoded> = Vec::new();
+        let mut bytes = 0u64;
+        for entry in entries {
+            let (_, index) = entry.log_id_parts();
+            if let Some((prev, _)) = out.last() {
+                assert!(
+                    index == prev + 1,
+                    "openraft handed append a non-contiguous batch: {index} after {prev}"
+                );
+            }
+            let encoded = encode(&entry, || format!("log entry {index}"))?;
+            if encoded.len() > self.config.max_entry_bytes {
+                return Err(StoreError::EntryTooLarge {
+                    index,
+                    size: encoded.len(),
+                    max: self.config.max_entry_bytes,
+                });
+            }
+            bytes += encoded.len() as u64;
+            out.push((index, encoded));
+        }
+        Ok((out, bytes))
+    }
+
+    /// Runs one write transaction on a blocking thread, so its fsync does not stall the async
+    /// runtime's workers.
+    async fn write<F>(&self, op: F) -> Result<(), StoreError>
+    where
+        F: FnOnce(&Shared) -> Result<(), StoreError> + Send + 'static,
+    {
+        let shared = self.shared.clone();
+        match C::spawn_blocking(move || op(&shared)).await {
+            Ok(result) => result,
+            Err(e) => Err(StoreError::Thread(e.to_string())),
+        }
+    }
+
+    /// Writes one state record durably and counts the fsync.
+    async fn put_record(&self, key: &'static str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        self.write(move |s| txn::put_record(s, key, &bytes)).await?;
+        self.metrics.record_other_commit();
+        Ok(())
+    }
+}
+
+/// Tells openraft an append failed, through the callback as well as the return value, so the
+/// failure is seen whichever path openraft is waiting on.
+fn report_failure<C: RaftTypeConfig>(callback: IOFlushed<C>, e: StoreError) -> io::Error {
+    tracing::error!(error = %e, "raft log append failed");
+    let err = io::Error::from(e);
+    callback.io_completed(Err(io::Error::new(err.kind(), err.to_string())));
+    err
+}
+
+impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C> {
+    type LogReader = RedbLogReader<C>;
+
+    /// Last purged id and last log id, read from one snapshot of the file.
+    async fn get_log_state(&mut self) -> Result<LogState<C>, io::Error> {
+        Ok(self.shared.read_log_state::<C>()?)
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.reader()
+    }
+
+    /// Durable when it returns `Ok`: one transaction, one fsync.
+    async fn save_vote(&mut self, vote: &VoteOf<C>) -> Result<(), io::Error> {
+        let bytes = encode(vote, || "vote".to_string())?;
+        Ok(self.put_record(KEY_VOTE, bytes).await?)
+    }
+
+    /// Durable when it returns `Ok` (one fsync per call). After a restart `read_committed`
+    /// returns the last value saved, so the state machine replays exactly the entries that
+    /// were known committed.
+    async fn save_committed(&mut self, committed: Option<LogIdOf<C>>) -> Result<(), io::Error> {
+        let bytes = encode(&committed, || "committed log id".to_string())?;
+        Ok(self.put_record(KEY_COMMITTED, bytes).await?)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogIdOf<C>>, io::Error> {
+        let stored: Option<Option<LogIdOf<C>>> = self.shared.read_record(KEY_COMMITTED)?;
+        Ok(stored.flatten())
+    }
+
+    /// All entries of the call go into one transaction: one fsync, the group commit. The
+    /// callback is called after the commit (so after the fsync) and before this returns; a
+    /// crash before that leaves all or none of the batch. A batch that does not continue the
+    /// stored log, or holds an entry over [`StoreConfig::max_entry_bytes`], fails whole with
+    /// nothing written.
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<C>) -> Result<(), io::Error>
+    where
+        I: IntoIterator<Item = C::Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let (batch, bytes) = match self.encode_batch(entries) {
+            Ok(b) => b,
+            Err(e) => return Err(report_failure(callback, e)),
+        };
+        if batch.is_empty() {
+            callback.io_completed(Ok(()));
+            return Ok(());
+        }
+        let count = batch.len() as u64;
+        if let Err(e) = self.write(move |s| txn::append(s, &batch)).await {
+            return Err(report_failure(callback, e));
+        }
+        self.metrics.record_append(count, bytes);
+        callback.io_completed(Ok(()));
+        Ok(())
+    }
+
+    /// Deletes entries after `last_log_id` (all of them for `None`); durable when it returns.
+    async fn truncate_after(&mut self, last_log_id: Option<LogIdOf<C>>) -> Result<(), io::Error> {
+        let from = match last_log_id {
+            None => 0,
+            Some(id) => match id.index.checked_add(1) {
+                Some(from) => from,
+                None => return Ok(()), // nothing can follow u64::MAX
+            },
+        };
+        self.write(move |s| txn::truncate_from(s, from)).await?;
+        self.metrics.record_other_commit();
+        Ok(())
+    }
+
+    /// Deletes entries up to and including `log_id` and records it as the last purged id, in
+    /// one transaction; durable when it returns. A purge below the recorded one is a no-op:
+    /// purging never moves backwards.
+    async fn purge(&mut self, log_id: LogIdOf<C>) -> Result<(), io::Error> {
+        let current: Option<LogIdOf<C>> = self.shared.read_record(KEY_PURGED)?;
+        if let Some(current) = current {
+            if current.index > log_id.index {
+                tracing::warn!(%current, requested = %log_id, "purge below the last purged id ignored");
+                return Ok(());
+            }
+        }
+        let upto = log_id.index;
+        let bytes = encode(&log_id, || "last purged log id".to_string())?;
+        self.write(move |s| txn::purge(s, upto, &bytes)).await?;
+        self.metrics.record_other_commit();
+        Ok(())
+    }
+}
+
+impl<C: RaftTypeConfig> std::fmt::Debug for RedbLogStore<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedbLogStore")
+            .field("path", &self.shared.path)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
