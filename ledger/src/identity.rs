@@ -103,15 +103,10 @@ impl Identity {
             .collect()
     }
 
+    /// SHA-256 of the canonical msgpack encoding of the normalized command.
     pub fn digest(&self) -> [u8; 32] {
-        let mut hasher = Sha256::new();
-        for (name, value) in self.fields() {
-            hasher.update((name.len() as u64).to_be_bytes());
-            hasher.update(name.as_bytes());
-            hasher.update((value.len() as u64).to_be_bytes());
-            hasher.update(value.as_bytes());
-        }
-        hasher.finalize().into()
+        let bytes = rmp_serde::to_vec(&self.0).expect("a command always encodes");
+        Sha256::digest(bytes).into()
     }
 }
 
