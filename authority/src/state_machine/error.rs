@@ -1,0 +1,33 @@
+//! The router's errors. Ledger refusals are not errors here (they are per-command results);
+//! these are node faults. The fatal ones mean the node must stop rather than serve a state that
+//! may differ from its peers'.
+
+use tally_ledger::{FamilyId, LogPosition};
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RouterError {
+    /// A family actor panicked, could not decode its state, or stopped without answering.
+    #[error("family {family_id} failed: {reason}")]
+    FamilyFailed { family_id: FamilyId, reason: String },
+    /// Entries must come in strictly increasing log order.
+    #[error("log order broken: entry {got:?} after {last:?}")]
+    LogOrder { last: LogPosition, got: LogPosition },
+    #[error("could not spawn the actor of family {family_id}: {reason}")]
+    Spawn { family_id: FamilyId, reason: String },
+    /// A router snapshot that cannot be encoded, decoded or trusted.
+    #[error("router snapshot: {0}")]
+    Snapshot(String),
+    /// A fatal error happened earlier; the router refuses all further work.
+    #[error("the router halted after a fatal error: {0}")]
+    Halted(String),
+    #[error("invalid router config: {0}")]
+    Config(String),
+}
+
+impl RouterError {
+    /// Whether the node must stop: its state may no longer match its peers'.
+    /// `Snapshot` and `Config` are not: they refuse to build a router and change nothing.
+    pub fn is_fatal(&self) -> bool {
+        !matches!(self, Self::Config(_) | Self::Snapshot(_))
+    }
+}

@@ -1,0 +1,82 @@
+//! Which families need a maintenance command, and when: the earliest of a family's next hold
+//! expiry and next compaction. The leader reads it on a timer to propose `ExpireHolds`, which
+//! also runs an idle family's compaction. Replicated state: it is updated only from apply
+//! replies, so it does not depend on which families happen to be live.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tally_ledger::FamilyId;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExpiryIndex {
+    by_time: BTreeSet<(u64, FamilyId)>,
+    due_at: BTreeMap<FamilyId, u64>,
+}
+
+impl ExpiryIndex {
+    pub fn from_map(due_at: BTreeMap<FamilyId, u64>) -> Self {
+        let by_time = due_at
+            .iter()
+            .map(|(family, at)| (*at, family.clone()))
+            .collect();
+        Self { by_time, due_at }
+    }
+
+    /// Records a family's next maintenance time (`None`: nothing scheduled).
+    pub fn set(&mut self, family_id: &FamilyId, due_ms: Option<u64>) {
+        if let Some(previous) = self.due_at.remove(family_id) {
+            let removed = self.by_time.remove(&(previous, family_id.clone()));
+            assert!(
+                removed,
+                "expiry index: {family_id} was in the map but not in the set"
+            );
+        }
+        if let Some(at) = due_ms {
+            self.due_at.insert(family_id.clone(), at);
+            self.by_time.insert((at, family_id.clone()));
+        }
+        assert_eq!(
+            self.due_at.len(),
+            self.by_time.len(),
+            "expiry index halves diverged"
+        );
+    }
+
+    /// Families whose maintenance time is at or before `now_ms`, earliest first.
+    pub fn due(&self, now_ms: u64, limit: usize) -> Vec<FamilyId> {
+        self.by_time
+            .iter()
+            .take_while(|(at, _)| *at <= now_ms)
+            .take(limit)
+            .map(|(_, family)| family.clone())
+            .collect()
+    }
+
+    pub fn due_at(&self, family_id: &FamilyId) -> Option<u64> {
+        self.due_at.get(family_id).copied()
+    }
+
+    pub fn as_map(&self) -> &BTreeMap<FamilyId, u64> {
+        &self.due_at
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn due_lists_earliest_first_and_moves_on_update() {
+        let (a, b) = (FamilyId::from("a"), FamilyId::from("b"));
+        let mut index = ExpiryIndex::default();
+        index.set(&a, Some(20));
+        index.set(&b, Some(10));
+        assert_eq!(index.due(20, 10), vec![b.clone(), a.clone()]);
+        assert_eq!(index.due(15, 10), vec![b.clone()]);
+        index.set(&b, Some(30));
+        assert_eq!(index.due(20, 10), vec![a.clone()]);
+        index.set(&a, None);
+        assert!(index.due(25, 10).is_empty());
+        assert_eq!(index, ExpiryIndex::from_map(index.as_map().clone()));
+    }
+}

@@ -1,0 +1,31 @@
+//! The messages the router sends to a family actor. Only the router sends them, one batch per
+//! family per round, so the actor's FIFO mailbox is the family's log order.
+
+use tally_ledger::{ApplyCtx, Command, Decision, Family, LedgerError};
+use tokio::sync::oneshot;
+
+/// A read (or a state capture) run against the family between two applies. It sends its own
+/// answer, so one message type serves every read.
+pub(crate) type FamilyRead = Box<dyn FnOnce(&Family) + Send>;
+
+pub(crate) enum FamilyMsg {
+    /// One family's commands of one round, in log order.
+    Apply {
+        commands: Vec<(ApplyCtx, Command)>,
+        reply: oneshot::Sender<ApplyReply>,
+    },
+    Read(FamilyRead),
+}
+
+/// `Err(reason)`: the family panicked (or its state was undecodable); the actor is gone.
+pub(crate) type ApplyReply = Result<AppliedBatch, String>;
+
+pub(crate) struct AppliedBatch {
+    /// One per command, in the order sent.
+    pub results: Vec<Result<Decision, LedgerError>>,
+    /// The earliest of the family's next hold expiry and next compaction.
+    pub maintenance_due_ms: Option<u64>,
+    /// The family holds no state at all (every command was refused), so the router may
+    /// forget it rather than keep an empty family in every snapshot.
+    pub pristine: bool,
+}

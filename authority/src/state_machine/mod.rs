@@ -1,0 +1,23 @@
+//! The replicated state machine: committed log entries in, ledger decisions out. A
+//! [`FamilyRouter`] owns one ractor actor per budget family (the pure ledger inside each) and is
+//! the only sender to them, so every family sees its commands in log order.
+
+mod actor_table;
+mod batch;
+mod config;
+mod entry;
+mod error;
+mod expiry_index;
+mod family_actor;
+mod messages;
+mod reads;
+mod router;
+mod router_state;
+mod snapshot;
+
+pub use config::RouterConfig;
+pub use entry::{EntryInput, EntryOutput, EntryPayload};
+pub use error::RouterError;
+pub use router::FamilyRouter;
+pub use router_state::RouterState;
+pub use snapshot::{RouterSnapshot, SNAPSHOT_FORMAT_VERSION};

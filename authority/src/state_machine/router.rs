@@ -1,0 +1,216 @@
+//! The family router: applies committed entries by fanning each round out to one actor per
+//! family and awaiting every answer, so `last_applied` is exact and in-flight work is bounded
+//! by one round. It is the only sender to family actors and the only one that passivates.
+
+use tally_ledger::{ClusterParams, FamilyId, LogPosition};
+use tokio::sync::oneshot;
+
+use super::actor_table::{gone, send, ActorTable};
+use super::batch::{self, PendingOutput, Round};
+use super::config::RouterConfig;
+use super::entry::{EntryInput, EntryOutput};
+use super::error::RouterError;
+use super::expiry_index::ExpiryIndex;
+use super::messages::FamilyMsg;
+use super::router_state::RouterState;
+
+pub struct FamilyRouter {
+    pub(super) config: RouterConfig,
+    /// Replicated: last applied log id, cluster time, parameters.
+    pub(super) state: RouterState,
+    /// Replicated: each family's next maintenance time.
+    pub(super) expiry: ExpiryIndex,
+    /// Node-local: which families are live and which are passivated.
+    pub(super) actors: ActorTable,
+    /// Set by the first fatal error; from then on the router refuses all work.
+    pub(super) halted: Option<String>,
+}
+
+impl FamilyRouter {
+    pub fn new(config: RouterConfig) -> Result<Self, RouterError> {
+        Self::from_parts(
+            config,
+            RouterState::default(),
+            ExpiryIndex::default(),
+            ActorTable::default(),
+        )
+    }
+
+    pub(super) fn from_parts(
+        config: RouterConfig,
+        state: RouterState,
+        expiry: ExpiryIndex,
+        actors: ActorTable,
+    ) -> Result<Self, RouterError> {
+        config.validate()?;
+        Ok(Self {
+            config,
+            state,
+            expiry,
+            actors,
+            halted: None,
+        })
+    }
+
+    /// Applies committed entries in log order and answers every command, per entry, in input
+    /// order. Returns only after every family answered. A fatal error halts the router: the
+    /// node must stop, since part of the round may have been applied.
+    pub async fn apply(
+        &mut self,
+        entries: Vec<EntryInput>,
+    ) -> Result<Vec<EntryOutput>, RouterError> {
+        self.check_running()?;
+        let mut outputs = Vec::with_capacity(entries.len());
+        for round in batch::split_rounds(entries, self.config.max_commands_per_batch) {
+            match self.apply_round(round).await {
+                Ok(mut answered) => outputs.append(&mut answered),
+                Err(error) => return Err(self.halt(error)),
+            }
+        }
+        Ok(outputs)
+    }
+
+    async fn apply_round(
+        &mut self,
+        entries: Vec<EntryInput>,
+    ) -> Result<Vec<EntryOutput>, RouterError> {
+        let Round { mut outputs, work } = batch::plan(&mut self.state, entries)?;
+        let mut pending = Vec::with_capacity(work.len());
+        for (family_id, family_work) in work {
+            let actor = self
+                .actors
+                .activate(&family_id, family_work.last_log_index)?;
+            let (reply, answer) = oneshot::channel();
+            let message = FamilyMsg::Apply {
+                commands: family_work.commands,
+                reply,
+            };
+            send(&family_id, &actor, message)?;
+            pending.push((family_id, family_work.slots, answer));
+        }
+        let mut pristine = Vec::new();
+        for (family_id, slots, answer) in pending {
+            let applied = match answer.await {
+                Ok(Ok(applied)) => applied,
+                Ok(Err(reason)) => return Err(RouterError::FamilyFailed { family_id, reason }),
+                Err(_) => return Err(gone(&family_id)),
+            };
+            assert_eq!(
+                applied.results.len(),
+                slots.len(),
+                "family {family_id} answered a different number of commands than it was sent"
+            );
+            for ((entry, position), result) in slots.into_iter().zip(applied.results) {
+                outputs[entry].fill(position, result);
+            }
+            self.expiry.set(&family_id, applied.maintenance_due_ms);
+            if applied.pristine {
+                pristine.push(family_id);
+            }
+        }
+        self.actors.forget(&pristine).await;
+        let over = self.actors.over_limit(self.config.max_live_actors);
+        self.actors.passivate(&over).await?;
+        Ok(outputs.into_iter().map(PendingOutput::finish).collect())
+    }
+
+    /// Families whose next hold expiry or compaction is at or before `now_ms`, earliest first:
+    /// the leader proposes `Command::ExpireHolds` for them.
+    pub fn due_families(&self, now_ms: u64, limit: usize) -> Vec<FamilyId> {
+        self.expiry.due(now_ms, limit)
+    }
+
+    /// A family's next maintenance time, if it has one.
+    pub fn maintenance_due_ms(&self, family_id: &FamilyId) -> Option<u64> {
+        self.expiry.due_at(family_id)
+    }
+
+    /// Passivates every live family that received no command in the last
+    /// `older_than_entries` log entries (`0`: every live family). Returns how many.
+    pub async fn passivate_idle(&mut self, older_than_entries: u64) -> Result<usize, RouterError> {
+        self.check_running()?;
+        let Some(newest_idle) = self
+            .state
+            .last_applied_index()
+            .checked_sub(older_than_entries)
+        else {
+            return Ok(0);
+        };
+        let idle = self.actors.idle_before(newest_idle + 1);
+        match self.actors.passivate(&idle).await {
+            Ok(()) => Ok(idle.len()),
+            Err(error) => Err(self.halt(error)),
+        }
+    }
+
+    pub fn last_applied(&self) -> Option<LogPosition> {
+        self.state.last_applied
+    }
+
+    pub fn cluster_time_ms(&self) -> u64 {
+        self.state.cluster_time_ms
+    }
+
+    pub fn params(&self) -> ClusterParams {
+        self.state.params
+    }
+
+    pub fn config(&self) -> RouterConfig {
+        self.config
+    }
+
+    /// Metric: families with a running actor.
+    pub fn live_actors(&self) -> usize {
+        self.actors.live_count()
+    }
+
+    /// Metric: families held as bytes.
+    pub fn passivated_families(&self) -> usize {
+        self.actors.passivated_count()
+    }
+
+    /// Metric: memory held by passivated families, in bytes of encoded state.
+    pub fn passivated_bytes(&self) -> usize {
+        self.actors.passivated_bytes_total()
+    }
+
+    pub fn family_count(&self) -> usize {
+        self.actors.live_count() + self.actors.passivated_count()
+    }
+
+    pub fn is_live(&self, family_id: &FamilyId) -> bool {
+        self.actors.is_live(family_id)
+    }
+
+    /// The fatal error that halted the router, if any.
+    pub fn halted(&self) -> Option<&str> {
+        self.halted.as_deref()
+    }
+
+    /// Stops every actor and waits for them, keeping nothing (the state lives in snapshots).
+    pub async fn shutdown(mut self) {
+        let live: Vec<FamilyId> = self.actors.live().map(|(id, _)| id.clone()).collect();
+        self.actors.forget(&live).await;
+    }
+
+    pub(super) fn check_running(&self) -> Result<(), RouterError> {
+        match &self.halted {
+            Some(reason) => Err(RouterError::Halted(reason.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn halt(&mut self, error: RouterError) -> RouterError {
+        if error.is_fatal() && self.halted.is_none() {
+            self.halted = Some(error.to_string());
+        }
+        error
+    }
+}
+
+impl Drop for FamilyRouter {
+    /// Actors do not stop when their references drop; a router going away stops them.
+    fn drop(&mut self) {
+        self.actors.stop_all();
+    }
+}

@@ -1,0 +1,150 @@
+//! Router snapshots and the state digest. A snapshot is a consistent cut at the last applied
+//! index: every live actor is asked for its state (its FIFO mailbox is empty, since `apply`
+//! awaited every reply) and joined with the passivated families' bytes and the router's own
+//! replicated state. The digest depends only on replicated state, never on which families
+//! happen to be live.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
+use sha2::{Digest, Sha256};
+use tally_ledger::snapshot::digest_bytes;
+use tally_ledger::{Family, FamilyId};
+
+use super::actor_table::ActorTable;
+use super::config::RouterConfig;
+use super::error::RouterError;
+use super::expiry_index::ExpiryIndex;
+use super::router::FamilyRouter;
+use super::router_state::RouterState;
+
+/// Bumped whenever the encoding of `RouterSnapshot` changes.
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
+
+/// Everything a replica needs to resume at `state.last_applied`. Ordered containers only, so
+/// equal states encode to equal bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouterSnapshot {
+    pub format_version: u32,
+    pub state: RouterState,
+    /// Each family's next maintenance time (the expiry index).
+    pub maintenance_due: BTreeMap<FamilyId, u64>,
+    /// Each family's canonical encoding (`Family::to_snapshot_bytes`).
+    pub families: BTreeMap<FamilyId, ByteBuf>,
+}
+
+impl RouterSnapshot {
+    pub fn to_bytes(&self) -> Result<Vec<u8>, RouterError> {
+        rmp_serde::to_vec(self).map_err(|error| RouterError::Snapshot(error.to_string()))
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, RouterError> {
+        rmp_serde::from_slice(bytes).map_err(|error| RouterError::Snapshot(error.to_string()))
+    }
+
+    /// The digest of the router this snapshot restores to (equal to `FamilyRouter::digest`).
+    pub fn digest(&self) -> [u8; 32] {
+        let families = self
+            .families
+            .iter()
+            .map(|(id, bytes)| (id.clone(), digest_bytes(bytes)))
+            .collect();
+        compose_digest(&self.state, &self.maintenance_due, &families)
+    }
+
+    /// Total bytes of encoded family state.
+    pub fn family_bytes(&self) -> usize {
+        self.families.values().map(|bytes| bytes.len()).sum()
+    }
+}
+
+impl FamilyRouter {
+    /// A consistent cut at the last applied index.
+    pub async fn snapshot(&self) -> Result<RouterSnapshot, RouterError> {
+        let live = self.read_live(Family::to_snapshot_bytes).await?;
+        let mut families: BTreeMap<FamilyId, ByteBuf> = live
+            .into_iter()
+            .map(|(id, bytes)| (id, ByteBuf::from(bytes)))
+            .collect();
+        for (family_id, bytes) in self.actors.passivated() {
+            let previous = families.insert(family_id.clone(), ByteBuf::from(bytes.clone()));
+            assert!(
+                previous.is_none(),
+                "family {family_id} is both live and passivated"
+            );
+        }
+        Ok(RouterSnapshot {
+            format_version: SNAPSHOT_FORMAT_VERSION,
+            state: self.state.clone(),
+            maintenance_due: self.expiry.as_map().clone(),
+            families,
+        })
+    }
+
+    /// A router at the snapshot's cut. Every family starts passivated and gets an actor on its
+    /// next command, so restoring costs no decoding.
+    pub fn restore(config: RouterConfig, snapshot: RouterSnapshot) -> Result<Self, RouterError> {
+        if snapshot.format_version != SNAPSHOT_FORMAT_VERSION {
+            return Err(RouterError::Snapshot(format!(
+                "format version {} is not {SNAPSHOT_FORMAT_VERSION}",
+                snapshot.format_version
+            )));
+        }
+        if let Some(orphan) = snapshot
+            .maintenance_due
+            .keys()
+            .find(|id| !snapshot.families.contains_key(*id))
+        {
+            return Err(RouterError::Snapshot(format!(
+                "maintenance scheduled for family {orphan}, which has no state"
+            )));
+        }
+        let passivated = snapshot
+            .families
+            .into_iter()
+            .map(|(id, bytes)| (id, bytes.into_vec()))
+            .collect();
+        FamilyRouter::from_parts(
+            config,
+            snapshot.state,
+            ExpiryIndex::from_map(snapshot.maintenance_due),
+            ActorTable::from_passivated(passivated),
+        )
+    }
+
+    /// SHA-256 over the router's replicated state and each family's digest in family-id
+    /// order. Equal on every replica at the same applied index.
+    pub async fn digest(&self) -> Result<[u8; 32], RouterError> {
+        let mut families = self.read_live(Family::digest).await?;
+        for (family_id, bytes) in self.actors.passivated() {
+            let previous = families.insert(family_id.clone(), digest_bytes(bytes));
+            assert!(
+                previous.is_none(),
+                "family {family_id} is both live and passivated"
+            );
+        }
+        Ok(compose_digest(&self.state, self.expiry.as_map(), &families))
+    }
+}
+
+fn compose_digest(
+    state: &RouterState,
+    maintenance_due: &BTreeMap<FamilyId, u64>,
+    families: &BTreeMap<FamilyId, [u8; 32]>,
+) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    hasher.update(b"tally-router-state-v1");
+    // The router state holds only integers, ids and ordered maps: it always encodes.
+    let encoded = rmp_serde::to_vec(&(state, maintenance_due))
+        .unwrap_or_else(|error| panic!("router state does not encode: {error}"));
+    hasher.update((encoded.len() as u64).to_be_bytes());
+    hasher.update(&encoded);
+    hasher.update((families.len() as u64).to_be_bytes());
+    for (family_id, digest) in families {
+        hasher.update((family_id.as_str().len() as u64).to_be_bytes());
+        hasher.update(family_id.as_str().as_bytes());
+        hasher.update(digest);
+    }
+    hasher.finalize().into()
+}

@@ -1,0 +1,176 @@
+//! Builders shared by the router tests: commands, entries and a reference applier.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use tally_authority::state_machine::{EntryInput, EntryPayload};
+use tally_ledger::cluster_time::advance;
+use tally_ledger::{
+    ApplyCtx, ClientCommand, ClusterParams, Command, CommandHeader, Decision, Family, FamilyId,
+    GrantLimits, LedgerError, LogPosition, Operation,
+};
+
+pub const T0: u64 = 1_700_000_000_000;
+
+pub fn family(i: usize) -> FamilyId {
+    FamilyId::from(format!("family-{i:03}"))
+}
+
+pub fn limits() -> GrantLimits {
+    GrantLimits::monetary(Some(10), Some(100), Some(1000), "USD")
+}
+
+pub fn header(family_id: &FamilyId, event_id: &str, now_ms: u64) -> CommandHeader {
+    CommandHeader {
+        family_id: family_id.clone(),
+        capability_id: format!("{family_id}-cap").into(),
+        grant_index: 0,
+        event_id: event_id.into(),
+        not_after_ms: now_ms + 60_000,
+    }
+}
+
+pub fn authorize(
+    family_id: &FamilyId,
+    hold: &str,
+    units: u64,
+    now_ms: u64,
+    hold_timeout_ms: Option<u64>,
+) -> Command {
+    Command::Apply(ClientCommand {
+        header: header(family_id, &format!("{hold}:authorize"), now_ms),
+        op: Operation::AuthorizeHold {
+            hold_id: hold.into(),
+            requested_exposure_units: units,
+            limits: limits(),
+            ancestors: vec![],
+            hold_timeout_ms,
+        },
+    })
+}
+
+pub fn capture(family_id: &FamilyId, hold: &str, now_ms: u64) -> Command {
+    Command::Apply(ClientCommand {
+        header: header(family_id, &format!("{hold}:capture"), now_ms),
+        op: Operation::CaptureInvocation {
+            hold_id: hold.into(),
+            attempt_id: "attempt-1".into(),
+        },
+    })
+}
+
+pub fn reconcile(
+    family_id: &FamilyId,
+    hold: &str,
+    exposed: u64,
+    realized: u64,
+    now_ms: u64,
+) -> Command {
+    Command::Apply(ClientCommand {
+        header: header(family_id, &format!("{hold}:reconcile"), now_ms),
+        op: Operation::ReconcileHold {
+            hold_id: hold.into(),
+            exposed_cost_units: exposed,
+            realized_spend_units: realized,
+        },
+    })
+}
+
+pub fn entry(index: u64, stamped_ms: u64, commands: Vec<Command>) -> EntryInput {
+    EntryInput {
+        log_id: LogPosition { term: 1, index },
+        stamped_ms,
+        payload: EntryPayload::Commands(commands),
+    }
+}
+
+pub fn blank(index: u64, stamped_ms: u64) -> EntryInput {
+    EntryInput {
+        log_id: LogPosition { term: 1, index },
+        stamped_ms,
+        payload: EntryPayload::Blank,
+    }
+}
+
+pub fn set_params(index: u64, stamped_ms: u64, params: ClusterParams) -> EntryInput {
+    EntryInput {
+        log_id: LogPosition { term: 1, index },
+        stamped_ms,
+        payload: EntryPayload::SetParams(params),
+    }
+}
+
+/// Applies entries command by command to bare families, the way the router must.
+#[derive(Default)]
+pub struct Reference {
+    pub families: BTreeMap<FamilyId, Family>,
+    pub now_ms: u64,
+    pub params: ClusterParams,
+}
+
+impl Reference {
+    pub fn apply(&mut self, entries: &[EntryInput]) -> Vec<Vec<Result<Decision, LedgerError>>> {
+        let mut out = Vec::new();
+        for entry in entries {
+            self.now_ms = advance(self.now_ms, entry.stamped_ms, self.params.max_clock_step_ms);
+            let mut results = Vec::new();
+            match &entry.payload {
+                EntryPayload::Blank => {}
+                EntryPayload::SetParams(params) => self.params = *params,
+                EntryPayload::Commands(commands) => {
+                    for (position, command) in commands.iter().enumerate() {
+                        let ctx = ApplyCtx {
+                            log_id: entry.log_id,
+                            command_position: position,
+                            now_ms: self.now_ms,
+                            params: self.params,
+                        };
+                        let family = self
+                            .families
+                            .entry(command.family_id().clone())
+                            .or_insert_with(|| Family::new(command.family_id().clone()));
+                        results.push(family.apply(command, &ctx));
+                    }
+                }
+            }
+            out.push(results);
+        }
+        out
+    }
+}
+
+/// A mixed workload over `families` families: allowed holds, denials (over the per-call
+/// limit), errors (capture of an unknown hold) and replays, interleaved across families.
+pub fn mixed_entries(
+    first_index: u64,
+    families: usize,
+    entries: usize,
+    start_ms: u64,
+) -> Vec<EntryInput> {
+    let mut out = Vec::new();
+    for e in 0..entries {
+        let index = first_index + e as u64;
+        let now = start_ms + e as u64 * 100;
+        let mut commands = Vec::new();
+        for f in 0..families {
+            let fam = family(f);
+            let hold = format!("h-{index}-{f}");
+            let previous = format!("h-{}-{f}", index.saturating_sub(1));
+            match (e + f) % 5 {
+                0 => commands.push(authorize(&fam, &hold, 10 + f as u64, now, None)),
+                1 => commands.push(authorize(&fam, &hold, 1_000, now, None)), // denied: > 100
+                2 => commands.push(capture(&fam, &format!("missing-{index}"), now)), // error
+                3 => {
+                    commands.push(authorize(&fam, &hold, 5, now, Some(30_000)));
+                    commands.push(capture(&fam, &hold, now));
+                    commands.push(reconcile(&fam, &hold, 5, 3, now));
+                }
+                // A replay of the previous entry's hold (now captured and reconciled), or new.
+                _ => commands.push(authorize(&fam, &previous, 5, now, Some(30_000))),
+            }
+        }
+        out.push(entry(index, now, commands));
+    }
+    out
+}
