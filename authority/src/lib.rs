@@ -1,4 +1,9 @@
-//! A Tally authority node. So far: the replicated state machine that applies committed log
-//! entries to one actor per budget family (`state_machine`).
+//! A Tally authority node: the replicated state machine (one ractor actor per budget family,
+//! the pure ledger inside each), openraft over redb and gRPC, and the Budget, Admin and Raft
+//! services.
 
+pub mod cli;
+pub mod node;
+pub mod raft;
+pub mod service;
 pub mod state_machine;

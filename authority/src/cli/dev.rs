@@ -1,0 +1,112 @@
+//! `tally-node dev`: a local cluster in one command, for trying Tally out. Nodes run in this
+//! process, each with its own data dir under `--data-dir`, on consecutive ports from
+//! `--base-port + 1`. A second run on the same data dir restarts the same cluster.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use openraft::BasicNode;
+
+use crate::node::config::{LogFormat, NodeConfig};
+use crate::node::{self, NodeHandle};
+use crate::raft::faults::NetworkFaults;
+
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    /// Number of nodes (1 to 7).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=7))]
+    pub nodes: u64,
+    /// Where the cluster keeps its state; reuse it to restart the same cluster.
+    #[arg(long, default_value = "./tally-data")]
+    pub data_dir: PathBuf,
+    /// Node i listens on 127.0.0.1:(base-port + i).
+    #[arg(long, default_value_t = 7400)]
+    pub base_port: u16,
+    /// How long to wait for the cluster to serve.
+    #[arg(long, default_value_t = 30_000)]
+    pub ready_timeout_ms: u64,
+}
+
+/// The config of node `id` of a dev cluster.
+pub fn node_config(args: &DevArgs, id: u64) -> NodeConfig {
+    NodeConfig {
+        node_id: id,
+        listen_addr: SocketAddr::from(([127, 0, 0, 1], args.base_port + id as u16)),
+        data_dir: args.data_dir.join(format!("node-{id}")),
+        cluster_id: "tally-dev".to_owned(),
+        log_format: LogFormat::Pretty,
+        ..NodeConfig::default()
+    }
+}
+
+pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    super::logging::init(LogFormat::Pretty);
+    let fresh = !args.data_dir.join("node-1").join("raft-log.redb").exists();
+    let mut nodes: Vec<NodeHandle> = Vec::new();
+    for id in 1..=args.nodes {
+        let config = node_config(&args, id);
+        let node = node::start(config, Arc::new(NetworkFaults::default())).await?;
+        nodes.push(node);
+    }
+    if fresh {
+        let members: BTreeMap<u64, BasicNode> = nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.config.node_id,
+                    BasicNode {
+                        addr: n.config.advertised(),
+                    },
+                )
+            })
+            .collect();
+        nodes[0].raft.initialize(members).await?;
+        println!(
+            "initialized a new {}-node cluster in {}",
+            args.nodes,
+            args.data_dir.display()
+        );
+    } else {
+        println!(
+            "restarting the cluster stored in {}",
+            args.data_dir.display()
+        );
+    }
+    let started = Instant::now();
+    let deadline = started + Duration::from_millis(args.ready_timeout_ms);
+    while !nodes.iter().all(|n| n.health.is_healthy()) {
+        if Instant::now() > deadline {
+            for node in nodes {
+                node.shutdown().await;
+            }
+            anyhow::bail!(
+                "the cluster did not serve within {} ms",
+                args.ready_timeout_ms
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let leader = nodes[0].proposer.leader().map(|(id, _)| id).unwrap_or(0);
+    println!(
+        "\nTally dev cluster serving after {} ms (leader: node {leader})",
+        started.elapsed().as_millis()
+    );
+    for node in &nodes {
+        println!("  node {}: {}", node.config.node_id, node.local_addr);
+    }
+    let first = nodes[0].local_addr;
+    println!(
+        "\nTry it (grpcurl, using server reflection):\n  grpcurl -plaintext -d '{{\"header\":{{\"family_id\":\"fam\",\"capability_id\":\"cap\",\"grant_index\":0,\"event_id\":\"h1:authorize\",\"not_after_ms\":\"{}\"}},\"hold_id\":\"h1\",\"requested_exposure_units\":\"100\",\"limits\":{{\"max_invocations\":10,\"max_cost_per_invocation_units\":\"100\",\"max_total_cost_units\":\"1000\",\"currency\":\"USD\"}}}}' {first} tally.v1.Budget/AuthorizeHold\n  grpcurl -plaintext {first} tally.v1.Admin/Status\n\nCtrl-C or SIGTERM stops the cluster.",
+        crate::node::clock::wall_clock_ms() + 3_600_000,
+    );
+    super::wait_for_signal().await;
+    println!("stopping the cluster");
+    for node in nodes {
+        node.shutdown().await;
+    }
+    Ok(())
+}

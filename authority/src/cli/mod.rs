@@ -1,0 +1,156 @@
+//! The `tally-node` command line: `serve`, `init`, `healthcheck` and `dev` (a local cluster in
+//! one command). `main` only parses and calls `run`.
+
+pub mod dev;
+pub mod logging;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use tally_api::pb::admin_client::AdminClient;
+use tally_api::pb::InitializeRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+use crate::node::config::NodeConfig;
+use crate::raft::faults::NetworkFaults;
+
+/// Tally authority node: a member of the Raft cluster that holds agent budgets.
+#[derive(Debug, Parser)]
+#[command(name = "tally-node", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: CliCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CliCommand {
+    /// Run one node. Settings come from defaults, then --config FILE (TOML), then TALLY_*
+    /// environment variables (for example TALLY_NODE_ID=2, TALLY_LISTEN_ADDR=127.0.0.1:7402,
+    /// TALLY_DATA_DIR=/var/lib/tally). The effective configuration is printed once at start.
+    Serve {
+        /// TOML file with node settings (node_id, listen_addr, data_dir, cluster_id, ...).
+        #[arg(long, env = "TALLY_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Initialize a new cluster through one of its (running, empty) nodes.
+    Init {
+        /// gRPC address of a node to initialize through, for example 127.0.0.1:7401.
+        #[arg(long)]
+        endpoint: String,
+        /// Every initial member as ID=ADDRESS, for example --member 1=127.0.0.1:7401.
+        #[arg(long = "member", required = true, value_parser = parse_member)]
+        members: Vec<(u64, String)>,
+    },
+    /// Exit 0 if the node at ENDPOINT reports SERVING on grpc.health.v1, 1 otherwise.
+    Healthcheck {
+        #[arg(long, default_value = "127.0.0.1:7401")]
+        endpoint: String,
+        /// Give up after this long.
+        #[arg(long, default_value_t = 3_000)]
+        timeout_ms: u64,
+    },
+    /// Start a local cluster of N nodes on 127.0.0.1 in this process, initialize it (first
+    /// run) or restart it from its data dir (later runs), wait until it serves, print the
+    /// endpoints and an example call, and stop everything on Ctrl-C or SIGTERM.
+    Dev(dev::DevArgs),
+}
+
+fn parse_member(value: &str) -> Result<(u64, String), String> {
+    let (id, address) = value.split_once('=').ok_or("expected ID=ADDRESS")?;
+    let id: u64 = id.parse().map_err(|_| format!("{id:?} is not a node id"))?;
+    if address.is_empty() {
+        return Err("the address must not be empty".to_owned());
+    }
+    Ok((id, address.to_owned()))
+}
+
+/// Runs the parsed command; the exit code is the caller's business.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        CliCommand::Serve { config } => {
+            let config = NodeConfig::load(config.as_deref())?;
+            logging::init(config.log_format);
+            println!("tally-node configuration:\n{}", toml_text(&config));
+            let node = crate::node::start(config, Arc::new(NetworkFaults::default())).await?;
+            wait_for_signal().await;
+            tracing::info!("shutting down");
+            node.shutdown().await;
+            Ok(())
+        }
+        CliCommand::Init { endpoint, members } => {
+            let mut client = AdminClient::connect(format!("http://{endpoint}")).await?;
+            let members: BTreeMap<u64, String> = members.into_iter().collect();
+            client
+                .initialize(InitializeRequest {
+                    members: members.clone(),
+                })
+                .await?;
+            println!(
+                "initialized a cluster of {} members: {members:?}",
+                members.len()
+            );
+            Ok(())
+        }
+        CliCommand::Healthcheck {
+            endpoint,
+            timeout_ms,
+        } => {
+            let check = async {
+                let channel =
+                    tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))?
+                        .connect()
+                        .await?;
+                let mut client = HealthClient::new(channel);
+                let reply = client
+                    .check(HealthCheckRequest {
+                        service: String::new(),
+                    })
+                    .await?;
+                anyhow::Ok(reply.into_inner().status == ServingStatus::Serving as i32)
+            };
+            match tokio::time::timeout(Duration::from_millis(timeout_ms), check).await {
+                Ok(Ok(true)) => {
+                    println!("{endpoint}: SERVING");
+                    Ok(())
+                }
+                Ok(Ok(false)) => anyhow::bail!("{endpoint}: NOT_SERVING"),
+                Ok(Err(error)) => anyhow::bail!("{endpoint}: {error}"),
+                Err(_) => anyhow::bail!("{endpoint}: no answer within {timeout_ms} ms"),
+            }
+        }
+        CliCommand::Dev(args) => dev::run(args).await,
+    }
+}
+
+fn toml_text(config: &NodeConfig) -> String {
+    toml::to_string_pretty(config).unwrap_or_else(|e| format!("{config:?} ({e})"))
+}
+
+/// Ctrl-C or SIGTERM.
+pub async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

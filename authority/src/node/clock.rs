@@ -1,0 +1,75 @@
+//! Wall-clock time for stamping entries, and the clock-offset rule of SPEC.md §6: a node whose
+//! clock differs from a majority of its peers by more than `max_clock_offset_ms` refuses to
+//! lead and reports itself unhealthy (CockroachDB's rule).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Milliseconds since the Unix epoch; a clock before 1970 reads as 0.
+pub fn wall_clock_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// One peer's clock as probed: the offset estimate is the peer's reading minus the midpoint of
+/// the probe's round trip.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClockSample {
+    pub sent_ms: u64,
+    pub peer_ms: u64,
+    pub received_ms: u64,
+}
+
+impl ClockSample {
+    pub fn offset_ms(&self) -> i64 {
+        let midpoint = self.sent_ms / 2 + self.received_ms / 2;
+        self.peer_ms as i64 - midpoint as i64
+    }
+}
+
+/// Whether this node's clock is within `max_offset_ms` of a majority of the cluster (itself
+/// included, with offset 0). `None` samples are peers that did not answer: they count against.
+pub fn within_majority(samples: &[Option<ClockSample>], max_offset_ms: u64) -> bool {
+    let voters = samples.len() + 1;
+    let agreeing = 1 + samples
+        .iter()
+        .flatten()
+        .filter(|s| s.offset_ms().unsigned_abs() <= max_offset_ms)
+        .count();
+    agreeing * 2 > voters
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(offset: i64) -> Option<ClockSample> {
+        Some(ClockSample {
+            sent_ms: 1_000,
+            peer_ms: (1_010 + offset) as u64,
+            received_ms: 1_020,
+        })
+    }
+
+    #[test]
+    fn a_node_agreeing_with_a_majority_is_healthy() {
+        assert!(within_majority(&[sample(0), sample(900)], 500));
+        assert!(
+            within_majority(&[], 500),
+            "a single node agrees with itself"
+        );
+    }
+
+    #[test]
+    fn a_node_off_from_most_peers_is_not() {
+        assert!(!within_majority(&[sample(-700), sample(900)], 500));
+        assert!(
+            !within_majority(&[None, sample(900)], 500),
+            "silent peers do not vouch"
+        );
+        assert!(!within_majority(
+            &[sample(600), sample(600), sample(0), None],
+            500
+        ));
+    }
+}

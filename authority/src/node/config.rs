@@ -1,0 +1,198 @@
+//! A node's configuration: defaults, then a TOML file, then `TALLY_*` environment variables;
+//! validated into a typed struct and printed once at start-up.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+use crate::raft::types::NodeId;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// This node's Raft id, unique in the cluster.
+    pub node_id: NodeId,
+    /// Where the gRPC services (Budget, Admin, Raft, health, reflection) listen.
+    pub listen_addr: SocketAddr,
+    /// The address peers and clients use to reach this node; defaults to `listen_addr`.
+    pub advertise_addr: Option<String>,
+    /// Where `/metrics` (Prometheus) listens; none disables it.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Raft log, vote and snapshots live here.
+    pub data_dir: PathBuf,
+    /// Named in every decision (SPEC.md §6).
+    pub cluster_id: String,
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// How long a write waits for commit after proposing before answering UNKNOWN.
+    pub propose_timeout_ms: u64,
+    /// Commands accepted in one `Batch` call (at most 4,096: one log entry).
+    pub max_batch_commands: usize,
+    /// Entries since the last snapshot that trigger a new one.
+    pub snapshot_every_entries: u64,
+    /// SPEC.md §6: a node off by more than this from a majority refuses to lead.
+    pub max_clock_offset_ms: u64,
+    /// How often the leader proposes `ExpireHolds` for families with due holds.
+    pub expiry_interval_ms: u64,
+    /// Family actors kept live; the least recently used beyond it are passivated.
+    pub max_live_families: usize,
+    /// `pretty` or `json`.
+    pub log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            node_id: 1,
+            listen_addr: SocketAddr::from(([127, 0, 0, 1], 7401)),
+            advertise_addr: None,
+            metrics_addr: None,
+            data_dir: PathBuf::from("./tally-data/node-1"),
+            cluster_id: "tally-local".to_owned(),
+            heartbeat_interval_ms: 100,
+            election_timeout_min_ms: 400,
+            election_timeout_max_ms: 800,
+            propose_timeout_ms: 5_000,
+            max_batch_commands: tally_ledger::limits::MAX_COMMANDS_PER_ENTRY,
+            snapshot_every_entries: 20_000,
+            max_clock_offset_ms: 500,
+            expiry_interval_ms: 1_000,
+            max_live_families: 10_000,
+            log_format: LogFormat::Pretty,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration could not be read: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl NodeConfig {
+    /// Defaults, then `file` (if given), then `TALLY_*` variables (`TALLY_NODE_ID=3`).
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(NodeConfig::default()));
+        if let Some(file) = file {
+            if !file.exists() {
+                return Err(ConfigError::Invalid(format!(
+                    "config file {} does not exist",
+                    file.display()
+                )));
+            }
+            figment = figment.merge(Toml::file(file));
+        }
+        let config: NodeConfig = figment
+            .merge(Env::prefixed("TALLY_"))
+            .extract()
+            .map_err(Box::new)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |reason: String| Err(ConfigError::Invalid(reason));
+        if self.node_id == 0 {
+            return invalid("node_id must be at least 1".to_owned());
+        }
+        if self.heartbeat_interval_ms == 0
+            || self.heartbeat_interval_ms * 2 > self.election_timeout_min_ms
+        {
+            return invalid(
+                "heartbeat_interval_ms must be positive and at most half the election timeout"
+                    .to_owned(),
+            );
+        }
+        if self.election_timeout_min_ms >= self.election_timeout_max_ms {
+            return invalid(
+                "election_timeout_min_ms must be below election_timeout_max_ms".to_owned(),
+            );
+        }
+        let max = tally_ledger::limits::MAX_COMMANDS_PER_ENTRY;
+        if self.max_batch_commands == 0 || self.max_batch_commands > max {
+            return invalid(format!("max_batch_commands must be 1..={max}"));
+        }
+        if self.propose_timeout_ms == 0
+            || self.expiry_interval_ms == 0
+            || self.snapshot_every_entries == 0
+        {
+            return invalid(
+                "timeouts, intervals and snapshot_every_entries must be positive".to_owned(),
+            );
+        }
+        if self.cluster_id.is_empty() || self.cluster_id.len() > 128 {
+            return invalid("cluster_id must be 1-128 bytes".to_owned());
+        }
+        if self.max_live_families == 0 {
+            return invalid("max_live_families must be positive".to_owned());
+        }
+        Ok(())
+    }
+
+    pub fn advertised(&self) -> String {
+        self.advertise_addr
+            .clone()
+            .unwrap_or_else(|| self.listen_addr.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_bad_values_are_refused() {
+        assert!(NodeConfig::default().validate().is_ok());
+        let bad = NodeConfig {
+            node_id: 0,
+            ..NodeConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = NodeConfig {
+            heartbeat_interval_ms: 300,
+            ..NodeConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = NodeConfig {
+            max_batch_commands: 5_000,
+            ..NodeConfig::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn a_file_then_the_environment_override_defaults() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("node.toml", "node_id = 7\ncluster_id = \"prod\"\n")?;
+            jail.set_env("TALLY_CLUSTER_ID", "from-env");
+            let config =
+                NodeConfig::load(Some(Path::new("node.toml"))).map_err(|e| e.to_string())?;
+            assert_eq!(config.node_id, 7);
+            assert_eq!(config.cluster_id, "from-env");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_keys_and_missing_files_are_errors() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("node.toml", "node_idd = 7\n")?;
+            assert!(NodeConfig::load(Some(Path::new("node.toml"))).is_err());
+            assert!(NodeConfig::load(Some(Path::new("missing.toml"))).is_err());
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,156 @@
+//! A node's own view of its health: its clock agrees with a majority of its peers (SPEC.md
+//! §6), it knows a leader, and it has applied everything it knows committed. The clock
+//! monitor probes peers and, when this node's clock is off, stops it from campaigning and
+//! hands leadership away.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::ServerState;
+use tally_api::pb::admin_client::AdminClient;
+use tally_api::pb::ClockProbeRequest;
+use tokio::sync::watch;
+use tonic::transport::{Channel, Endpoint};
+
+use super::clock::{wall_clock_ms, within_majority, ClockSample};
+use crate::raft::types::{NodeId, Raft};
+
+pub struct Health {
+    clock_ok: AtomicBool,
+    clock_offset_ms: AtomicI64,
+    raft: Raft,
+}
+
+impl Health {
+    pub fn new(raft: Raft) -> Self {
+        Self {
+            clock_ok: AtomicBool::new(true),
+            clock_offset_ms: AtomicI64::new(0),
+            raft,
+        }
+    }
+
+    pub fn clock_ok(&self) -> bool {
+        self.clock_ok.load(Ordering::Relaxed)
+    }
+
+    /// The median offset of the peers that answered the last probe, in ms.
+    pub fn clock_offset_ms(&self) -> i64 {
+        self.clock_offset_ms.load(Ordering::Relaxed)
+    }
+
+    /// Serving: a leader is known, everything known committed is applied, the clock agrees,
+    /// and a leader has applied an entry of its own term (so it can answer writes now).
+    pub fn is_healthy(&self) -> bool {
+        let metrics = crate::raft::types::current_metrics(&self.raft);
+        let caught_up =
+            metrics.last_applied.map(|a| a.index) >= metrics.local_committed.map(|c| c.index);
+        let leading_ok = metrics.state != ServerState::Leader
+            || metrics.last_applied.map(|a| a.leader_id.term) == Some(metrics.current_term);
+        self.clock_ok()
+            && metrics.current_leader.is_some()
+            && caught_up
+            && leading_ok
+            && metrics.state != ServerState::Shutdown
+    }
+}
+
+/// Probes every peer's clock every `interval`, and applies SPEC.md §6's rule.
+pub async fn monitor_clock(
+    node_id: NodeId,
+    raft: Raft,
+    health: Arc<Health>,
+    max_offset_ms: u64,
+    interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut clients: BTreeMap<String, AdminClient<Channel>> = BTreeMap::new();
+    let mut ticker = tokio::time::interval(interval);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let metrics = crate::raft::types::current_metrics(&raft);
+        let peers: Vec<String> = metrics
+            .membership_config
+            .membership()
+            .nodes()
+            .filter(|(id, _)| **id != node_id)
+            .map(|(_, node)| node.addr.clone())
+            .collect();
+        let mut samples = Vec::with_capacity(peers.len());
+        for address in &peers {
+            samples.push(probe(&mut clients, address, interval).await);
+        }
+        let mut offsets: Vec<i64> = samples
+            .iter()
+            .flatten()
+            .map(ClockSample::offset_ms)
+            .collect();
+        offsets.sort_unstable();
+        health.clock_offset_ms.store(
+            offsets.get(offsets.len() / 2).copied().unwrap_or(0),
+            Ordering::Relaxed,
+        );
+        let ok = within_majority(&samples, max_offset_ms);
+        let was_ok = health.clock_ok.swap(ok, Ordering::Relaxed);
+        if ok != was_ok {
+            tracing::warn!(clock_ok = ok, offsets = ?offsets, "clock agreement with the majority changed");
+        }
+        raft.runtime_config().elect(ok);
+        if !ok && metrics.state == ServerState::Leader {
+            let successor = metrics
+                .membership_config
+                .membership()
+                .voter_ids()
+                .find(|id| *id != node_id);
+            if let Some(to) = successor {
+                tracing::warn!(
+                    to,
+                    "clock is off from the majority: handing leadership away"
+                );
+                if let Err(error) = raft.trigger().transfer_leader(to).await {
+                    tracing::error!(%error, "leadership transfer failed");
+                }
+            }
+        }
+    }
+}
+
+async fn probe(
+    clients: &mut BTreeMap<String, AdminClient<Channel>>,
+    address: &str,
+    timeout: Duration,
+) -> Option<ClockSample> {
+    if !clients.contains_key(address) {
+        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+            .ok()?
+            .connect_timeout(timeout);
+        let channel = endpoint.connect().await.ok()?;
+        clients.insert(address.to_owned(), AdminClient::new(channel));
+    }
+    let client = clients.get_mut(address)?;
+    let sent_ms = wall_clock_ms();
+    let reply = tokio::time::timeout(
+        timeout,
+        client.clock_probe(ClockProbeRequest {
+            sent_at_ms: sent_ms,
+        }),
+    )
+    .await;
+    let received_ms = wall_clock_ms();
+    match reply {
+        Ok(Ok(reply)) => Some(ClockSample {
+            sent_ms,
+            peer_ms: reply.into_inner().wall_clock_ms,
+            received_ms,
+        }),
+        _ => {
+            clients.remove(address);
+            None
+        }
+    }
+}

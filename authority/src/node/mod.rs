@@ -1,0 +1,293 @@
+//! A running authority node: storage, Raft, the family router, the gRPC services and the
+//! background tasks (hold expiry, clock monitor), started together and stopped together.
+
+pub mod clock;
+pub mod config;
+pub mod expiry;
+pub mod health;
+pub mod proposer;
+pub mod write_error;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::{Config, SnapshotPolicy};
+use tally_api::pb::admin_server::AdminServer;
+use tally_api::pb::budget_server::BudgetServer;
+use tally_api::pb::raft_server::RaftServer;
+use tally_api::{FILE_DESCRIPTOR_SET, MAX_MESSAGE_BYTES};
+use tally_raft_store::{RedbLogStore, StoreMetrics};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use self::config::NodeConfig;
+use self::health::Health;
+use self::proposer::Proposer;
+use crate::raft::faults::NetworkFaults;
+use crate::raft::network::NetworkFactory;
+use crate::raft::snapshot_file::SnapshotDir;
+use crate::raft::state_machine::{SharedRouter, TallyStateMachine};
+use crate::raft::types::{LogId, Raft, TypeConfig};
+use crate::service::admin::AdminService;
+use crate::service::budget::BudgetService;
+use crate::service::raft::RaftService;
+use crate::service::read_gate::ReadGate;
+use crate::state_machine::RouterConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("storage: {0}")]
+    Storage(String),
+    #[error("raft: {0}")]
+    Raft(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// Handles to a started node. Dropping it does not stop the node: call `shutdown` (graceful)
+/// or `abort` (a crash, for tests).
+pub struct NodeHandle {
+    pub config: NodeConfig,
+    pub raft: Raft,
+    pub router: SharedRouter,
+    pub proposer: Arc<Proposer>,
+    pub health: Arc<Health>,
+    pub faults: Arc<NetworkFaults>,
+    pub store_metrics: Arc<StoreMetrics>,
+    pub applied: watch::Receiver<Option<LogId>>,
+    /// The address the gRPC server is bound to (useful with port 0).
+    pub local_addr: std::net::SocketAddr,
+    shutdown_tx: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+/// Starts a node: opens its data dir, recovers Raft state (newest snapshot + committed log),
+/// and serves gRPC on `config.listen_addr`.
+pub async fn start(
+    mut config: NodeConfig,
+    faults: Arc<NetworkFaults>,
+) -> Result<NodeHandle, NodeError> {
+    config
+        .validate()
+        .map_err(|e| NodeError::Config(e.to_string()))?;
+    std::fs::create_dir_all(&config.data_dir).map_err(|e| NodeError::Storage(e.to_string()))?;
+    let log_store = RedbLogStore::<TypeConfig>::open(config.data_dir.join("raft-log.redb"))
+        .map_err(|e| NodeError::Storage(e.to_string()))?;
+    let store_metrics = log_store.metrics_handle();
+    let snapshots = SnapshotDir::open(config.data_dir.join("snapshots"))
+        .map_err(|e| NodeError::Storage(e.to_string()))?;
+    let router_config = RouterConfig {
+        max_live_actors: config.max_live_families,
+        ..RouterConfig::default()
+    };
+    let (state_machine, router, applied) = TallyStateMachine::new(router_config, snapshots)
+        .map_err(|e| NodeError::Storage(e.to_string()))?;
+
+    let raft_config = Config {
+        cluster_name: config.cluster_id.clone(),
+        heartbeat_interval: config.heartbeat_interval_ms,
+        election_timeout_min: config.election_timeout_min_ms,
+        election_timeout_max: config.election_timeout_max_ms,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
+        max_in_snapshot_log_to_keep: 1_000,
+        ..Config::default()
+    }
+    .validate()
+    .map_err(|e| NodeError::Config(e.to_string()))?;
+    let network = NetworkFactory::new(config.node_id, faults.clone());
+    let raft = Raft::new(
+        config.node_id,
+        Arc::new(raft_config),
+        network,
+        log_store,
+        state_machine,
+    )
+    .await
+    .map_err(|e| NodeError::Raft(e.to_string()))?;
+
+    let timeout = Duration::from_millis(config.propose_timeout_ms);
+    let proposer = Arc::new(Proposer::new(raft.clone(), config.node_id, timeout));
+    let reads = Arc::new(ReadGate::new(
+        raft.clone(),
+        proposer.clone(),
+        applied.clone(),
+        timeout,
+    ));
+    let health = Arc::new(Health::new(raft.clone()));
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+
+    let listener = TcpListener::bind(config.listen_addr)
+        .await
+        .map_err(|source| NodeError::Listen {
+            addr: config.listen_addr.to_string(),
+            source,
+        })?;
+    let local_addr = listener.local_addr().map_err(|source| NodeError::Listen {
+        addr: config.listen_addr.to_string(),
+        source,
+    })?;
+    if config.advertise_addr.is_none() {
+        // With port 0 only the bound address is reachable.
+        config.advertise_addr = Some(local_addr.to_string());
+    }
+
+    let budget = BudgetServer::new(BudgetService::new(
+        proposer.clone(),
+        reads.clone(),
+        router.clone(),
+        config.cluster_id.clone(),
+        config.max_batch_commands,
+    ))
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let admin = AdminServer::new(AdminService::new(
+        config.node_id,
+        raft.clone(),
+        proposer.clone(),
+        router.clone(),
+        health.clone(),
+        config.cluster_id.clone(),
+    ));
+    let raft_rpc = RaftServer::new(RaftService::new(
+        raft.clone(),
+        proposer.clone(),
+        reads.clone(),
+    ))
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| NodeError::Config(format!("reflection: {e}")))?;
+
+    let mut server_shutdown = shutdown_rx.clone();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(budget)
+            .add_service(admin)
+            .add_service(raft_rpc)
+            .add_service(health_service)
+            .add_service(reflection)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+                let _ = server_shutdown.changed().await;
+            }),
+    );
+
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(expiry::run(
+        raft.clone(),
+        router.clone(),
+        proposer.clone(),
+        Duration::from_millis(config.expiry_interval_ms),
+        shutdown_rx.clone(),
+    )));
+    tasks.push(tokio::spawn(health::monitor_clock(
+        config.node_id,
+        raft.clone(),
+        health.clone(),
+        config.max_clock_offset_ms,
+        Duration::from_millis(1_000),
+        shutdown_rx.clone(),
+    )));
+    tasks.push(tokio::spawn(report_health(
+        health.clone(),
+        health_reporter,
+        shutdown_rx.clone(),
+    )));
+
+    tracing::info!(node_id = config.node_id, addr = %local_addr, "node started");
+    Ok(NodeHandle {
+        config,
+        raft,
+        router,
+        proposer,
+        health,
+        faults,
+        store_metrics,
+        applied,
+        local_addr,
+        shutdown_tx,
+        tasks,
+        server,
+    })
+}
+
+/// `grpc.health.v1` says SERVING only while the node is healthy.
+async fn report_health(
+    health: Arc<Health>,
+    reporter: tonic_health::server::HealthReporter,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut ticker = tokio::time::interval(Duration::from_millis(200));
+    let mut last = None;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let healthy = health.is_healthy();
+        if last != Some(healthy) {
+            let status = if healthy {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            reporter.set_service_status("", status).await;
+            reporter.set_service_status("tally.v1.Budget", status).await;
+            last = Some(healthy);
+        }
+    }
+}
+
+impl NodeHandle {
+    /// Graceful stop: hand leadership to another voter first, then stop serving and Raft.
+    pub async fn shutdown(self) {
+        let metrics = crate::raft::types::current_metrics(&self.raft);
+        if metrics.current_leader == Some(self.config.node_id) {
+            let successor = metrics
+                .membership_config
+                .membership()
+                .voter_ids()
+                .find(|id| *id != self.config.node_id);
+            if let Some(to) = successor {
+                if self.raft.trigger().transfer_leader(to).await.is_ok() {
+                    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+                    while tokio::time::Instant::now() < deadline
+                        && crate::raft::types::current_metrics(&self.raft).current_leader
+                            == Some(self.config.node_id)
+                    {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        }
+        let _ = self.shutdown_tx.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        let _ = self.server.await;
+        if let Err(error) = self.raft.shutdown().await {
+            tracing::error!(%error, "raft shutdown failed");
+        }
+        tracing::info!(node_id = self.config.node_id, "node stopped");
+    }
+
+    /// A crash: every task is aborted and every handle dropped, with no goodbye to peers.
+    pub async fn abort(self) {
+        self.server.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
+        let _ = self.raft.shutdown().await;
+        drop(self.router);
+    }
+}

@@ -1,0 +1,68 @@
+//! A fault-injecting switchboard for the Raft network, used by tests: it can cut links (both
+//! ways or one way), isolate a node, and delay messages. Production nodes hold one that never
+//! injects anything.
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::types::NodeId;
+
+#[derive(Debug, Default)]
+pub struct NetworkFaults {
+    state: Mutex<FaultState>,
+}
+
+#[derive(Debug, Default)]
+struct FaultState {
+    /// Directed links `(from, to)` whose messages are lost.
+    cut: BTreeSet<(NodeId, NodeId)>,
+    /// Nodes cut off from everyone, both ways.
+    isolated: BTreeSet<NodeId>,
+    delay_ms: u64,
+}
+
+impl NetworkFaults {
+    fn with<T>(&self, f: impl FnOnce(&mut FaultState) -> T) -> T {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        f(&mut state)
+    }
+
+    /// Whether a message from `from` to `to` is lost.
+    pub fn is_cut(&self, from: NodeId, to: NodeId) -> bool {
+        self.with(|s| {
+            s.cut.contains(&(from, to)) || s.isolated.contains(&from) || s.isolated.contains(&to)
+        })
+    }
+
+    pub fn delay(&self) -> Option<Duration> {
+        self.with(|s| (s.delay_ms > 0).then(|| Duration::from_millis(s.delay_ms)))
+    }
+
+    /// Cuts `from → to` only: `to` still reaches `from`.
+    pub fn cut_one_way(&self, from: NodeId, to: NodeId) {
+        self.with(|s| s.cut.insert((from, to)));
+    }
+
+    pub fn cut_both_ways(&self, a: NodeId, b: NodeId) {
+        self.with(|s| {
+            s.cut.insert((a, b));
+            s.cut.insert((b, a));
+        });
+    }
+
+    pub fn isolate(&self, node: NodeId) {
+        self.with(|s| s.isolated.insert(node));
+    }
+
+    pub fn set_delay_ms(&self, delay_ms: u64) {
+        self.with(|s| s.delay_ms = delay_ms);
+    }
+
+    pub fn heal(&self) {
+        self.with(|s| *s = FaultState::default());
+    }
+}

@@ -1,0 +1,214 @@
+//! The Raft network over tonic: vote, append (over the streaming `Append` rpc), full
+//! snapshots in chunks, and leadership transfer. Payloads are versioned rmp-serde bytes.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use openraft::errors::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use tally_api::pb::raft_client::RaftClient;
+use tally_api::pb::{RaftBytes, SnapshotChunk};
+use tally_api::{decode_raft, encode_raft, MAX_MESSAGE_BYTES};
+use tonic::transport::{Channel, Endpoint};
+
+use super::faults::NetworkFaults;
+use super::types::{NodeId, Snapshot, TypeConfig};
+
+/// Snapshot chunk size: well under the message limit.
+const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+type Vote = openraft::type_config::alias::VoteOf<TypeConfig>;
+
+/// Builds one connection per peer.
+#[derive(Clone)]
+pub struct NetworkFactory {
+    self_id: NodeId,
+    faults: Arc<NetworkFaults>,
+}
+
+impl NetworkFactory {
+    pub fn new(self_id: NodeId, faults: Arc<NetworkFaults>) -> Self {
+        Self { self_id, faults }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = Connection;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Connection {
+        Connection {
+            self_id: self.self_id,
+            target,
+            address: node.addr.clone(),
+            faults: self.faults.clone(),
+            client: None,
+        }
+    }
+}
+
+pub struct Connection {
+    self_id: NodeId,
+    target: NodeId,
+    address: String,
+    faults: Arc<NetworkFaults>,
+    client: Option<RaftClient<Channel>>,
+}
+
+fn unreachable<E: std::error::Error + 'static>(error: &E) -> RPCError<TypeConfig> {
+    RPCError::Unreachable(Unreachable::new(error))
+}
+
+fn network<E: std::error::Error + 'static>(error: &E) -> RPCError<TypeConfig> {
+    RPCError::Network(NetworkError::new(error))
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("link {from} -> {to} is cut by fault injection")]
+struct LinkCut {
+    from: NodeId,
+    to: NodeId,
+}
+
+impl Connection {
+    /// Applies injected faults, then returns a connected client (connecting lazily).
+    async fn client(&mut self) -> Result<RaftClient<Channel>, RPCError<TypeConfig>> {
+        if let Some(delay) = self.faults.delay() {
+            tokio::time::sleep(delay).await;
+        }
+        if self.faults.is_cut(self.self_id, self.target) {
+            return Err(unreachable(&LinkCut {
+                from: self.self_id,
+                to: self.target,
+            }));
+        }
+        if let Some(client) = &self.client {
+            return Ok(client.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{}", self.address))
+            .map_err(|e| unreachable(&e))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true);
+        let channel = endpoint.connect().await.map_err(|e| unreachable(&e))?;
+        let client = RaftClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        self.client = Some(client.clone());
+        Ok(client)
+    }
+
+    /// A failed call drops the channel so the next one reconnects.
+    fn forget<T>(&mut self, error: RPCError<TypeConfig>) -> Result<T, RPCError<TypeConfig>> {
+        self.client = None;
+        Err(error)
+    }
+}
+
+impl RaftNetworkV2<TypeConfig> for Connection {
+    type SnapshotData = Vec<u8>;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let mut client = self.client().await?;
+        let request = RaftBytes {
+            payload: encode_raft(&rpc).map_err(|e| network(&e))?.into(),
+        };
+        let call = async {
+            let mut replies = client
+                .append(futures_util::stream::once(async { request }))
+                .await?
+                .into_inner();
+            replies.message().await
+        };
+        match tokio::time::timeout(option.hard_ttl(), call).await {
+            Ok(Ok(Some(reply))) => decode_raft(&reply.payload).map_err(|e| network(&e)),
+            Ok(Ok(None)) => self.forget(network(&std::io::Error::other(
+                "append stream closed without a reply",
+            ))),
+            Ok(Err(status)) => self.forget(network(&status)),
+            Err(elapsed) => self.forget(network(&elapsed)),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let mut client = self.client().await?;
+        let request = RaftBytes {
+            payload: encode_raft(&rpc).map_err(|e| network(&e))?.into(),
+        };
+        match tokio::time::timeout(option.hard_ttl(), client.vote(request)).await {
+            Ok(Ok(reply)) => decode_raft(&reply.into_inner().payload).map_err(|e| network(&e)),
+            Ok(Err(status)) => self.forget(network(&status)),
+            Err(elapsed) => self.forget(network(&elapsed)),
+        }
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let mut client = self.client().await.map_err(StreamingError::from)?;
+        let header = encode_raft(&(vote, snapshot.meta.clone()))
+            .map_err(|e| StreamingError::from(network(&e)))?;
+        let data = Arc::new(snapshot.snapshot);
+        let chunk_count = data.len().div_ceil(SNAPSHOT_CHUNK_BYTES).max(1);
+        let chunks = futures_util::stream::iter(0..chunk_count).map(move |i| {
+            let start = i * SNAPSHOT_CHUNK_BYTES;
+            let end = (start + SNAPSHOT_CHUNK_BYTES).min(data.len());
+            SnapshotChunk {
+                header: if i == 0 {
+                    header.clone().into()
+                } else {
+                    Default::default()
+                },
+                offset: start as u64,
+                data: data[start..end].to_vec().into(),
+                done: i + 1 == chunk_count,
+            }
+        });
+        let send = client.install_snapshot(chunks);
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            reply = send => match reply {
+                Ok(reply) => decode_raft(&reply.into_inner().payload)
+                    .map_err(|e| StreamingError::from(network(&e))),
+                Err(status) => {
+                    self.client = None;
+                    Err(StreamingError::from(network(&status)))
+                }
+            },
+        }
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let mut client = self.client().await?;
+        let request = RaftBytes {
+            payload: encode_raft(&req).map_err(|e| network(&e))?.into(),
+        };
+        match tokio::time::timeout(option.hard_ttl(), client.transfer_leader(request)).await {
+            Ok(Ok(reply)) => decode_raft(&reply.into_inner().payload).map_err(|e| network(&e)),
+            Ok(Err(status)) => self.forget(network(&status)),
+            Err(elapsed) => self.forget(network(&elapsed)),
+        }
+    }
+}

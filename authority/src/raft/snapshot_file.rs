@@ -1,0 +1,177 @@
+//! Snapshot files, written crash-safely: temp file, fsync, rename, fsync of the directory.
+//! Each file carries a magic, a format version and a SHA-256 checksum, so a torn or corrupt
+//! file is detected and skipped in favour of the newest valid one, never loaded.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use super::types::{Snapshot, SnapshotMeta};
+
+const MAGIC: &[u8; 8] = b"TALLYSNP";
+const FORMAT_VERSION: u32 = 1;
+const SUFFIX: &str = ".tsnap";
+/// Snapshots kept on disk: the newest and one fallback.
+const KEEP: usize = 2;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotFileError {
+    #[error("snapshot file {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("snapshot file {path} is invalid: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+}
+
+impl From<SnapshotFileError> for io::Error {
+    fn from(error: SnapshotFileError) -> Self {
+        io::Error::other(error)
+    }
+}
+
+/// The directory holding a node's snapshots.
+#[derive(Clone, Debug)]
+pub struct SnapshotDir {
+    dir: PathBuf,
+}
+
+impl SnapshotDir {
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, SnapshotFileError> {
+        let dir = dir.into();
+        fs::create_dir_all(&dir).map_err(|source| SnapshotFileError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(Self { dir })
+    }
+
+    /// Writes `snapshot` durably, then removes all but the newest `KEEP` files.
+    pub fn save(&self, snapshot: &Snapshot) -> Result<PathBuf, SnapshotFileError> {
+        let index = snapshot.meta.last_log_id.map_or(0, |id| id.index);
+        let term = snapshot.meta.last_log_id.map_or(0, |id| id.leader_id.term);
+        let name = format!("snapshot-{index:020}-{term:020}{SUFFIX}");
+        let path = self.dir.join(&name);
+        let tmp = self.dir.join(format!("{name}.tmp"));
+        let io_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| SnapshotFileError::Io { path, source }
+        };
+        let bytes = encode(&snapshot.meta, &snapshot.snapshot)?;
+        {
+            let mut file = fs::File::create(&tmp).map_err(io_err(&tmp))?;
+            file.write_all(&bytes).map_err(io_err(&tmp))?;
+            file.sync_all().map_err(io_err(&tmp))?;
+        }
+        fs::rename(&tmp, &path).map_err(io_err(&path))?;
+        fs::File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(&self.dir))?;
+        self.prune()?;
+        Ok(path)
+    }
+
+    /// The newest snapshot that verifies. Invalid files are reported and skipped.
+    pub fn load_latest(&self) -> Result<Option<Snapshot>, SnapshotFileError> {
+        for path in self.files()?.into_iter().rev() {
+            match read(&path) {
+                Ok(snapshot) => return Ok(Some(snapshot)),
+                Err(error) => tracing::error!(%error, "skipping an invalid snapshot file"),
+            }
+        }
+        Ok(None)
+    }
+
+    fn files(&self) -> Result<Vec<PathBuf>, SnapshotFileError> {
+        let entries = fs::read_dir(&self.dir).map_err(|source| SnapshotFileError::Io {
+            path: self.dir.clone(),
+            source,
+        })?;
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|entry| entry.path())
+            .filter(|path| path.to_string_lossy().ends_with(SUFFIX))
+            .collect();
+        files.sort();
+        Ok(files)
+    }
+
+    fn prune(&self) -> Result<(), SnapshotFileError> {
+        let files = self.files()?;
+        for old in files.iter().take(files.len().saturating_sub(KEEP)) {
+            fs::remove_file(old).map_err(|source| SnapshotFileError::Io {
+                path: old.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn encode(meta: &SnapshotMeta, data: &[u8]) -> Result<Vec<u8>, SnapshotFileError> {
+    let meta_bytes = rmp_serde::to_vec(meta).map_err(|e| SnapshotFileError::Invalid {
+        path: PathBuf::new(),
+        reason: format!("meta does not encode: {e}"),
+    })?;
+    let mut out = Vec::with_capacity(data.len() + meta_bytes.len() + 64);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
+    out.extend_from_slice(&(meta_bytes.len() as u64).to_be_bytes());
+    out.extend_from_slice(&meta_bytes);
+    out.extend_from_slice(&(data.len() as u64).to_be_bytes());
+    out.extend_from_slice(data);
+    let checksum = Sha256::digest(&out);
+    out.extend_from_slice(&checksum);
+    Ok(out)
+}
+
+fn read(path: &Path) -> Result<Snapshot, SnapshotFileError> {
+    let invalid = |reason: &str| SnapshotFileError::Invalid {
+        path: path.to_path_buf(),
+        reason: reason.to_owned(),
+    };
+    let mut bytes = Vec::new();
+    fs::File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut bytes))
+        .map_err(|source| SnapshotFileError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if bytes.len() < MAGIC.len() + 4 + 8 + 8 + 32 {
+        return Err(invalid("too short"));
+    }
+    let (body, checksum) = bytes.split_at(bytes.len() - 32);
+    if Sha256::digest(body).as_slice() != checksum {
+        return Err(invalid("checksum mismatch"));
+    }
+    if &body[..8] != MAGIC {
+        return Err(invalid("not a Tally snapshot"));
+    }
+    let version = u32::from_be_bytes(body[8..12].try_into().map_err(|_| invalid("header"))?);
+    if version != FORMAT_VERSION {
+        return Err(invalid(&format!(
+            "format version {version}, this node reads {FORMAT_VERSION}"
+        )));
+    }
+    let mut at: usize = 12;
+    let mut take = |len: usize| -> Result<&[u8], SnapshotFileError> {
+        let end = at
+            .checked_add(len)
+            .filter(|end| *end <= body.len())
+            .ok_or_else(|| invalid("truncated"))?;
+        let slice = &body[at..end];
+        at = end;
+        Ok(slice)
+    };
+    let meta_len =
+        u64::from_be_bytes(take(8)?.try_into().map_err(|_| invalid("meta length"))?) as usize;
+    let meta: SnapshotMeta =
+        rmp_serde::from_slice(take(meta_len)?).map_err(|e| invalid(&format!("meta: {e}")))?;
+    let data_len =
+        u64::from_be_bytes(take(8)?.try_into().map_err(|_| invalid("data length"))?) as usize;
+    let data = take(data_len)?.to_vec();
+    Ok(Snapshot {
+        meta,
+        snapshot: data,
+    })
+}

@@ -1,0 +1,217 @@
+//! openraft's `RaftStateMachine` over the family router. The state lives in memory; snapshots
+//! are on disk. Restart = newest valid snapshot + replay of the committed log after it
+//! (openraft drives both, from `get_current_snapshot` and the persisted committed id).
+
+use std::io;
+use std::sync::Arc;
+
+use futures_util::{Stream, StreamExt};
+use openraft::entry::RaftEntry;
+use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::{EntryPayload as RaftPayload, OptionalSend, RaftSnapshotBuilder};
+use tokio::sync::{watch, Mutex};
+
+use super::snapshot_file::SnapshotDir;
+use super::types::{
+    log_position, LogId, Membership, ProposalBody, ProposalReply, Snapshot, SnapshotMeta,
+    TypeConfig, PROPOSAL_VERSION,
+};
+use crate::state_machine::{EntryInput, EntryPayload, FamilyRouter, RouterConfig, RouterSnapshot};
+
+/// The router behind a lock: openraft's apply task and the read path share it.
+pub type SharedRouter = Arc<Mutex<FamilyRouter>>;
+
+pub struct TallyStateMachine {
+    router: SharedRouter,
+    router_config: RouterConfig,
+    applied: Option<LogId>,
+    membership: Membership,
+    snapshots: SnapshotDir,
+    /// The last applied log id, for health checks and read-your-writes waits.
+    applied_tx: watch::Sender<Option<LogId>>,
+}
+
+impl TallyStateMachine {
+    pub fn new(
+        router_config: RouterConfig,
+        snapshots: SnapshotDir,
+    ) -> Result<(Self, SharedRouter, watch::Receiver<Option<LogId>>), io::Error> {
+        let router = FamilyRouter::new(router_config).map_err(io::Error::other)?;
+        let router = Arc::new(Mutex::new(router));
+        let (applied_tx, applied_rx) = watch::channel(None);
+        let machine = Self {
+            router: router.clone(),
+            router_config,
+            applied: None,
+            membership: Membership::default(),
+            snapshots,
+            applied_tx,
+        };
+        Ok((machine, router, applied_rx))
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for TallyStateMachine {
+    type SnapshotData = Vec<u8>;
+    type SnapshotBuilder = SnapshotCut;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, Membership), io::Error> {
+        Ok((self.applied, self.membership.clone()))
+    }
+
+    /// Applies every entry of the call as one router batch, then answers every responder.
+    async fn apply<S>(&mut self, mut entries: S) -> Result<(), io::Error>
+    where
+        S: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
+    {
+        let mut inputs = Vec::new();
+        let mut responders = Vec::new();
+        let mut last = None;
+        while let Some(item) = entries.next().await {
+            let (entry, responder) = item?;
+            let log_id = entry.log_id();
+            let (stamped_ms, payload) = match entry.payload {
+                RaftPayload::Blank => (0, EntryPayload::Blank),
+                RaftPayload::Membership(membership) => {
+                    self.membership = Membership::new(Some(log_id), membership);
+                    (0, EntryPayload::Blank)
+                }
+                RaftPayload::Normal(proposal) => {
+                    if proposal.version != PROPOSAL_VERSION {
+                        return Err(io::Error::other(format!(
+                            "entry {log_id} has payload version {}, this node applies {PROPOSAL_VERSION}: \
+                             stopping rather than guessing",
+                            proposal.version
+                        )));
+                    }
+                    let payload = match proposal.body {
+                        ProposalBody::Commands(commands) => EntryPayload::Commands(commands),
+                        ProposalBody::SetParams(params) => EntryPayload::SetParams(params),
+                    };
+                    (proposal.stamped_ms, payload)
+                }
+            };
+            inputs.push(EntryInput {
+                log_id: log_position(&log_id),
+                stamped_ms,
+                payload,
+            });
+            responders.push(responder);
+            last = Some(log_id);
+        }
+        if inputs.is_empty() {
+            return Ok(());
+        }
+        let outputs = self
+            .router
+            .lock()
+            .await
+            .apply(inputs)
+            .await
+            .map_err(io::Error::other)?;
+        assert_eq!(
+            outputs.len(),
+            responders.len(),
+            "the router answers every entry"
+        );
+        self.applied = last;
+        self.applied_tx.send_replace(last);
+        for (output, responder) in outputs.into_iter().zip(responders) {
+            if let Some(responder) = responder {
+                responder.send(ProposalReply {
+                    log_id: output.log_id,
+                    cluster_time_ms: output.cluster_time_ms,
+                    results: output.results,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The consistent cut: the router asks every live family actor for its state, whose FIFO
+    /// order makes it the state at `self.applied`; encoding and the file write happen later,
+    /// in openraft's snapshot task, while apply goes on.
+    async fn try_create_snapshot_builder(&mut self, force: bool) -> Option<SnapshotCut> {
+        let cut = self.router.lock().await.snapshot().await;
+        match cut {
+            Ok(router_snapshot) => Some(SnapshotCut {
+                meta: SnapshotMeta {
+                    last_log_id: self.applied,
+                    last_membership: self.membership.clone(),
+                },
+                router_snapshot: Some(router_snapshot),
+                snapshots: self.snapshots.clone(),
+            }),
+            Err(error) => {
+                tracing::error!(%error, force, "could not cut a snapshot");
+                None
+            }
+        }
+    }
+
+    async fn get_snapshot_builder(&mut self) -> SnapshotCut {
+        match self.try_create_snapshot_builder(true).await {
+            Some(cut) => cut,
+            None => SnapshotCut {
+                meta: SnapshotMeta::default(),
+                router_snapshot: None,
+                snapshots: self.snapshots.clone(),
+            },
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Vec<u8>,
+    ) -> Result<(), io::Error> {
+        let router_snapshot = RouterSnapshot::from_bytes(&snapshot).map_err(io::Error::other)?;
+        let restored =
+            FamilyRouter::restore(self.router_config, router_snapshot).map_err(io::Error::other)?;
+        let old = std::mem::replace(&mut *self.router.lock().await, restored);
+        old.shutdown().await;
+        self.snapshots.save(&Snapshot {
+            meta: meta.clone(),
+            snapshot,
+        })?;
+        self.applied = meta.last_log_id;
+        self.membership = meta.last_membership.clone();
+        self.applied_tx.send_replace(self.applied);
+        tracing::info!(last_log_id = ?meta.last_log_id, "installed snapshot");
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
+        Ok(self.snapshots.load_latest()?)
+    }
+}
+
+/// A cut of the state at one applied index, waiting to be encoded and written.
+pub struct SnapshotCut {
+    meta: SnapshotMeta,
+    router_snapshot: Option<RouterSnapshot>,
+    snapshots: SnapshotDir,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotCut {
+    type SnapshotData = Vec<u8>;
+
+    async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
+        let router_snapshot = self
+            .router_snapshot
+            .take()
+            .ok_or_else(|| io::Error::other("the state machine could not cut a snapshot"))?;
+        let bytes = router_snapshot.to_bytes().map_err(io::Error::other)?;
+        let snapshot = Snapshot {
+            meta: self.meta.clone(),
+            snapshot: bytes,
+        };
+        let dir = self.snapshots.clone();
+        let (path, snapshot) =
+            tokio::task::spawn_blocking(move || dir.save(&snapshot).map(|path| (path, snapshot)))
+                .await
+                .map_err(io::Error::other)??;
+        tracing::info!(path = %path.display(), bytes = snapshot.snapshot.len(), "wrote snapshot");
+        Ok(snapshot)
+    }
+}

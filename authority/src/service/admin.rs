@@ -1,0 +1,264 @@
+//! The `Admin` service: cluster initialization, membership, leadership transfer, snapshots,
+//! replicated parameters, status, and the clock probe peers use to compare clocks.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use openraft::{BasicNode, ServerState};
+use tally_api::pb::admin_server::Admin;
+use tally_api::pb::{self, NodeRole};
+use tonic::{Request, Response, Status};
+
+use super::outcome::{definite, failure_status, Failure};
+use crate::node::clock::wall_clock_ms;
+use crate::node::health::Health;
+use crate::node::proposer::Proposer;
+use crate::node::write_error::WriteError;
+use crate::raft::state_machine::SharedRouter;
+use crate::raft::types::{NodeId, Raft};
+
+pub struct AdminService {
+    node_id: NodeId,
+    raft: Raft,
+    proposer: Arc<Proposer>,
+    router: SharedRouter,
+    health: Arc<Health>,
+    cluster_id: String,
+}
+
+impl AdminService {
+    pub fn new(
+        node_id: NodeId,
+        raft: Raft,
+        proposer: Arc<Proposer>,
+        router: SharedRouter,
+        health: Arc<Health>,
+        cluster_id: String,
+    ) -> Self {
+        Self {
+            node_id,
+            raft,
+            proposer,
+            router,
+            health,
+            cluster_id,
+        }
+    }
+
+    fn not_leader(&self) -> Status {
+        failure_status(
+            Failure::Write(WriteError::Unavailable {
+                leader: self.proposer.leader(),
+                reason: "membership and parameters change on the leader".to_owned(),
+            }),
+            None,
+        )
+    }
+}
+
+fn raft_status(error: impl std::fmt::Display) -> Status {
+    Status::failed_precondition(error.to_string())
+}
+
+fn admin_reply(log_index: Option<u64>, message: impl Into<String>) -> Response<pb::AdminReply> {
+    definite(pb::AdminReply {
+        log_index,
+        message: message.into(),
+    })
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn initialize(
+        &self,
+        request: Request<pb::InitializeRequest>,
+    ) -> Result<Response<pb::AdminReply>, Status> {
+        let members = request.into_inner().members;
+        if members.is_empty() || members.len() > 7 {
+            return Err(Status::invalid_argument("initialize needs 1 to 7 members"));
+        }
+        if !members.contains_key(&self.node_id) {
+            return Err(Status::invalid_argument(format!(
+                "the members must include this node ({})",
+                self.node_id
+            )));
+        }
+        let nodes: BTreeMap<NodeId, BasicNode> = members
+            .into_iter()
+            .map(|(id, addr)| (id, BasicNode { addr }))
+            .collect();
+        self.raft.initialize(nodes).await.map_err(raft_status)?;
+        Ok(admin_reply(None, "initialized"))
+    }
+
+    async fn add_learner(
+        &self,
+        request: Request<pb::AddLearnerRequest>,
+    ) -> Result<Response<pb::AdminReply>, Status> {
+        let request = request.into_inner();
+        if !self.proposer.is_leader() {
+            return Err(self.not_leader());
+        }
+        if request.address.is_empty() {
+            return Err(Status::invalid_argument("address must not be empty"));
+        }
+        let response = self
+            .raft
+            .add_learner(
+                request.id,
+                BasicNode {
+                    addr: request.address,
+                },
+                request.blocking,
+            )
+            .await
+            .map_err(raft_status)?;
+        Ok(admin_reply(
+            Some(response.log_id.index),
+            format!("node {} added as a learner", request.id),
+        ))
+    }
+
+    async fn change_membership(
+        &self,
+        request: Request<pb::ChangeMembershipRequest>,
+    ) -> Result<Response<pb::AdminReply>, Status> {
+        let request = request.into_inner();
+        if !self.proposer.is_leader() {
+            return Err(self.not_leader());
+        }
+        let voters: BTreeSet<NodeId> = request.voters.into_iter().collect();
+        if voters.is_empty() || voters.len() > 7 {
+            return Err(Status::invalid_argument("a membership has 1 to 7 voters"));
+        }
+        let response = self
+            .raft
+            .change_membership(voters.clone(), request.retain)
+            .await
+            .map_err(raft_status)?;
+        Ok(admin_reply(
+            Some(response.log_id.index),
+            format!("voters are now {voters:?}"),
+        ))
+    }
+
+    async fn transfer_leader(
+        &self,
+        request: Request<pb::TransferLeaderRequest>,
+    ) -> Result<Response<pb::AdminReply>, Status> {
+        let to = request.into_inner().to;
+        if !self.proposer.is_leader() {
+            return Err(self.not_leader());
+        }
+        self.raft
+            .trigger()
+            .transfer_leader(to)
+            .await
+            .map_err(raft_status)?;
+        Ok(admin_reply(
+            None,
+            format!("leadership transfer to node {to} started"),
+        ))
+    }
+
+    async fn trigger_snapshot(
+        &self,
+        _request: Request<pb::TriggerSnapshotRequest>,
+    ) -> Result<Response<pb::AdminReply>, Status> {
+        self.raft.trigger().snapshot().await.map_err(raft_status)?;
+        Ok(admin_reply(None, "snapshot triggered"))
+    }
+
+    async fn set_params(
+        &self,
+        request: Request<pb::SetParamsRequest>,
+    ) -> Result<Response<pb::SetParamsReply>, Status> {
+        let request = request.into_inner();
+        let current = self.router.lock().await.params();
+        let params = request.apply_to(current);
+        if params.max_clock_step_ms == 0 {
+            return Err(Status::invalid_argument(
+                "max_clock_step_ms must be positive",
+            ));
+        }
+        let reply = self
+            .proposer
+            .propose_params(params)
+            .await
+            .map_err(|e| failure_status(e.into(), None))?;
+        Ok(definite(pb::SetParamsReply {
+            params: Some(params.into()),
+            log_index: reply.log_id.index,
+        }))
+    }
+
+    async fn status(
+        &self,
+        _request: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusReply>, Status> {
+        let metrics = crate::raft::types::current_metrics(&self.raft);
+        let role = match metrics.state {
+            ServerState::Leader => NodeRole::Leader,
+            ServerState::Follower => NodeRole::Follower,
+            ServerState::Candidate => NodeRole::Candidate,
+            ServerState::Learner => NodeRole::Learner,
+            ServerState::Shutdown => NodeRole::Shutdown,
+        };
+        let membership = metrics.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let matched: BTreeMap<NodeId, u64> = metrics
+            .replication
+            .as_ref()
+            .map(|r| {
+                r.iter()
+                    .map(|(id, log_id)| (*id, log_id.as_ref().map_or(0, |l| l.index)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let members = membership
+            .nodes()
+            .map(|(id, node)| pb::Member {
+                id: *id,
+                address: node.addr.clone(),
+                voter: voters.contains(id),
+                matched_index: matched.get(id).copied(),
+            })
+            .collect();
+        let (cluster_time_ms, params) = {
+            let router = self.router.lock().await;
+            (router.cluster_time_ms(), router.params())
+        };
+        let leader_address = self
+            .proposer
+            .leader()
+            .map(|(_, address)| address)
+            .unwrap_or_default();
+        Ok(definite(pb::StatusReply {
+            node_id: self.node_id,
+            role: role as i32,
+            term: metrics.current_term,
+            leader_id: metrics.current_leader,
+            leader_address,
+            last_log_index: metrics.last_log_index,
+            committed_index: metrics.local_committed.map(|c| c.index),
+            applied_index: metrics.last_applied.map(|a| a.index),
+            snapshot_index: metrics.snapshot.map(|s| s.index),
+            members,
+            cluster_time_ms,
+            healthy: self.health.is_healthy(),
+            clock_offset_ms: self.health.clock_offset_ms(),
+            cluster_id: self.cluster_id.clone(),
+            params: Some(params.into()),
+        }))
+    }
+
+    async fn clock_probe(
+        &self,
+        _request: Request<pb::ClockProbeRequest>,
+    ) -> Result<Response<pb::ClockProbeReply>, Status> {
+        Ok(Response::new(pb::ClockProbeReply {
+            node_id: self.node_id,
+            wall_clock_ms: wall_clock_ms(),
+        }))
+    }
+}

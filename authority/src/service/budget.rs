@@ -1,0 +1,437 @@
+//! The `Budget` service: every SPEC.md command, `Batch`, and the reads of SPEC.md §7. Commands
+//! are validated before proposing (a bad one is refused, definite, with nothing proposed),
+//! proposed on the leader or forwarded to it, and answered only once committed and applied.
+
+use std::sync::Arc;
+
+use tally_api::pb::budget_server::Budget;
+use tally_api::pb::{self, Consistency};
+use tally_api::WireError;
+use tally_ledger::{
+    AccountKey, BudgetCommitIndex, CapabilityId, ClientCommand, Command, EventId, FamilyId,
+    HoldFilter, HoldId,
+};
+use tonic::{Request, Response, Status};
+
+use super::outcome::{decision_message, definite, failure_detail, failure_status, Failure, Stamp};
+use super::read_gate::ReadGate;
+use crate::node::proposer::Proposer;
+use crate::raft::state_machine::SharedRouter;
+use crate::state_machine::RouterError;
+
+pub struct BudgetService {
+    proposer: Arc<Proposer>,
+    reads: Arc<ReadGate>,
+    router: SharedRouter,
+    cluster_id: String,
+    max_batch_commands: usize,
+}
+
+impl BudgetService {
+    pub fn new(
+        proposer: Arc<Proposer>,
+        reads: Arc<ReadGate>,
+        router: SharedRouter,
+        cluster_id: String,
+        max_batch_commands: usize,
+    ) -> Self {
+        Self {
+            proposer,
+            reads,
+            router,
+            cluster_id,
+            max_batch_commands,
+        }
+    }
+
+    /// One command: validate, propose, answer its decision or its failure.
+    async fn submit(
+        &self,
+        command: Result<Command, WireError>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        let command = command.map_err(|e| failure_status(e.into(), None))?;
+        let event_id = command.event_id().cloned();
+        if let Command::ExpireHolds { .. } = command {
+            return Err(failure_status(
+                Failure::Ledger(tally_ledger::LedgerError::invalid(
+                    "command",
+                    "ExpireHolds is proposed by the leader only",
+                )),
+                None,
+            ));
+        }
+        command
+            .validate()
+            .map_err(|e| failure_status(e.into(), event_id.as_ref()))?;
+        let reply = self
+            .proposer
+            .propose(vec![command])
+            .await
+            .map_err(|e| failure_status(e.into(), event_id.as_ref()))?;
+        let stamp = Stamp {
+            cluster_id: self.cluster_id.clone(),
+            entry: reply.log_id,
+        };
+        match reply.results.into_iter().next() {
+            Some(Ok(decision)) => Ok(definite(decision_message(&decision, &stamp))),
+            Some(Err(error)) => Err(failure_status(error.into(), event_id.as_ref())),
+            None => Err(Status::internal("the state machine answered no result")),
+        }
+    }
+
+    async fn read_barrier(&self, consistency: i32) -> Result<(), Status> {
+        match Consistency::try_from(consistency) {
+            Ok(Consistency::Local) => Ok(()),
+            Ok(Consistency::Linearizable) => self
+                .reads
+                .linearize()
+                .await
+                .map_err(|e| failure_status(e.into(), None)),
+            Err(_) => Err(failure_status(
+                WireError::invalid("consistency", "unknown value").into(),
+                None,
+            )),
+        }
+    }
+}
+
+fn client(command: Result<ClientCommand, WireError>) -> Result<Command, WireError> {
+    command.map(Command::Apply)
+}
+
+fn router_status(error: RouterError) -> Status {
+    failure_status(
+        Failure::Write(crate::node::write_error::WriteError::Internal {
+            reason: error.to_string(),
+        }),
+        None,
+    )
+}
+
+fn family(value: &str) -> Result<FamilyId, Status> {
+    let id = FamilyId::from(value);
+    id.validate().map_err(|e| failure_status(e.into(), None))?;
+    Ok(id)
+}
+
+fn limit(value: u32) -> usize {
+    match value {
+        0 => 100,
+        n => (n as usize).min(tally_ledger::limits::MAX_LIST_LIMIT),
+    }
+}
+
+#[tonic::async_trait]
+impl Budget for BudgetService {
+    async fn authorize_hold(
+        &self,
+        request: Request<pb::AuthorizeHoldRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        self.submit(client(ClientCommand::try_from(request.into_inner())))
+            .await
+    }
+
+    async fn capture_invocation(
+        &self,
+        request: Request<pb::CaptureInvocationRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        self.submit(client(ClientCommand::try_from(request.into_inner())))
+            .await
+    }
+
+    async fn cancel_captured_before_dispatch(
+        &self,
+        request: Request<pb::CancelCapturedBeforeDispatchRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        self.submit(client(ClientCommand::try_from(request.into_inner())))
+            .await
+    }
+
+    async fn reverse_hold(
+        &self,
+        request: Request<pb::ReverseHoldRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        self.submit(client(ClientCommand::try_from(request.into_inner())))
+            .await
+    }
+
+    async fn release_hold(
+        &self,
+        request: Request<pb::ReleaseHoldRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        self.submit(client(ClientCommand::try_from(request.into_inner())))
+            .await
+    }
+
+    async fn reconcile_hold(
+        &self,
+        request: Request<pb::ReconcileHoldRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        self.submit(client(ClientCommand::try_from(request.into_inner())))
+            .await
+    }
+
+    async fn try_increment(
+        &self,
+        request: Request<pb::TryIncrementRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        self.submit(client(ClientCommand::try_from(request.into_inner())))
+            .await
+    }
+
+    async fn try_charge_cost(
+        &self,
+        request: Request<pb::TryChargeCostRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        self.submit(client(ClientCommand::try_from(request.into_inner())))
+            .await
+    }
+
+    async fn reverse_charge_cost(
+        &self,
+        request: Request<pb::ReverseChargeCostRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        self.submit(client(ClientCommand::try_from(request.into_inner())))
+            .await
+    }
+
+    async fn reduce_charge_cost(
+        &self,
+        request: Request<pb::ReduceChargeCostRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        self.submit(client(ClientCommand::try_from(request.into_inner())))
+            .await
+    }
+
+    async fn settle_charge_cost(
+        &self,
+        request: Request<pb::SettleChargeCostRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        self.submit(client(ClientCommand::try_from(request.into_inner())))
+            .await
+    }
+
+    async fn consume_nonce(
+        &self,
+        request: Request<pb::ConsumeNonceRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        self.submit(client(ClientCommand::try_from(request.into_inner())))
+            .await
+    }
+
+    async fn resolve_event(
+        &self,
+        request: Request<pb::ResolveEventRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        self.submit(Command::try_from(request.into_inner())).await
+    }
+
+    /// Valid commands go into one log entry; each result (or its own error) in input order.
+    async fn batch(
+        &self,
+        request: Request<pb::BatchRequest>,
+    ) -> Result<Response<pb::BatchReply>, Status> {
+        let request = request.into_inner();
+        if request.commands.is_empty() || request.commands.len() > self.max_batch_commands {
+            return Err(failure_status(
+                WireError::invalid(
+                    "commands",
+                    format!(
+                        "{} commands; a batch holds 1..={}",
+                        request.commands.len(),
+                        self.max_batch_commands
+                    ),
+                )
+                .into(),
+                None,
+            ));
+        }
+        let parsed = request.into_commands();
+        let mut results: Vec<Option<pb::batch_result::Result>> = Vec::with_capacity(parsed.len());
+        let mut to_propose = Vec::new();
+        let mut positions = Vec::new();
+        for (position, command) in parsed.into_iter().enumerate() {
+            let checked = command
+                .map_err(Failure::from)
+                .and_then(|command| match command {
+                    Command::ExpireHolds { .. } => {
+                        Err(Failure::Ledger(tally_ledger::LedgerError::invalid(
+                            "command",
+                            "ExpireHolds is proposed by the leader only",
+                        )))
+                    }
+                    command => command.validate().map(|_| command).map_err(Failure::from),
+                });
+            match checked {
+                Ok(command) => {
+                    positions.push(position);
+                    to_propose.push(command);
+                    results.push(None);
+                }
+                Err(failure) => results.push(Some(pb::batch_result::Result::Error(
+                    failure_detail(&failure, None),
+                ))),
+            }
+        }
+        if !to_propose.is_empty() {
+            let event_ids: Vec<Option<EventId>> =
+                to_propose.iter().map(|c| c.event_id().cloned()).collect();
+            let reply = self
+                .proposer
+                .propose(to_propose)
+                .await
+                .map_err(|e| failure_status(e.into(), None))?;
+            let stamp = Stamp {
+                cluster_id: self.cluster_id.clone(),
+                entry: reply.log_id,
+            };
+            for ((position, result), event_id) in
+                positions.into_iter().zip(reply.results).zip(event_ids)
+            {
+                results[position] = Some(match result {
+                    Ok(decision) => {
+                        pb::batch_result::Result::Decision(decision_message(&decision, &stamp))
+                    }
+                    Err(error) => pb::batch_result::Result::Error(failure_detail(
+                        &error.into(),
+                        event_id.as_ref(),
+                    )),
+                });
+            }
+        }
+        let results = results
+            .into_iter()
+            .map(|result| pb::BatchResult { result })
+            .collect();
+        Ok(definite(pb::BatchReply { results }))
+    }
+
+    async fn get_usage(
+        &self,
+        request: Request<pb::GetUsageRequest>,
+    ) -> Result<Response<pb::GetUsageReply>, Status> {
+        let request = request.into_inner();
+        let family_id = family(&request.family_id)?;
+        let key: AccountKey = request
+            .account
+            .ok_or_else(|| failure_status(WireError::missing("account").into(), None))?
+            .into();
+        self.read_barrier(request.consistency).await?;
+        let usage = self
+            .router
+            .lock()
+            .await
+            .get_usage(&family_id, &key)
+            .await
+            .map_err(router_status)?;
+        Ok(definite(pb::GetUsageReply::from_record(usage.as_ref())))
+    }
+
+    async fn list_usages(
+        &self,
+        request: Request<pb::ListUsagesRequest>,
+    ) -> Result<Response<pb::ListUsagesReply>, Status> {
+        let request = request.into_inner();
+        let family_id = request.family_id.as_deref().map(family).transpose()?;
+        let capability = request.capability_id.map(CapabilityId::from);
+        self.read_barrier(request.consistency).await?;
+        let rows = self
+            .router
+            .lock()
+            .await
+            .list_usages(
+                family_id.as_ref(),
+                capability.as_ref(),
+                limit(request.limit),
+            )
+            .await
+            .map_err(router_status)?;
+        let usages: Vec<_> = rows.into_iter().map(|(_, usage)| usage).collect();
+        Ok(definite(pb::ListUsagesReply::from_records(&usages)))
+    }
+
+    async fn list_events(
+        &self,
+        request: Request<pb::ListEventsRequest>,
+    ) -> Result<Response<pb::ListEventsReply>, Status> {
+        let request = request.into_inner();
+        let family_id = family(&request.family_id)?;
+        let capability = request.capability_id.map(CapabilityId::from);
+        self.read_barrier(request.consistency).await?;
+        let events = self
+            .router
+            .lock()
+            .await
+            .list_events(
+                &family_id,
+                capability.as_ref(),
+                request.grant_index,
+                request.after_commit_index.map(BudgetCommitIndex),
+                limit(request.limit),
+            )
+            .await
+            .map_err(router_status)?;
+        Ok(definite(pb::ListEventsReply::from_records(&events)))
+    }
+
+    async fn get_event(
+        &self,
+        request: Request<pb::GetEventRequest>,
+    ) -> Result<Response<pb::EventLookup>, Status> {
+        let request = request.into_inner();
+        let family_id = family(&request.family_id)?;
+        let event_id = EventId::from(request.event_id);
+        event_id
+            .validate()
+            .map_err(|e| failure_status(e.into(), None))?;
+        self.read_barrier(request.consistency).await?;
+        let lookup = self
+            .router
+            .lock()
+            .await
+            .get_event(&family_id, &event_id)
+            .await
+            .map_err(router_status)?;
+        Ok(definite(pb::EventLookup::from(&lookup)))
+    }
+
+    async fn get_hold(
+        &self,
+        request: Request<pb::GetHoldRequest>,
+    ) -> Result<Response<pb::GetHoldReply>, Status> {
+        let request = request.into_inner();
+        let family_id = family(&request.family_id)?;
+        let hold_id = HoldId::from(request.hold_id);
+        hold_id
+            .validate()
+            .map_err(|e| failure_status(e.into(), None))?;
+        self.read_barrier(request.consistency).await?;
+        let view = self
+            .router
+            .lock()
+            .await
+            .get_hold(&family_id, &hold_id)
+            .await
+            .map_err(router_status)?;
+        Ok(definite(pb::GetHoldReply::from_view(view.as_ref())))
+    }
+
+    async fn list_holds(
+        &self,
+        request: Request<pb::ListHoldsRequest>,
+    ) -> Result<Response<pb::ListHoldsReply>, Status> {
+        let request = request.into_inner();
+        let filter = HoldFilter::try_from(&request).map_err(|e| failure_status(e.into(), None))?;
+        let family_id = request.family_id.as_deref().map(family).transpose()?;
+        self.read_barrier(request.consistency).await?;
+        let holds = self
+            .router
+            .lock()
+            .await
+            .list_holds(family_id.as_ref(), &filter, limit(request.limit))
+            .await
+            .map_err(router_status)?;
+        let holds: Vec<_> = holds.into_iter().map(|(_, hold)| hold).collect();
+        Ok(definite(pb::ListHoldsReply::from_holds(&holds)))
+    }
+}
