@@ -41,12 +41,19 @@ fn tool_call(n: u64, now_ms: u64) -> [Command; 3] {
         ),
         command(
             format!("{hold}:capture"),
-            Operation::CaptureInvocation { hold_id: hold.clone(), attempt_id: "attempt".into() },
+            Operation::CaptureInvocation {
+                hold_id: hold.clone(),
+                attempt_id: "attempt".into(),
+            },
             now_ms,
         ),
         command(
             format!("{hold}:reconcile"),
-            Operation::ReconcileHold { hold_id: hold, exposed_cost_units: 100, realized_spend_units: 60 },
+            Operation::ReconcileHold {
+                hold_id: hold,
+                exposed_cost_units: 100,
+                realized_spend_units: 60,
+            },
             now_ms,
         ),
     ]
@@ -60,7 +67,11 @@ struct Driver {
 
 impl Driver {
     fn new() -> Self {
-        Self { family: Family::new("fam".into()), log_index: 0, calls: 0 }
+        Self {
+            family: Family::new("fam".into()),
+            log_index: 0,
+            calls: 0,
+        }
     }
 
     fn now_ms(&self) -> u64 {
@@ -71,7 +82,10 @@ impl Driver {
 
     /// Runs `calls` tool calls and returns the time spent inside `apply` only.
     fn run(&mut self, calls: u64) -> Duration {
-        let params = ClusterParams { retention_ms: 1_000, max_clock_step_ms: 10_000 };
+        let params = ClusterParams {
+            retention_ms: 1_000,
+            max_clock_step_ms: 10_000,
+        };
         let mut prepared = Vec::with_capacity(calls as usize);
         for _ in 0..calls {
             let now_ms = self.now_ms();
@@ -83,7 +97,10 @@ impl Driver {
             for command in commands {
                 self.log_index += 1;
                 let ctx = ApplyCtx {
-                    log_id: LogPosition { term: 1, index: self.log_index },
+                    log_id: LogPosition {
+                        term: 1,
+                        index: self.log_index,
+                    },
                     command_position: 0,
                     now_ms: *now_ms,
                     params,
@@ -122,7 +139,9 @@ fn snapshot(c: &mut Criterion) {
     let bytes = driver.family.to_snapshot_bytes();
     let mut group = c.benchmark_group("ledger snapshot");
     group.throughput(Throughput::Bytes(bytes.len() as u64));
-    group.bench_function("encode family after 10k calls", |b| b.iter(|| driver.family.to_snapshot_bytes()));
+    group.bench_function("encode family after 10k calls", |b| {
+        b.iter(|| driver.family.to_snapshot_bytes())
+    });
     group.bench_function("decode family after 10k calls", |b| {
         b.iter(|| Family::from_snapshot_bytes(&bytes).expect("decodes"))
     });

@@ -6,7 +6,6 @@ use tally_ledger::*;
 
 fn main() {
     let mut family = Family::new("family-acme".into());
-    let mut log_index = 0;
     let mut now_ms = 1_700_000_000_000;
     let header = |event_id: &str, now_ms: u64| CommandHeader {
         family_id: "family-acme".into(),
@@ -31,26 +30,41 @@ fn main() {
         ),
         (
             "capture before paying (this kernel's attempt owns it)",
-            Operation::CaptureInvocation { hold_id: hold.clone(), attempt_id: "attempt-a".into() },
+            Operation::CaptureInvocation {
+                hold_id: hold.clone(),
+                attempt_id: "attempt-a".into(),
+            },
             "budget-hold:req-42:cap-agent-7:0:capture-invocation",
         ),
         (
             "a twin kernel retries the same capture: it learns it is not the owner",
-            Operation::CaptureInvocation { hold_id: hold.clone(), attempt_id: "attempt-b".into() },
+            Operation::CaptureInvocation {
+                hold_id: hold.clone(),
+                attempt_id: "attempt-b".into(),
+            },
             "budget-hold:req-42:cap-agent-7:0:capture-invocation",
         ),
         (
             "reconcile: the tool cost $37.50",
-            Operation::ReconcileHold { hold_id: hold.clone(), exposed_cost_units: 10_000, realized_spend_units: 3_750 },
+            Operation::ReconcileHold {
+                hold_id: hold.clone(),
+                exposed_cost_units: 10_000,
+                realized_spend_units: 3_750,
+            },
             "budget-hold:req-42:cap-agent-7:0:reconcile",
         ),
     ];
-    for (what, op, event_id) in steps {
+    for (log_index, (what, op, event_id)) in (1..).zip(steps) {
         now_ms += 250;
-        log_index += 1;
-        let command = Command::Apply(ClientCommand { header: header(event_id, now_ms), op });
+        let command = Command::Apply(ClientCommand {
+            header: header(event_id, now_ms),
+            op,
+        });
         let ctx = ApplyCtx {
-            log_id: LogPosition { term: 1, index: log_index },
+            log_id: LogPosition {
+                term: 1,
+                index: log_index,
+            },
             command_position: 0,
             now_ms,
             params: ClusterParams::default(),
@@ -74,7 +88,9 @@ fn main() {
             event.realized_units
         );
     }
-    let usage = family.get_usage(&AccountKey::new("cap-agent-7", 0)).expect("row exists");
+    let usage = family
+        .get_usage(&AccountKey::new("cap-agent-7", 0))
+        .expect("row exists");
     println!(
         "\nusage cap-agent-7/0: {} calls, exposed {} realized {} (committed {} of {:?})",
         usage.account.invocation_count,

@@ -18,7 +18,10 @@ pub struct AccountKey {
 
 impl AccountKey {
     pub fn new(capability_id: impl Into<CapabilityId>, grant_index: u32) -> Self {
-        Self { capability_id: capability_id.into(), grant_index }
+        Self {
+            capability_id: capability_id.into(),
+            grant_index,
+        }
     }
 
     pub fn validate(&self) -> Result<(), LedgerError> {
@@ -50,7 +53,10 @@ pub struct GrantLimits {
 
 impl GrantLimits {
     pub fn invocations(max_invocations: u32) -> Self {
-        Self { max_invocations: Some(max_invocations), ..Self::default() }
+        Self {
+            max_invocations: Some(max_invocations),
+            ..Self::default()
+        }
     }
 
     pub fn monetary(
@@ -140,7 +146,10 @@ impl Account {
         if &self.limits != limits {
             return Err(LedgerError::invalid(
                 "limits",
-                format!("limits changed: the account pinned {:?}, the command names {limits:?}", self.limits),
+                format!(
+                    "limits changed: the account pinned {:?}, the command names {limits:?}",
+                    self.limits
+                ),
             ));
         }
         Ok(())
@@ -154,7 +163,12 @@ impl Account {
         requested_units: u64,
         check_cost: bool,
     ) -> Result<Option<DenyReason>, LedgerError> {
-        let deny = |rule| Ok(Some(DenyReason { rule, account: key.clone() }));
+        let deny = |rule| {
+            Ok(Some(DenyReason {
+                rule,
+                account: key.clone(),
+            }))
+        };
         if let Some(max) = self.limits.max_invocations {
             if self.invocation_count >= max {
                 return deny(DenyRule::InvocationLimit);
@@ -169,8 +183,11 @@ impl Account {
             }
         }
         if let Some(max) = self.limits.max_total_cost_units {
-            if checked_add(self.committed_cost_units()?, requested_units, "committed + requested")?
-                > max
+            if checked_add(
+                self.committed_cost_units()?,
+                requested_units,
+                "committed + requested",
+            )? > max
             {
                 return deny(DenyRule::TotalCostLimit);
             }
@@ -185,7 +202,8 @@ impl Account {
         next.total_cost_exposed_units =
             checked_add(next.total_cost_exposed_units, units, "total_cost_exposed")?;
         if legacy {
-            next.legacy_unheld.count = checked_add_u32(next.legacy_unheld.count, 1, "legacy count")?;
+            next.legacy_unheld.count =
+                checked_add_u32(next.legacy_unheld.count, 1, "legacy count")?;
             next.legacy_unheld.exposed_units =
                 checked_add(next.legacy_unheld.exposed_units, units, "legacy exposed")?;
         } else {
@@ -231,7 +249,11 @@ mod tests {
     fn admission_checks_quota_then_per_call_then_total() {
         let mut account = Account::new(GrantLimits::monetary(Some(1), Some(100), Some(150), "USD"));
         assert_eq!(account.admit(&key(), 100, true), Ok(None));
-        let rule = |a: &Account, units| a.admit(&key(), units, true).expect("no overflow").map(|d| d.rule);
+        let rule = |a: &Account, units| {
+            a.admit(&key(), units, true)
+                .expect("no overflow")
+                .map(|d| d.rule)
+        };
         assert_eq!(rule(&account, 101), Some(DenyRule::PerInvocationCostLimit));
         account.total_cost_realized_spend_units = 100;
         assert_eq!(rule(&account, 60), Some(DenyRule::TotalCostLimit));
@@ -244,8 +266,14 @@ mod tests {
     fn overflow_is_an_error_not_a_wrap() {
         let mut account = Account::new(GrantLimits::monetary(None, None, Some(u64::MAX), "USD"));
         account.total_cost_exposed_units = u64::MAX;
-        assert!(matches!(account.admit(&key(), 1, true), Err(LedgerError::Overflow { .. })));
-        assert!(matches!(account.admitted(1, false), Err(LedgerError::Overflow { .. })));
+        assert!(matches!(
+            account.admit(&key(), 1, true),
+            Err(LedgerError::Overflow { .. })
+        ));
+        assert!(matches!(
+            account.admitted(1, false),
+            Err(LedgerError::Overflow { .. })
+        ));
     }
 
     #[test]
@@ -259,9 +287,16 @@ mod tests {
 
     #[test]
     fn currency_is_validated() {
-        assert!(GrantLimits::monetary(None, Some(1), None, "").validate("limits").is_err());
-        assert!(GrantLimits::monetary(None, Some(1), None, "US D").validate("limits").is_err());
-        let no_currency = GrantLimits { max_total_cost_units: Some(1), ..GrantLimits::default() };
+        assert!(GrantLimits::monetary(None, Some(1), None, "")
+            .validate("limits")
+            .is_err());
+        assert!(GrantLimits::monetary(None, Some(1), None, "US D")
+            .validate("limits")
+            .is_err());
+        let no_currency = GrantLimits {
+            max_total_cost_units: Some(1),
+            ..GrantLimits::default()
+        };
         assert!(no_currency.validate("limits").is_err());
         assert!(GrantLimits::invocations(3).validate("limits").is_ok());
     }

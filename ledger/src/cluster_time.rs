@@ -14,7 +14,10 @@ pub struct ClusterParams {
 
 impl Default for ClusterParams {
     fn default() -> Self {
-        Self { retention_ms: 24 * 3_600_000, max_clock_step_ms: 10_000 }
+        Self {
+            retention_ms: 24 * 3_600_000,
+            max_clock_step_ms: 10_000,
+        }
     }
 }
 

@@ -19,7 +19,10 @@ pub struct CommandHeader {
 
 impl CommandHeader {
     pub fn account(&self) -> AccountKey {
-        AccountKey { capability_id: self.capability_id.clone(), grant_index: self.grant_index }
+        AccountKey {
+            capability_id: self.capability_id.clone(),
+            grant_index: self.grant_index,
+        }
     }
 }
 
@@ -159,11 +162,19 @@ impl ClientCommand {
                 }
             }
             Operation::CaptureInvocation { attempt_id, .. } => attempt_id.validate()?,
-            Operation::ReleaseHold { released_exposure_units, .. } => {
-                require_positive("released_exposure_units", *released_exposure_units)?
+            Operation::ReleaseHold {
+                released_exposure_units,
+                ..
+            } => require_positive("released_exposure_units", *released_exposure_units)?,
+            Operation::ReconcileHold {
+                exposed_cost_units,
+                realized_spend_units,
+                ..
             }
-            Operation::ReconcileHold { exposed_cost_units, realized_spend_units, .. }
-            | Operation::SettleChargeCost { exposed_cost_units, realized_spend_units } => {
+            | Operation::SettleChargeCost {
+                exposed_cost_units,
+                realized_spend_units,
+            } => {
                 require_positive("exposed_cost_units", *exposed_cost_units)?;
                 if realized_spend_units > exposed_cost_units {
                     return Err(LedgerError::invalid(
@@ -176,10 +187,15 @@ impl ClientCommand {
             Operation::TryChargeCost { cost_units, limits } => {
                 limits.validate("limits")?;
                 if *cost_units > 0 && limits.currency.is_none() {
-                    return Err(LedgerError::invalid("cost_units", "cost needs a grant currency"));
+                    return Err(LedgerError::invalid(
+                        "cost_units",
+                        "cost needs a grant currency",
+                    ));
                 }
             }
-            Operation::ReduceChargeCost { cost_units } => require_positive("cost_units", *cost_units)?,
+            Operation::ReduceChargeCost { cost_units } => {
+                require_positive("cost_units", *cost_units)?
+            }
             Operation::ConsumeNonce { nonce_id, .. } => nonce_id.validate()?,
             Operation::CancelCapturedBeforeDispatch { .. }
             | Operation::ReverseHold { .. }
@@ -221,7 +237,10 @@ fn validate_ancestors(
             && grant_limits.currency.is_some()
             && ancestor.limits.currency != grant_limits.currency
         {
-            return Err(LedgerError::invalid("ancestors", "an ancestor grant has another currency"));
+            return Err(LedgerError::invalid(
+                "ancestors",
+                "an ancestor grant has another currency",
+            ));
         }
         seen.push(&ancestor.account);
     }
@@ -235,7 +254,10 @@ pub enum Command {
     /// `ResolveEvent{original}` (SPEC.md §5.4): routed like the original.
     Resolve(ClientCommand),
     /// Internal: proposed only by the leader, refused from clients.
-    ExpireHolds { family_id: FamilyId, up_to_ms: u64 },
+    ExpireHolds {
+        family_id: FamilyId,
+        up_to_ms: u64,
+    },
 }
 
 impl Command {

@@ -13,7 +13,10 @@ pub struct BudgetCommitIndex(pub u64);
 
 impl BudgetCommitIndex {
     pub fn new(log_index: u64, command_position: usize, event_position: usize) -> Self {
-        assert!(log_index <= MAX_LOG_INDEX, "log index {log_index} exceeds 44 bits");
+        assert!(
+            log_index <= MAX_LOG_INDEX,
+            "log index {log_index} exceeds 44 bits"
+        );
         assert!(
             command_position < MAX_COMMANDS_PER_ENTRY,
             "command position {command_position} exceeds the per-entry limit"
@@ -63,7 +66,9 @@ impl fmt::Display for BudgetCommitIndex {
 }
 
 /// The Raft log id an event was committed at.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct LogPosition {
     pub term: u64,
     pub index: u64,
@@ -76,10 +81,18 @@ mod tests {
     #[test]
     fn encoding_round_trips_and_orders_by_log_then_command_then_event() {
         let a = BudgetCommitIndex::new(7, 4_095, 255);
-        assert_eq!((a.log_index(), a.command_position(), a.event_position()), (7, 4_095, 255));
+        assert_eq!(
+            (a.log_index(), a.command_position(), a.event_position()),
+            (7, 4_095, 255)
+        );
         assert!(a < BudgetCommitIndex::new(8, 0, 0));
         assert!(BudgetCommitIndex::new(8, 0, 1) < BudgetCommitIndex::new(8, 1, 0));
-        assert_eq!(BudgetCommitIndex::new(8, 1, 0).with_event_position(3).event_position(), 3);
+        assert_eq!(
+            BudgetCommitIndex::new(8, 1, 0)
+                .with_event_position(3)
+                .event_position(),
+            3
+        );
     }
 
     #[test]

@@ -15,7 +15,9 @@ impl Family {
                 Some((due, _)) if *due < now_ms => {}
                 _ => return,
             }
-            let Some((_, item)) = self.compaction_queue.pop_first() else { return };
+            let Some((_, item)) = self.compaction_queue.pop_first() else {
+                return;
+            };
             self.compact(item, now_ms);
         }
     }
@@ -25,20 +27,22 @@ impl Family {
             CompactionItem::Journal(index) => {
                 self.journal.remove(&index);
             }
-            CompactionItem::Dedupe(event_id) => match self.dedupe.get_mut(&event_id) {
-                Some(DedupeEntry::Applied { identity, .. }) => *identity = identity.compacted(),
-                Some(DedupeEntry::Tombstoned { .. }) => {
-                    self.dedupe.remove(&event_id);
+            CompactionItem::Dedupe(key) => match self.dedupe.get_mut(key.id()) {
+                Some(DedupeEntry::Applied(row)) => row.identity = row.identity.compacted(),
+                Some(DedupeEntry::Tombstoned(_)) => {
+                    self.dedupe.remove(key.id());
                 }
-                None => panic!("compaction of unknown event {event_id}"),
+                None => panic!("compaction of unknown event {:?}", key.id()),
             },
-            CompactionItem::Hold(hold_id) => {
-                let Some(HoldSlot::Live(hold)) = self.holds.get(&hold_id) else { return };
+            CompactionItem::Hold(key) => {
+                let Some(slot) = self.holds.get_mut(key.id()) else {
+                    return;
+                };
+                let HoldSlot::Live(hold) = slot else { return };
                 if !hold.is_final() {
                     return;
                 }
-                let archived = HoldSlot::Archived(Box::new(hold.archive()));
-                self.holds.insert(hold_id, archived);
+                *slot = HoldSlot::Archived(Box::new(hold.archive()));
                 self.live_holds -= 1;
             }
             CompactionItem::Nonce(nonce_id) => {

@@ -33,9 +33,17 @@ pub struct DenyReason {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
-    Authorized { hold_id: HoldId, exposure_units: u64 },
-    Denied { reason: DenyReason },
-    Captured { hold_id: HoldId, attempt_id: AttemptId },
+    Authorized {
+        hold_id: HoldId,
+        exposure_units: u64,
+    },
+    Denied {
+        reason: DenyReason,
+    },
+    Captured {
+        hold_id: HoldId,
+        attempt_id: AttemptId,
+    },
     /// The hold was captured already: the caller proceeds only if the owner is its attempt.
     AlreadyCaptured {
         hold_id: HoldId,
@@ -43,20 +51,51 @@ pub enum Outcome {
         capture_event_id: EventId,
         capture_commit_index: BudgetCommitIndex,
     },
-    Cancelled { hold_id: HoldId, exposure_units: u64 },
-    Reversed { hold_id: HoldId, exposure_units: u64 },
+    Cancelled {
+        hold_id: HoldId,
+        exposure_units: u64,
+    },
+    Reversed {
+        hold_id: HoldId,
+        exposure_units: u64,
+    },
     /// Cleanup confirmed: the hold was reversed already (by expiry, cancel or another reverse).
-    AlreadyReversed { hold_id: HoldId, by_event_id: EventId },
-    Released { hold_id: HoldId, released_units: u64, remaining_units: u64 },
-    Reconciled { hold_id: HoldId, realized_units: u64, unspent_units: u64 },
+    AlreadyReversed {
+        hold_id: HoldId,
+        by_event_id: EventId,
+    },
+    Released {
+        hold_id: HoldId,
+        released_units: u64,
+        remaining_units: u64,
+    },
+    Reconciled {
+        hold_id: HoldId,
+        realized_units: u64,
+        unspent_units: u64,
+    },
     Incremented,
-    Charged { cost_units: u64 },
-    ChargeReversed { cost_units: u64 },
-    ChargeReduced { cost_units: u64 },
-    ChargeSettled { exposed_cost_units: u64, realized_spend_units: u64 },
-    NonceConsumed { nonce_id: NonceId },
+    Charged {
+        cost_units: u64,
+    },
+    ChargeReversed {
+        cost_units: u64,
+    },
+    ChargeReduced {
+        cost_units: u64,
+    },
+    ChargeSettled {
+        exposed_cost_units: u64,
+        realized_spend_units: u64,
+    },
+    NonceConsumed {
+        nonce_id: NonceId,
+    },
     Resolved(Resolution),
-    HoldsExpired { hold_ids: Vec<HoldId>, more_due: bool },
+    HoldsExpired {
+        hold_ids: Vec<HoldId>,
+        more_due: bool,
+    },
 }
 
 impl Outcome {
@@ -86,6 +125,9 @@ pub struct Decision {
 
 impl Decision {
     pub(crate) fn replay_of(&self) -> Self {
-        Self { replayed: true, ..self.clone() }
+        Self {
+            replayed: true,
+            ..self.clone()
+        }
     }
 }

@@ -77,26 +77,40 @@ pub enum LedgerError {
     #[error("conflict: {0:?}")]
     Conflict(ConflictReason),
     #[error("failed precondition ({}): {message}", code.as_str())]
-    FailedPrecondition { code: PreconditionCode, message: String },
+    FailedPrecondition {
+        code: PreconditionCode,
+        message: String,
+    },
     #[error("arithmetic overflow in {what}")]
     Overflow { what: String },
 }
 
 impl LedgerError {
     pub fn invalid(field: &str, reason: impl Into<String>) -> Self {
-        Self::InvalidArgument { field: field.to_owned(), reason: reason.into() }
+        Self::InvalidArgument {
+            field: field.to_owned(),
+            reason: reason.into(),
+        }
     }
 
     pub fn precondition(code: PreconditionCode, message: impl Into<String>) -> Self {
-        Self::FailedPrecondition { code, message: message.into() }
+        Self::FailedPrecondition {
+            code,
+            message: message.into(),
+        }
     }
 
     pub fn overflow(what: &str) -> Self {
-        Self::Overflow { what: what.to_owned() }
+        Self::Overflow {
+            what: what.to_owned(),
+        }
     }
 
     pub fn conflict_fields(differing_fields: Vec<String>) -> Self {
-        assert!(!differing_fields.is_empty(), "a conflict must name at least one field");
+        assert!(
+            !differing_fields.is_empty(),
+            "a conflict must name at least one field"
+        );
         Self::Conflict(ConflictReason::EventIdentity { differing_fields })
     }
 

@@ -98,7 +98,10 @@ pub struct EventRecord {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EventLookup {
     /// The stored answer, and the full record while it is retained.
-    Applied { decision: Decision, record: Option<EventRecord> },
+    Applied {
+        decision: Decision,
+        record: Option<EventRecord>,
+    },
     Tombstoned,
     Unknown,
 }

@@ -15,6 +15,7 @@ use crate::event::{AccountImage, EventRecord};
 use crate::hold::{Hold, HoldSlot};
 use crate::identity::{Identity, StoredIdentity};
 use crate::ids::{EventId, FamilyId, HoldId, NonceId};
+use crate::keyed::Keyed;
 use crate::limits::MAX_EVENTS_PER_COMMAND;
 
 /// Where and when a command applies: its log position and the clamped cluster time.
@@ -36,10 +37,18 @@ impl ApplyCtx {
 }
 
 /// A dedupe-table row (SPEC.md §5): an applied command's stored answer, or a tombstone.
+/// Boxed, so the table's tree nodes stay small: every command inserts a row in the middle
+/// of a leaf, and the table keeps a row per applied event for ever.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum DedupeEntry {
-    Applied { identity: StoredIdentity, decision: Decision },
-    Tombstoned { identity: StoredIdentity },
+    Applied(Box<AppliedRow>),
+    Tombstoned(Box<StoredIdentity>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct AppliedRow {
+    pub identity: StoredIdentity,
+    pub decision: Decision,
 }
 
 /// Work that becomes due once cluster time passes a command's `not_after_ms + retention_ms`.
@@ -48,9 +57,9 @@ pub(crate) enum CompactionItem {
     /// Drop a full event from the journal.
     Journal(BudgetCommitIndex),
     /// Shrink an applied identity to its digest, or forget a tombstone.
-    Dedupe(EventId),
+    Dedupe(Keyed<EventId>),
     /// Replace a terminal hold by its archive record.
-    Hold(HoldId),
+    Hold(Keyed<HoldId>),
     /// Forget a nonce whose expiry has passed.
     Nonce(NonceId),
 }
@@ -61,7 +70,9 @@ pub struct Family {
     pub(crate) accounts: BTreeMap<AccountKey, Account>,
     pub(crate) holds: BTreeMap<HoldId, HoldSlot>,
     pub(crate) dedupe: BTreeMap<EventId, DedupeEntry>,
-    pub(crate) journal: BTreeMap<BudgetCommitIndex, EventRecord>,
+    /// Boxed: compaction removes the oldest records from the front of the tree's leaves, and
+    /// moving a pointer is cheaper than moving a record.
+    pub(crate) journal: BTreeMap<BudgetCommitIndex, Box<EventRecord>>,
     /// Consumed nonces and their expiry.
     pub(crate) nonces: BTreeMap<NonceId, u64>,
     /// Authorized holds with an expiry, in `(expires_at_ms, hold_id)` order.
@@ -96,7 +107,11 @@ pub(crate) struct Step<'c> {
 
 impl<'c> Step<'c> {
     fn new(ctx: &'c ApplyCtx) -> Self {
-        Self { ctx, base: ctx.base_index(), appended: 0 }
+        Self {
+            ctx,
+            base: ctx.base_index(),
+            appended: 0,
+        }
     }
 
     pub fn now_ms(&self) -> u64 {
@@ -104,7 +119,10 @@ impl<'c> Step<'c> {
     }
 
     fn next_index(&mut self) -> BudgetCommitIndex {
-        assert!(self.appended < MAX_EVENTS_PER_COMMAND, "a command appended more than 256 events");
+        assert!(
+            self.appended < MAX_EVENTS_PER_COMMAND,
+            "a command appended more than 256 events"
+        );
         let index = self.base.with_event_position(self.appended);
         self.appended += 1;
         index
@@ -148,7 +166,11 @@ impl Family {
         if command.family_id() != &self.family_id {
             return Err(LedgerError::invalid(
                 "family_id",
-                format!("command for {} routed to family {}", command.family_id(), self.family_id),
+                format!(
+                    "command for {} routed to family {}",
+                    command.family_id(),
+                    self.family_id
+                ),
             ));
         }
         let base = ctx.base_index();
@@ -167,7 +189,10 @@ impl Family {
         };
         if result.is_err() {
             // Only the expiry of a touched hold may have been appended (SPEC.md §4).
-            assert!(step.appended() <= 1, "an erroring command appended more than an expiry");
+            assert!(
+                step.appended() <= 1,
+                "an erroring command appended more than an expiry"
+            );
         }
         if result.is_err() && step.appended() == 0 {
             return result;
@@ -185,16 +210,20 @@ impl Family {
         let identity = Identity::of(cmd);
         if let Some(entry) = self.dedupe.get(&cmd.header.event_id) {
             return match entry {
-                DedupeEntry::Tombstoned { identity: stored } => {
-                    stored.compare(&identity).map_err(LedgerError::conflict_fields)?;
+                DedupeEntry::Tombstoned(stored) => {
+                    stored
+                        .compare(&identity)
+                        .map_err(LedgerError::conflict_fields)?;
                     Err(LedgerError::precondition(
                         PreconditionCode::EventAborted,
                         "event aborted: ResolveEvent made it final that this command never applies",
                     ))
                 }
-                DedupeEntry::Applied { identity: stored, decision } => {
-                    stored.compare(&identity).map_err(LedgerError::conflict_fields)?;
-                    let decision = decision.clone();
+                DedupeEntry::Applied(row) => {
+                    row.identity
+                        .compare(&identity)
+                        .map_err(LedgerError::conflict_fields)?;
+                    let decision = row.decision.clone();
                     self.replay(cmd, decision, step.now_ms())
                 }
             };
@@ -202,29 +231,41 @@ impl Family {
         self.check_fresh(cmd, step.now_ms())?;
         let decision = match &cmd.op {
             Operation::AuthorizeHold { .. } => self.authorize_hold(cmd, step)?,
-            Operation::CaptureInvocation { hold_id, attempt_id } => {
-                self.capture(cmd, hold_id, attempt_id, step)?
-            }
+            Operation::CaptureInvocation {
+                hold_id,
+                attempt_id,
+            } => self.capture(cmd, hold_id, attempt_id, step)?,
             Operation::CancelCapturedBeforeDispatch { hold_id } => {
                 self.cancel_captured(cmd, hold_id, step)?
             }
-            Operation::ReverseHold { hold_id, exposure_units } => {
-                self.reverse_hold(cmd, hold_id, *exposure_units, step)?
-            }
-            Operation::ReleaseHold { hold_id, released_exposure_units } => {
-                self.release_hold(cmd, hold_id, *released_exposure_units, step)?
-            }
-            Operation::ReconcileHold { hold_id, exposed_cost_units, realized_spend_units } => {
-                self.reconcile_hold(cmd, hold_id, *exposed_cost_units, *realized_spend_units, step)?
-            }
+            Operation::ReverseHold {
+                hold_id,
+                exposure_units,
+            } => self.reverse_hold(cmd, hold_id, *exposure_units, step)?,
+            Operation::ReleaseHold {
+                hold_id,
+                released_exposure_units,
+            } => self.release_hold(cmd, hold_id, *released_exposure_units, step)?,
+            Operation::ReconcileHold {
+                hold_id,
+                exposed_cost_units,
+                realized_spend_units,
+            } => self.reconcile_hold(
+                cmd,
+                hold_id,
+                *exposed_cost_units,
+                *realized_spend_units,
+                step,
+            )?,
             Operation::TryIncrement { .. }
             | Operation::TryChargeCost { .. }
             | Operation::ReverseChargeCost { .. }
             | Operation::ReduceChargeCost { .. }
             | Operation::SettleChargeCost { .. } => self.legacy(cmd, step)?,
-            Operation::ConsumeNonce { nonce_id, expires_at_ms } => {
-                self.consume_nonce(cmd, nonce_id, *expires_at_ms, step)?
-            }
+            Operation::ConsumeNonce {
+                nonce_id,
+                expires_at_ms,
+            } => self.consume_nonce(cmd, nonce_id, *expires_at_ms, step)?,
         };
         self.remember(cmd, identity, &decision, step);
         Ok(decision)
@@ -236,7 +277,9 @@ impl Family {
         if not_after_ms < now_ms {
             return Err(LedgerError::precondition(
                 PreconditionCode::CommandExpired,
-                format!("command expired: not_after_ms {not_after_ms} is before cluster time {now_ms}"),
+                format!(
+                    "command expired: not_after_ms {not_after_ms} is before cluster time {now_ms}"
+                ),
             ));
         }
         if not_after_ms - now_ms > crate::limits::MAX_COMMAND_LIFETIME_MS {
@@ -251,15 +294,21 @@ impl Family {
         Ok(())
     }
 
-    fn remember(&mut self, cmd: &ClientCommand, identity: Identity, decision: &Decision, step: &Step<'_>) {
-        let event_id = cmd.header.event_id.clone();
+    fn remember(
+        &mut self,
+        cmd: &ClientCommand,
+        identity: Identity,
+        decision: &Decision,
+        step: &Step<'_>,
+    ) {
+        let key = Keyed::new(cmd.header.event_id.clone());
         let due = cmd.header.not_after_ms.max(step.now_ms());
-        self.schedule(due, step.ctx.params, CompactionItem::Dedupe(event_id.clone()));
-        let entry = DedupeEntry::Applied {
+        self.schedule(due, step.ctx.params, CompactionItem::Dedupe(key.clone()));
+        let entry = DedupeEntry::Applied(Box::new(AppliedRow {
             identity: StoredIdentity::Full(Box::new(identity)),
             decision: decision.clone(),
-        };
-        let previous = self.dedupe.insert(event_id, entry);
+        }));
+        let previous = self.dedupe.insert(key.id().clone(), entry);
         assert!(previous.is_none(), "an event id was applied twice");
     }
 
@@ -271,12 +320,17 @@ impl Family {
         event.record.at_ms = step.now_ms();
         let due = event.keep_until_ms.max(step.now_ms());
         self.schedule(due, step.ctx.params, CompactionItem::Journal(index));
-        let previous = self.journal.insert(index, event.record);
+        let previous = self.journal.insert(index, Box::new(event.record));
         assert!(previous.is_none(), "commit index {index:?} used twice");
         index
     }
 
-    pub(crate) fn schedule(&mut self, keep_until_ms: u64, params: ClusterParams, item: CompactionItem) {
+    pub(crate) fn schedule(
+        &mut self,
+        keep_until_ms: u64,
+        params: ClusterParams,
+        item: CompactionItem,
+    ) {
         let due = keep_until_ms.saturating_add(params.retention_ms);
         self.compaction_queue.insert((due, item));
     }

@@ -64,7 +64,10 @@ pub struct Hold {
 
 impl Hold {
     pub fn states(&self) -> HoldStates {
-        HoldStates { invocation: self.invocation_state, monetary: self.monetary_state }
+        HoldStates {
+            invocation: self.invocation_state,
+            monetary: self.monetary_state,
+        }
     }
 
     pub fn is_terminal(&self) -> bool {
@@ -87,7 +90,9 @@ impl Hold {
             self.reversed_units,
             self.remaining_exposure_units,
         ];
-        let sum = parts.iter().try_fold(0u64, |acc, part| acc.checked_add(*part));
+        let sum = parts
+            .iter()
+            .try_fold(0u64, |acc, part| acc.checked_add(*part));
         assert_eq!(
             sum,
             Some(self.authorized_exposure_units),
@@ -106,7 +111,11 @@ impl Hold {
     }
 
     pub fn archive(&self) -> ArchivedHold {
-        assert!(self.is_final(), "hold {} archived before it was final", self.hold_id);
+        assert!(
+            self.is_final(),
+            "hold {} archived before it was final",
+            self.hold_id
+        );
         ArchivedHold {
             capability_id: self.capability_id.clone(),
             grant_index: self.grant_index,
@@ -134,7 +143,9 @@ pub struct ArchivedHold {
 pub enum HoldSlot {
     Live(Box<Hold>),
     /// A denied authorize claims the id without opening a hold.
-    Denied { event_id: EventId },
+    Denied {
+        event_id: EventId,
+    },
     Archived(Box<ArchivedHold>),
 }
 

@@ -24,7 +24,11 @@ impl Identity {
         let mut normalized = command.clone();
         normalized.header.not_after_ms = 0;
         match &mut normalized.op {
-            Operation::AuthorizeHold { ancestors, hold_timeout_ms, .. } => {
+            Operation::AuthorizeHold {
+                ancestors,
+                hold_timeout_ms,
+                ..
+            } => {
                 ancestors.sort_by(|a, b| a.account.cmp(&b.account));
                 *hold_timeout_ms = None;
             }
@@ -47,24 +51,46 @@ impl Identity {
         ];
         let hold = |id: &crate::ids::HoldId| ("hold_id", id.to_string());
         match &self.0.op {
-            Operation::AuthorizeHold { hold_id, requested_exposure_units, limits, ancestors, .. } => {
+            Operation::AuthorizeHold {
+                hold_id,
+                requested_exposure_units,
+                limits,
+                ancestors,
+                ..
+            } => {
                 fields.push(hold(hold_id));
-                fields.push(("requested_exposure_units", requested_exposure_units.to_string()));
+                fields.push((
+                    "requested_exposure_units",
+                    requested_exposure_units.to_string(),
+                ));
                 fields.push(("currency", format!("{:?}", limits.currency)));
                 fields.push(("limits", limits_text(limits)));
                 fields.push(("ancestors", format!("{ancestors:?}")));
             }
             Operation::CaptureInvocation { hold_id, .. }
             | Operation::CancelCapturedBeforeDispatch { hold_id } => fields.push(hold(hold_id)),
-            Operation::ReverseHold { hold_id, exposure_units } => {
+            Operation::ReverseHold {
+                hold_id,
+                exposure_units,
+            } => {
                 fields.push(hold(hold_id));
                 fields.push(("exposure_units", exposure_units.to_string()));
             }
-            Operation::ReleaseHold { hold_id, released_exposure_units } => {
+            Operation::ReleaseHold {
+                hold_id,
+                released_exposure_units,
+            } => {
                 fields.push(hold(hold_id));
-                fields.push(("released_exposure_units", released_exposure_units.to_string()));
+                fields.push((
+                    "released_exposure_units",
+                    released_exposure_units.to_string(),
+                ));
             }
-            Operation::ReconcileHold { hold_id, exposed_cost_units, realized_spend_units } => {
+            Operation::ReconcileHold {
+                hold_id,
+                exposed_cost_units,
+                realized_spend_units,
+            } => {
                 fields.push(hold(hold_id));
                 fields.push(("exposed_cost_units", exposed_cost_units.to_string()));
                 fields.push(("realized_spend_units", realized_spend_units.to_string()));
@@ -78,14 +104,20 @@ impl Identity {
                 fields.push(("currency", format!("{:?}", limits.currency)));
                 fields.push(("limits", limits_text(limits)));
             }
-            Operation::ReverseChargeCost { cost_units } | Operation::ReduceChargeCost { cost_units } => {
+            Operation::ReverseChargeCost { cost_units }
+            | Operation::ReduceChargeCost { cost_units } => {
                 fields.push(("cost_units", cost_units.to_string()))
             }
-            Operation::SettleChargeCost { exposed_cost_units, realized_spend_units } => {
+            Operation::SettleChargeCost {
+                exposed_cost_units,
+                realized_spend_units,
+            } => {
                 fields.push(("exposed_cost_units", exposed_cost_units.to_string()));
                 fields.push(("realized_spend_units", realized_spend_units.to_string()));
             }
-            Operation::ConsumeNonce { nonce_id, .. } => fields.push(("nonce_id", nonce_id.to_string())),
+            Operation::ConsumeNonce { nonce_id, .. } => {
+                fields.push(("nonce_id", nonce_id.to_string()))
+            }
         }
         fields
     }
@@ -105,8 +137,53 @@ impl Identity {
 
     /// SHA-256 of the canonical msgpack encoding of the normalized command.
     pub fn digest(&self) -> [u8; 32] {
-        let bytes = rmp_serde::to_vec(&self.0).expect("a command always encodes");
-        Sha256::digest(bytes).into()
+        // Streamed into the hasher: the same bytes as `rmp_serde::to_vec`, without the heap buffer.
+        let mut hasher = HashWriter::new();
+        rmp_serde::encode::write(&mut hasher, &self.0).expect("a command always encodes");
+        hasher.finish()
+    }
+}
+
+/// Feeds encoded bytes into SHA-256 through a stack buffer: the encoder writes a marker or a
+/// field at a time, and one hasher update per small write costs more than the hashing.
+struct HashWriter {
+    hasher: Sha256,
+    buf: [u8; 256],
+    len: usize,
+}
+
+impl HashWriter {
+    fn new() -> Self {
+        Self {
+            hasher: Sha256::new(),
+            buf: [0; 256],
+            len: 0,
+        }
+    }
+
+    fn finish(mut self) -> [u8; 32] {
+        self.hasher.update(&self.buf[..self.len]);
+        self.hasher.finalize().into()
+    }
+}
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if self.len + bytes.len() > self.buf.len() {
+            self.hasher.update(&self.buf[..self.len]);
+            self.len = 0;
+            if bytes.len() > self.buf.len() {
+                self.hasher.update(bytes);
+                return Ok(bytes.len());
+            }
+        }
+        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

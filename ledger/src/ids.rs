@@ -108,7 +108,9 @@ impl EventId {
         if self.0.starts_with(RESERVED_EVENT_ID_PREFIX) {
             return Err(LedgerError::invalid(
                 "event_id",
-                format!("ids starting with {RESERVED_EVENT_ID_PREFIX:?} are reserved for the cluster"),
+                format!(
+                    "ids starting with {RESERVED_EVENT_ID_PREFIX:?} are reserved for the cluster"
+                ),
             ));
         }
         Ok(())
@@ -145,7 +147,9 @@ mod tests {
     fn ids_reject_empty_oversized_and_reserved() {
         assert!(HoldId::from("").validate().is_err());
         assert!(HoldId::from("x".repeat(MAX_ID_BYTES)).validate().is_ok());
-        assert!(HoldId::from("x".repeat(MAX_ID_BYTES + 1)).validate().is_err());
+        assert!(HoldId::from("x".repeat(MAX_ID_BYTES + 1))
+            .validate()
+            .is_err());
         assert!(EventId::from("auto:x").validate_client().is_err());
         assert!(EventId::from("automatic").validate_client().is_ok());
     }

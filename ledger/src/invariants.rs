@@ -33,29 +33,42 @@ impl Family {
                 if hold.invocation_state == InvocationState::Authorized {
                     *reserved.entry(key).or_default() += 1;
                 }
-                if let Some(max) = self.accounts.get(key).and_then(|a| a.limits.max_cost_per_invocation_units) {
+                if let Some(max) = self
+                    .accounts
+                    .get(key)
+                    .and_then(|a| a.limits.max_cost_per_invocation_units)
+                {
                     if hold.authorized_exposure_units > max {
-                        violations.push(format!("hold {hold_id}: exposure above per-call limit of {key:?}"));
+                        violations.push(format!(
+                            "hold {hold_id}: exposure above per-call limit of {key:?}"
+                        ));
                     }
                 }
             }
         }
         if live != self.live_holds {
-            violations.push(format!("live hold count {} but {live} live holds", self.live_holds));
+            violations.push(format!(
+                "live hold count {} but {live} live holds",
+                self.live_holds
+            ));
         }
         for (key, account) in &self.accounts {
             let committed = account.total_cost_exposed_units as u128
                 + account.total_cost_realized_spend_units as u128;
             if let Some(max) = account.limits.max_total_cost_units {
                 if committed > max as u128 {
-                    violations.push(format!("account {key:?}: committed {committed} over limit {max}"));
+                    violations.push(format!(
+                        "account {key:?}: committed {committed} over limit {max}"
+                    ));
                 }
             }
             let slots = account.reserved_invocations as u64
                 + account.captured_invocations as u64
                 + account.legacy_unheld.count as u64;
             if slots != account.invocation_count as u64 {
-                violations.push(format!("account {key:?}: invocation_count is not the sum of its slots"));
+                violations.push(format!(
+                    "account {key:?}: invocation_count is not the sum of its slots"
+                ));
             }
             if let Some(max) = account.limits.max_invocations {
                 if slots > max as u64 {
@@ -71,7 +84,9 @@ impl Family {
                 ));
             }
             if reserved.get(key).copied().unwrap_or(0) != account.reserved_invocations {
-                violations.push(format!("account {key:?}: reserved count does not fold from holds"));
+                violations.push(format!(
+                    "account {key:?}: reserved count does not fold from holds"
+                ));
             }
         }
         violations

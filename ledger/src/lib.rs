@@ -16,6 +16,7 @@ pub mod hold;
 pub mod identity;
 pub mod ids;
 mod invariants;
+mod keyed;
 pub mod limits;
 pub mod reads;
 pub mod snapshot;

@@ -17,18 +17,26 @@ pub struct HoldFilter {
 
 impl Family {
     pub fn get_usage(&self, key: &AccountKey) -> Option<UsageRecord> {
-        self.accounts
-            .get(key)
-            .map(|account| UsageRecord { key: key.clone(), account: account.clone() })
+        self.accounts.get(key).map(|account| UsageRecord {
+            key: key.clone(),
+            account: account.clone(),
+        })
     }
 
     /// Ordered by `(updated_at_ms desc, capability_id, grant_index)`.
-    pub fn list_usages(&self, capability_id: Option<&CapabilityId>, limit: usize) -> Vec<UsageRecord> {
+    pub fn list_usages(
+        &self,
+        capability_id: Option<&CapabilityId>,
+        limit: usize,
+    ) -> Vec<UsageRecord> {
         let mut rows: Vec<UsageRecord> = self
             .accounts
             .iter()
             .filter(|(key, _)| capability_id.is_none_or(|c| &key.capability_id == c))
-            .map(|(key, account)| UsageRecord { key: key.clone(), account: account.clone() })
+            .map(|(key, account)| UsageRecord {
+                key: key.clone(),
+                account: account.clone(),
+            })
             .collect();
         rows.sort_by(usage_order);
         rows.truncate(limit.min(MAX_LIST_LIMIT));
@@ -46,7 +54,7 @@ impl Family {
         let start = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
         self.journal
             .range((start, std::ops::Bound::Unbounded))
-            .map(|(_, record)| record)
+            .map(|(_, record)| &**record)
             .filter(|r| capability_id.is_none_or(|c| &r.capability_id == c))
             .filter(|r| grant_index.is_none_or(|g| r.grant_index == g))
             .take(limit.min(MAX_LIST_LIMIT))
@@ -57,15 +65,19 @@ impl Family {
     /// `Unknown` is never a no: only `ResolveEvent` makes "not applied" final.
     pub fn get_event(&self, event_id: &EventId) -> EventLookup {
         match self.dedupe.get(event_id) {
-            Some(DedupeEntry::Applied { decision, .. }) => {
+            Some(DedupeEntry::Applied(row)) => {
+                let decision = &row.decision;
                 let record = decision
                     .commit_index
                     .and_then(|index| self.journal.get(&index))
                     .filter(|record| &record.event_id == event_id)
-                    .cloned();
-                EventLookup::Applied { decision: decision.clone(), record }
+                    .map(|record| (**record).clone());
+                EventLookup::Applied {
+                    decision: decision.clone(),
+                    record,
+                }
             }
-            Some(DedupeEntry::Tombstoned { .. }) => EventLookup::Tombstoned,
+            Some(DedupeEntry::Tombstoned(_)) => EventLookup::Tombstoned,
             None if event_id.is_reserved() => self.cluster_event(event_id),
             None => EventLookup::Unknown,
         }
@@ -87,19 +99,21 @@ impl Family {
                     log_id: Some(record.log_id),
                     replayed: true,
                 },
-                record: Some(record.clone()),
+                record: Some((**record).clone()),
             })
     }
 
     pub fn get_hold(&self, hold_id: &HoldId) -> Option<HoldView> {
         self.holds.get(hold_id).map(|slot| match slot {
             HoldSlot::Live(hold) => HoldView::Live((**hold).clone()),
-            HoldSlot::Denied { event_id } => {
-                HoldView::Denied { hold_id: hold_id.clone(), event_id: event_id.clone() }
-            }
-            HoldSlot::Archived(hold) => {
-                HoldView::Archived { hold_id: hold_id.clone(), hold: (**hold).clone() }
-            }
+            HoldSlot::Denied { event_id } => HoldView::Denied {
+                hold_id: hold_id.clone(),
+                event_id: event_id.clone(),
+            },
+            HoldSlot::Archived(hold) => HoldView::Archived {
+                hold_id: hold_id.clone(),
+                hold: (**hold).clone(),
+            },
         })
     }
 
@@ -116,7 +130,11 @@ impl Family {
             .filter(|h| filter.created_before_ms.is_none_or(|t| h.created_at_ms < t))
             .collect();
         holds.sort_by(|a, b| (a.created_at_ms, &a.hold_id).cmp(&(b.created_at_ms, &b.hold_id)));
-        holds.into_iter().take(limit.min(MAX_LIST_LIMIT)).cloned().collect()
+        holds
+            .into_iter()
+            .take(limit.min(MAX_LIST_LIMIT))
+            .cloned()
+            .collect()
     }
 
     pub fn account_count(&self) -> usize {

@@ -13,7 +13,8 @@ pub struct SnapshotError(#[from] rmp_serde::decode::Error);
 impl Family {
     /// The canonical msgpack encoding of the whole family.
     pub fn to_snapshot_bytes(&self) -> Vec<u8> {
-        rmp_serde::to_vec(self).expect("a family always encodes: it holds no maps with non-string keys")
+        rmp_serde::to_vec(self)
+            .expect("a family always encodes: it holds no maps with non-string keys")
     }
 
     pub fn from_snapshot_bytes(bytes: &[u8]) -> Result<Self, SnapshotError> {

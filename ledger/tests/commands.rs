@@ -10,14 +10,29 @@ use tally_ledger::*;
 fn authorize_reserves_a_slot_and_exposure_and_journals_reserve_invocation() {
     let mut h = Harness::new();
     let d = h.ok(h.authorize("h1", 40));
-    assert_eq!(d.outcome, Outcome::Authorized { hold_id: "h1".into(), exposure_units: 40 });
+    assert_eq!(
+        d.outcome,
+        Outcome::Authorized {
+            hold_id: "h1".into(),
+            exposure_units: 40
+        }
+    );
     assert_eq!(d.commit_index, Some(BudgetCommitIndex::new(1, 0, 0)));
     let account = h.usage(CAP, 0);
-    assert_eq!((account.invocation_count, account.reserved_invocations), (1, 1));
+    assert_eq!(
+        (account.invocation_count, account.reserved_invocations),
+        (1, 1)
+    );
     assert_eq!(account.total_cost_exposed_units, 40);
     assert_eq!(account.seq, BudgetCommitIndex::new(1, 0, 0));
     let hold = h.hold("h1");
-    assert_eq!(hold.states(), HoldStates { invocation: InvocationState::Authorized, monetary: MonetaryState::Exposed });
+    assert_eq!(
+        hold.states(),
+        HoldStates {
+            invocation: InvocationState::Authorized,
+            monetary: MonetaryState::Exposed
+        }
+    );
     assert_eq!(h.kinds(), vec!["reserve_invocation"]);
     let event = &h.events()[0];
     assert!(event.allowed);
@@ -37,17 +52,50 @@ fn authorize_without_quota_journals_authorize_exposure_and_zero_amount_has_no_mo
 fn authorize_denials_follow_quota_then_per_call_then_total_and_create_no_row() {
     let mut h = Harness::new();
     let d = h.ok(h.authorize_with("h1", 500, usd(Some(0), Some(100), Some(100)), vec![], None));
-    assert!(matches!(d.outcome, Outcome::Denied { reason: DenyReason { rule: DenyRule::InvocationLimit, .. } }));
-    assert!(h.family.get_usage(&AccountKey::new(CAP, 0)).is_none(), "a denied first command leaves no row");
+    assert!(matches!(
+        d.outcome,
+        Outcome::Denied {
+            reason: DenyReason {
+                rule: DenyRule::InvocationLimit,
+                ..
+            }
+        }
+    ));
+    assert!(
+        h.family.get_usage(&AccountKey::new(CAP, 0)).is_none(),
+        "a denied first command leaves no row"
+    );
     let d = h.ok(h.authorize_with("h2", 500, usd(Some(1), Some(100), Some(100)), vec![], None));
-    assert!(matches!(d.outcome, Outcome::Denied { reason: DenyReason { rule: DenyRule::PerInvocationCostLimit, .. } }));
+    assert!(matches!(
+        d.outcome,
+        Outcome::Denied {
+            reason: DenyReason {
+                rule: DenyRule::PerInvocationCostLimit,
+                ..
+            }
+        }
+    ));
     let d = h.ok(h.authorize_with("h3", 100, usd(Some(1), Some(100), Some(99)), vec![], None));
-    assert!(matches!(d.outcome, Outcome::Denied { reason: DenyReason { rule: DenyRule::TotalCostLimit, .. } }));
-    assert!(d.commit_index.is_some(), "denials are journaled with a commit index");
+    assert!(matches!(
+        d.outcome,
+        Outcome::Denied {
+            reason: DenyReason {
+                rule: DenyRule::TotalCostLimit,
+                ..
+            }
+        }
+    ));
+    assert!(
+        d.commit_index.is_some(),
+        "denials are journaled with a commit index"
+    );
     let events = h.events();
     assert_eq!(events.len(), 3);
     assert!(events.iter().all(|e| !e.allowed && e.deny_reason.is_some()));
-    assert!(matches!(h.family.get_hold(&"h1".into()), Some(HoldView::Denied { .. })));
+    assert!(matches!(
+        h.family.get_hold(&"h1".into()),
+        Some(HoldView::Denied { .. })
+    ));
 }
 
 #[test]
@@ -63,8 +111,12 @@ fn a_denied_first_command_pins_nothing() {
 fn limits_are_pinned_by_the_first_allowed_command() {
     let mut h = Harness::new();
     h.ok(h.authorize("h1", 10));
-    let err = h.err_unchanged(h.authorize_with("h2", 10, usd(Some(10), Some(100), None), vec![], None));
-    assert!(matches!(&err, LedgerError::InvalidArgument { reason, .. } if reason.contains("limits changed")), "{err}");
+    let err =
+        h.err_unchanged(h.authorize_with("h2", 10, usd(Some(10), Some(100), None), vec![], None));
+    assert!(
+        matches!(&err, LedgerError::InvalidArgument { reason, .. } if reason.contains("limits changed")),
+        "{err}"
+    );
     let mut other_currency = limits();
     other_currency.currency = Some("EUR".into());
     h.err_unchanged(h.authorize_with("h3", 10, other_currency, vec![], None));
@@ -75,10 +127,26 @@ fn capture_moves_reserved_to_captured_and_records_the_attempt() {
     let mut h = Harness::new();
     h.ok(h.authorize("h1", 40));
     let d = h.ok(h.capture("h1", "attempt-a"));
-    assert_eq!(d.outcome, Outcome::Captured { hold_id: "h1".into(), attempt_id: "attempt-a".into() });
+    assert_eq!(
+        d.outcome,
+        Outcome::Captured {
+            hold_id: "h1".into(),
+            attempt_id: "attempt-a".into()
+        }
+    );
     let account = h.usage(CAP, 0);
-    assert_eq!((account.reserved_invocations, account.captured_invocations, account.invocation_count), (0, 1, 1));
-    assert_eq!(account.total_cost_exposed_units, 40, "capture leaves totals unchanged");
+    assert_eq!(
+        (
+            account.reserved_invocations,
+            account.captured_invocations,
+            account.invocation_count
+        ),
+        (0, 1, 1)
+    );
+    assert_eq!(
+        account.total_cost_exposed_units, 40,
+        "capture leaves totals unchanged"
+    );
     let hold = h.hold("h1");
     assert_eq!(hold.invocation_state, InvocationState::Captured);
     assert_eq!(hold.capture_attempt_id, Some("attempt-a".into()));
@@ -88,36 +156,69 @@ fn capture_moves_reserved_to_captured_and_records_the_attempt() {
 #[test]
 fn capture_checks_hold_existence_account_state_and_remaining_exposure() {
     let mut h = Harness::new();
-    assert_eq!(code(&h.err_unchanged(h.capture("nope", "a"))), PreconditionCode::UnknownHold);
+    assert_eq!(
+        code(&h.err_unchanged(h.capture("nope", "a"))),
+        PreconditionCode::UnknownHold
+    );
     h.ok(h.authorize("h1", 40));
     let wrong_account = h.on(
         h.header_on("cap-2", 0, "h1:capture-other"),
-        Operation::CaptureInvocation { hold_id: "h1".into(), attempt_id: "a".into() },
+        Operation::CaptureInvocation {
+            hold_id: "h1".into(),
+            attempt_id: "a".into(),
+        },
     );
-    assert_eq!(code(&h.err_unchanged(wrong_account)), PreconditionCode::HoldOnOtherAccount);
+    assert_eq!(
+        code(&h.err_unchanged(wrong_account)),
+        PreconditionCode::HoldOnOtherAccount
+    );
     h.ok(h.release("h1", "h1:release", 40));
-    assert_eq!(code(&h.err_unchanged(h.capture("h1", "a"))), PreconditionCode::NoRemainingExposure);
+    assert_eq!(
+        code(&h.err_unchanged(h.capture("h1", "a"))),
+        PreconditionCode::NoRemainingExposure
+    );
     h.ok(h.authorize("h2", 40));
     h.ok(h.capture("h2", "a"));
     let again = h.on(
         h.header("h2:capture-2"),
-        Operation::CaptureInvocation { hold_id: "h2".into(), attempt_id: "b".into() },
+        Operation::CaptureInvocation {
+            hold_id: "h2".into(),
+            attempt_id: "b".into(),
+        },
     );
-    assert_eq!(code(&h.err_unchanged(again)), PreconditionCode::HoldNotAuthorized);
+    assert_eq!(
+        code(&h.err_unchanged(again)),
+        PreconditionCode::HoldNotAuthorized
+    );
 }
 
 #[test]
 fn cancel_captured_before_dispatch_returns_slot_and_exposure() {
     let mut h = Harness::new();
     h.ok(h.authorize("h1", 40));
-    assert_eq!(code(&h.err_unchanged(h.cancel("h1"))), PreconditionCode::HoldNotCaptured);
+    assert_eq!(
+        code(&h.err_unchanged(h.cancel("h1"))),
+        PreconditionCode::HoldNotCaptured
+    );
     h.ok(h.capture("h1", "a"));
     let d = h.ok(h.cancel("h1"));
-    assert_eq!(d.outcome, Outcome::Cancelled { hold_id: "h1".into(), exposure_units: 40 });
+    assert_eq!(
+        d.outcome,
+        Outcome::Cancelled {
+            hold_id: "h1".into(),
+            exposure_units: 40
+        }
+    );
     assert_eq!(h.counts(CAP, 0), (0, 0));
     assert_eq!(h.usage(CAP, 0).captured_invocations, 0);
     let hold = h.hold("h1");
-    assert_eq!(hold.states(), HoldStates { invocation: InvocationState::Reversed, monetary: MonetaryState::Reversed });
+    assert_eq!(
+        hold.states(),
+        HoldStates {
+            invocation: InvocationState::Reversed,
+            monetary: MonetaryState::Reversed
+        }
+    );
     assert_eq!(hold.reversed_units, 40);
     assert_eq!(h.kinds().last(), Some(&"cancel_captured_before_dispatch"));
 }
@@ -128,20 +229,35 @@ fn cancel_is_refused_after_partial_release_or_reconcile() {
     h.ok(h.authorize("h1", 40));
     h.ok(h.release("h1", "h1:release", 10));
     h.ok(h.capture("h1", "a"));
-    assert_eq!(code(&h.err_unchanged(h.cancel("h1"))), PreconditionCode::PartiallyReleased);
+    assert_eq!(
+        code(&h.err_unchanged(h.cancel("h1"))),
+        PreconditionCode::PartiallyReleased
+    );
     h.ok(h.authorize("h2", 40));
     h.ok(h.capture("h2", "a"));
     h.ok(h.reconcile("h2", 40, 40));
-    assert_eq!(code(&h.err_unchanged(h.cancel("h2"))), PreconditionCode::AlreadyReconciled);
+    assert_eq!(
+        code(&h.err_unchanged(h.cancel("h2"))),
+        PreconditionCode::AlreadyReconciled
+    );
 }
 
 #[test]
 fn reverse_frees_an_authorized_hold_and_requires_the_exact_remaining_exposure() {
     let mut h = Harness::new();
     h.ok(h.authorize("h1", 40));
-    assert_eq!(code(&h.err_unchanged(h.reverse("h1", 39))), PreconditionCode::ExposureMismatch);
+    assert_eq!(
+        code(&h.err_unchanged(h.reverse("h1", 39))),
+        PreconditionCode::ExposureMismatch
+    );
     let d = h.ok(h.reverse("h1", 40));
-    assert_eq!(d.outcome, Outcome::Reversed { hold_id: "h1".into(), exposure_units: 40 });
+    assert_eq!(
+        d.outcome,
+        Outcome::Reversed {
+            hold_id: "h1".into(),
+            exposure_units: 40
+        }
+    );
     assert_eq!(h.counts(CAP, 0), (0, 0));
     assert_eq!(h.kinds().last(), Some(&"reverse_invocation"));
 }
@@ -159,7 +275,10 @@ fn reverse_after_capture_crossed_the_fence() {
     let mut h = Harness::new();
     h.ok(h.authorize("h1", 40));
     h.ok(h.capture("h1", "a"));
-    assert_eq!(code(&h.err_unchanged(h.reverse("h1", 40))), PreconditionCode::DispatchFenceCrossed);
+    assert_eq!(
+        code(&h.err_unchanged(h.reverse("h1", 40))),
+        PreconditionCode::DispatchFenceCrossed
+    );
 }
 
 #[test]
@@ -167,62 +286,146 @@ fn release_is_partial_then_full_and_refused_after_capture() {
     let mut h = Harness::new();
     h.ok(h.authorize("h1", 40));
     let zero = h.release("h1", "h1:release-0", 0);
-    assert!(matches!(h.err_unchanged(zero), LedgerError::InvalidArgument { .. }));
-    assert_eq!(code(&h.err_unchanged(h.release("h1", "h1:release-big", 41))), PreconditionCode::ReleaseExceedsRemaining);
+    assert!(matches!(
+        h.err_unchanged(zero),
+        LedgerError::InvalidArgument { .. }
+    ));
+    assert_eq!(
+        code(&h.err_unchanged(h.release("h1", "h1:release-big", 41))),
+        PreconditionCode::ReleaseExceedsRemaining
+    );
     let d = h.ok(h.release("h1", "h1:release-1", 15));
-    assert_eq!(d.outcome, Outcome::Released { hold_id: "h1".into(), released_units: 15, remaining_units: 25 });
+    assert_eq!(
+        d.outcome,
+        Outcome::Released {
+            hold_id: "h1".into(),
+            released_units: 15,
+            remaining_units: 25
+        }
+    );
     assert_eq!(h.hold("h1").monetary_state, MonetaryState::Exposed);
     h.ok(h.release("h1", "h1:release-2", 25));
     assert_eq!(h.hold("h1").monetary_state, MonetaryState::Released);
-    assert_eq!(h.counts(CAP, 0), (1, 0), "release frees exposure, not the slot");
+    assert_eq!(
+        h.counts(CAP, 0),
+        (1, 0),
+        "release frees exposure, not the slot"
+    );
     h.ok(h.authorize("h2", 40));
     h.ok(h.capture("h2", "a"));
     let err = h.err_unchanged(h.release("h2", "h2:release", 1));
     assert_eq!(code(&err), PreconditionCode::DispatchFenceCrossed);
-    assert!(err.to_string().contains("crossed the dispatch commitment fence"));
+    assert!(err
+        .to_string()
+        .contains("crossed the dispatch commitment fence"));
 }
 
 #[test]
 fn reconcile_makes_spend_final_and_returns_the_unspent_part() {
     let mut h = Harness::new();
     h.ok(h.authorize("h1", 100));
-    assert_eq!(code(&h.err_unchanged(h.reconcile("h1", 100, 60))), PreconditionCode::HoldNotCaptured);
+    assert_eq!(
+        code(&h.err_unchanged(h.reconcile("h1", 100, 60))),
+        PreconditionCode::HoldNotCaptured
+    );
     h.ok(h.capture("h1", "a"));
-    assert_eq!(code(&h.err_unchanged(h.reconcile("h1", 90, 60))), PreconditionCode::ExposureMismatch);
-    assert!(matches!(h.err_unchanged(h.reconcile("h1", 100, 101)), LedgerError::InvalidArgument { .. }));
+    assert_eq!(
+        code(&h.err_unchanged(h.reconcile("h1", 90, 60))),
+        PreconditionCode::ExposureMismatch
+    );
+    assert!(matches!(
+        h.err_unchanged(h.reconcile("h1", 100, 101)),
+        LedgerError::InvalidArgument { .. }
+    ));
     let d = h.ok(h.reconcile("h1", 100, 60));
-    assert_eq!(d.outcome, Outcome::Reconciled { hold_id: "h1".into(), realized_units: 60, unspent_units: 40 });
+    assert_eq!(
+        d.outcome,
+        Outcome::Reconciled {
+            hold_id: "h1".into(),
+            realized_units: 60,
+            unspent_units: 40
+        }
+    );
     let account = h.usage(CAP, 0);
-    assert_eq!((account.total_cost_exposed_units, account.total_cost_realized_spend_units), (0, 60));
+    assert_eq!(
+        (
+            account.total_cost_exposed_units,
+            account.total_cost_realized_spend_units
+        ),
+        (0, 60)
+    );
     assert_eq!(account.invocation_count, 1);
     let hold = h.hold("h1");
     assert_eq!(hold.monetary_state, MonetaryState::Reconciled);
     assert_eq!((hold.realized_units, hold.unspent_units), (60, 40));
     let again = h.on(
         h.header("h1:reconcile-again"),
-        Operation::ReconcileHold { hold_id: "h1".into(), exposed_cost_units: 100, realized_spend_units: 1 },
+        Operation::ReconcileHold {
+            hold_id: "h1".into(),
+            exposed_cost_units: 100,
+            realized_spend_units: 1,
+        },
     );
-    assert_eq!(code(&h.err_unchanged(again)), PreconditionCode::AlreadyReconciled);
+    assert_eq!(
+        code(&h.err_unchanged(again)),
+        PreconditionCode::AlreadyReconciled
+    );
 }
 
 #[test]
 fn legacy_increment_and_charge_use_the_legacy_bucket() {
     let mut h = Harness::new();
-    let inc = h.on(h.header("inc-1"), Operation::TryIncrement { limits: usd(Some(2), None, None) });
+    let inc = h.on(
+        h.header("inc-1"),
+        Operation::TryIncrement {
+            limits: usd(Some(2), None, None),
+        },
+    );
     assert_eq!(h.ok(inc).outcome, Outcome::Incremented);
-    let inc = h.on(h.header("inc-2"), Operation::TryIncrement { limits: usd(Some(2), None, None) });
+    let inc = h.on(
+        h.header("inc-2"),
+        Operation::TryIncrement {
+            limits: usd(Some(2), None, None),
+        },
+    );
     h.ok(inc);
-    let inc = h.on(h.header("inc-3"), Operation::TryIncrement { limits: usd(Some(2), None, None) });
+    let inc = h.on(
+        h.header("inc-3"),
+        Operation::TryIncrement {
+            limits: usd(Some(2), None, None),
+        },
+    );
     assert!(h.ok(inc).outcome.is_denied());
-    assert_eq!(h.usage(CAP, 0).legacy_unheld, LegacyUnheld { count: 2, exposed_units: 0 });
+    assert_eq!(
+        h.usage(CAP, 0).legacy_unheld,
+        LegacyUnheld {
+            count: 2,
+            exposed_units: 0
+        }
+    );
     assert_eq!(h.kinds(), vec!["increment_invocation"; 3]);
 
     let charge = |h: &Harness, id: &str, cost| {
-        h.on(h.header_on("cap-2", 0, id), Operation::TryChargeCost { cost_units: cost, limits: limits() })
+        h.on(
+            h.header_on("cap-2", 0, id),
+            Operation::TryChargeCost {
+                cost_units: cost,
+                limits: limits(),
+            },
+        )
     };
-    assert_eq!(h.ok(charge(&h, "c1", 60)).outcome, Outcome::Charged { cost_units: 60 });
+    assert_eq!(
+        h.ok(charge(&h, "c1", 60)).outcome,
+        Outcome::Charged { cost_units: 60 }
+    );
     assert!(h.ok(charge(&h, "c2", 101)).outcome.is_denied());
-    assert_eq!(h.usage("cap-2", 0).legacy_unheld, LegacyUnheld { count: 1, exposed_units: 60 });
+    assert_eq!(
+        h.usage("cap-2", 0).legacy_unheld,
+        LegacyUnheld {
+            count: 1,
+            exposed_units: 60
+        }
+    );
 }
 
 #[test]
@@ -230,44 +433,114 @@ fn legacy_undos_take_only_from_the_legacy_bucket() {
     let mut h = Harness::new();
     let on2 = |h: &Harness, id: &str, op| h.on(h.header_on("cap-2", 0, id), op);
     // A hold's exposure is not in the legacy bucket: undos without a hold cannot take it.
-    h.ok(h.on(h.header_on("cap-2", 0, "hold:authorize"), Operation::AuthorizeHold {
-        hold_id: "hold".into(),
-        requested_exposure_units: 50,
-        limits: limits(),
-        ancestors: vec![],
-        hold_timeout_ms: None,
-    }));
+    h.ok(h.on(
+        h.header_on("cap-2", 0, "hold:authorize"),
+        Operation::AuthorizeHold {
+            hold_id: "hold".into(),
+            requested_exposure_units: 50,
+            limits: limits(),
+            ancestors: vec![],
+            hold_timeout_ms: None,
+        },
+    ));
     let reverse = on2(&h, "r0", Operation::ReverseChargeCost { cost_units: 10 });
-    assert_eq!(code(&h.err_unchanged(reverse)), PreconditionCode::LegacyBucketShort);
-    let missing = h.on(h.header_on("cap-9", 0, "r9"), Operation::ReverseChargeCost { cost_units: 1 });
+    assert_eq!(
+        code(&h.err_unchanged(reverse)),
+        PreconditionCode::LegacyBucketShort
+    );
+    let missing = h.on(
+        h.header_on("cap-9", 0, "r9"),
+        Operation::ReverseChargeCost { cost_units: 1 },
+    );
     assert_eq!(code(&h.err_unchanged(missing)), PreconditionCode::NoAccount);
 
-    h.ok(on2(&h, "c1", Operation::TryChargeCost { cost_units: 80, limits: limits() }));
-    h.ok(on2(&h, "c2", Operation::TryChargeCost { cost_units: 20, limits: limits() }));
-    let d = h.ok(on2(&h, "reduce", Operation::ReduceChargeCost { cost_units: 30 }));
+    h.ok(on2(
+        &h,
+        "c1",
+        Operation::TryChargeCost {
+            cost_units: 80,
+            limits: limits(),
+        },
+    ));
+    h.ok(on2(
+        &h,
+        "c2",
+        Operation::TryChargeCost {
+            cost_units: 20,
+            limits: limits(),
+        },
+    ));
+    let d = h.ok(on2(
+        &h,
+        "reduce",
+        Operation::ReduceChargeCost { cost_units: 30 },
+    ));
     assert_eq!(d.outcome, Outcome::ChargeReduced { cost_units: 30 });
-    let d = h.ok(on2(&h, "settle", Operation::SettleChargeCost { exposed_cost_units: 50, realized_spend_units: 45 }));
-    assert_eq!(d.outcome, Outcome::ChargeSettled { exposed_cost_units: 50, realized_spend_units: 45 });
-    let d = h.ok(on2(&h, "reverse", Operation::ReverseChargeCost { cost_units: 20 }));
+    let d = h.ok(on2(
+        &h,
+        "settle",
+        Operation::SettleChargeCost {
+            exposed_cost_units: 50,
+            realized_spend_units: 45,
+        },
+    ));
+    assert_eq!(
+        d.outcome,
+        Outcome::ChargeSettled {
+            exposed_cost_units: 50,
+            realized_spend_units: 45
+        }
+    );
+    let d = h.ok(on2(
+        &h,
+        "reverse",
+        Operation::ReverseChargeCost { cost_units: 20 },
+    ));
     assert_eq!(d.outcome, Outcome::ChargeReversed { cost_units: 20 });
     let account = h.usage("cap-2", 0);
-    assert_eq!(account.legacy_unheld, LegacyUnheld { count: 1, exposed_units: 0 });
-    assert_eq!(account.total_cost_exposed_units, 50, "the hold's exposure is untouched");
+    assert_eq!(
+        account.legacy_unheld,
+        LegacyUnheld {
+            count: 1,
+            exposed_units: 0
+        }
+    );
+    assert_eq!(
+        account.total_cost_exposed_units, 50,
+        "the hold's exposure is untouched"
+    );
     assert_eq!(account.total_cost_realized_spend_units, 45);
     assert_eq!(account.invocation_count, 2);
     let kinds: Vec<_> = h.kinds().into_iter().skip(3).collect();
-    assert_eq!(kinds, vec!["release_exposure", "reconcile_spend", "reverse_exposure"]);
+    assert_eq!(
+        kinds,
+        vec!["release_exposure", "reconcile_spend", "reverse_exposure"]
+    );
 }
 
 #[test]
 fn nonces_are_consumed_once_and_refused_when_expired_or_too_long_lived() {
     let mut h = Harness::new();
     let d = h.ok(h.nonce("n1:consume", "n1", T0 + 1_000));
-    assert_eq!(d.outcome, Outcome::NonceConsumed { nonce_id: "n1".into() });
-    assert_eq!(code(&h.err_unchanged(h.nonce("n1:again", "n1", T0 + 1_000))), PreconditionCode::NonceReplayed);
-    assert_eq!(code(&h.err_unchanged(h.nonce("n2:consume", "n2", T0))), PreconditionCode::NonceExpired);
+    assert_eq!(
+        d.outcome,
+        Outcome::NonceConsumed {
+            nonce_id: "n1".into()
+        }
+    );
+    assert_eq!(
+        code(&h.err_unchanged(h.nonce("n1:again", "n1", T0 + 1_000))),
+        PreconditionCode::NonceReplayed
+    );
+    assert_eq!(
+        code(&h.err_unchanged(h.nonce("n2:consume", "n2", T0))),
+        PreconditionCode::NonceExpired
+    );
     let far = T0 + limits::MAX_NONCE_TTL_MS + 1;
-    assert_eq!(code(&h.err_unchanged(h.nonce("n3:consume", "n3", far))), PreconditionCode::NonceLifetimeTooLong);
+    assert_eq!(
+        code(&h.err_unchanged(h.nonce("n3:consume", "n3", far))),
+        PreconditionCode::NonceLifetimeTooLong
+    );
     assert_eq!(h.kinds(), vec!["consume_nonce"]);
 }
 
@@ -276,12 +549,18 @@ fn a_command_past_not_after_is_refused_as_expired_and_changes_nothing() {
     let mut h = Harness::new();
     let cmd = h.authorize("h1", 10);
     h.advance(60_001);
-    assert_eq!(code(&h.err_unchanged(cmd)), PreconditionCode::CommandExpired);
+    assert_eq!(
+        code(&h.err_unchanged(cmd)),
+        PreconditionCode::CommandExpired
+    );
     let mut far = h.authorize("h2", 10);
     if let Command::Apply(c) = &mut far {
         c.header.not_after_ms = h.now_ms + limits::MAX_COMMAND_LIFETIME_MS + 1;
     }
-    assert!(matches!(h.err_unchanged(far), LedgerError::InvalidArgument { .. }));
+    assert!(matches!(
+        h.err_unchanged(far),
+        LedgerError::InvalidArgument { .. }
+    ));
 }
 
 #[test]
@@ -295,7 +574,10 @@ fn touching_an_expired_hold_expires_it_first_then_fails() {
     assert_eq!(h.counts(CAP, 0), (0, 0));
     let hold = h.hold("h1");
     assert_eq!(hold.invocation_state, InvocationState::Reversed);
-    assert_eq!(hold.terminal.as_ref().map(|t| t.event_id.to_string()), Some("auto:expire:h1".to_owned()));
+    assert_eq!(
+        hold.terminal.as_ref().map(|t| t.event_id.to_string()),
+        Some("auto:expire:h1".to_owned())
+    );
 }
 
 #[test]
@@ -306,7 +588,9 @@ fn a_reverse_of_an_expired_hold_confirms_cleanup() {
     h.advance(2_000);
     h.ok(h.expire(h.now_ms));
     let d = h.ok(h.reverse("h1", 40));
-    assert!(matches!(&d.outcome, Outcome::AlreadyReversed { by_event_id, .. } if by_event_id.as_str() == "auto:expire:h1"));
+    assert!(
+        matches!(&d.outcome, Outcome::AlreadyReversed { by_event_id, .. } if by_event_id.as_str() == "auto:expire:h1")
+    );
     // Still Authorized but due: the reverse expires it and confirms.
     h.ok(h.authorize_with("h3", 40, limits(), vec![], Some(1_000)));
     h.advance(2_000);
@@ -321,17 +605,31 @@ fn expire_holds_goes_in_expiry_order_caps_at_256_and_never_touches_captured_hold
     let mut unlimited = usd(None, Some(100), None);
     unlimited.max_invocations = None;
     for i in 0..300u64 {
-        h.ok(h.authorize_with(&format!("h{i:03}"), 1, unlimited.clone(), vec![], Some(1_000 + (300 - i))));
+        h.ok(h.authorize_with(
+            &format!("h{i:03}"),
+            1,
+            unlimited.clone(),
+            vec![],
+            Some(1_000 + (300 - i)),
+        ));
     }
     h.ok(h.capture("h299", "a"));
     h.advance(10_000);
     let d = h.ok(h.expire(h.now_ms));
-    let Outcome::HoldsExpired { hold_ids, more_due } = d.outcome else { panic!("{d:?}") };
+    let Outcome::HoldsExpired { hold_ids, more_due } = d.outcome else {
+        panic!("{d:?}")
+    };
     assert_eq!(hold_ids.len(), 256);
     assert!(more_due);
-    assert_eq!(hold_ids[0].as_str(), "h298", "earliest expiry first; the captured h299 never expires");
+    assert_eq!(
+        hold_ids[0].as_str(),
+        "h298",
+        "earliest expiry first; the captured h299 never expires"
+    );
     let d = h.ok(h.expire(h.now_ms));
-    let Outcome::HoldsExpired { hold_ids, more_due } = d.outcome else { panic!("{d:?}") };
+    let Outcome::HoldsExpired { hold_ids, more_due } = d.outcome else {
+        panic!("{d:?}")
+    };
     assert_eq!((hold_ids.len(), more_due), (43, false));
     assert_eq!(h.hold("h299").invocation_state, InvocationState::Captured);
     assert_eq!(h.family.next_expiry_ms(), None);
@@ -342,12 +640,30 @@ fn expire_holds_uses_the_earlier_of_up_to_and_cluster_time() {
     let mut h = Harness::new();
     h.ok(h.authorize_with("h1", 1, limits(), vec![], Some(1_000)));
     let d = h.ok(h.expire(h.now_ms + 5_000));
-    assert_eq!(d.outcome, Outcome::HoldsExpired { hold_ids: vec![], more_due: false });
+    assert_eq!(
+        d.outcome,
+        Outcome::HoldsExpired {
+            hold_ids: vec![],
+            more_due: false
+        }
+    );
     h.advance(1_000);
     let d = h.ok(h.expire(h.now_ms - 1));
-    assert_eq!(d.outcome, Outcome::HoldsExpired { hold_ids: vec![], more_due: false });
+    assert_eq!(
+        d.outcome,
+        Outcome::HoldsExpired {
+            hold_ids: vec![],
+            more_due: false
+        }
+    );
     let d = h.ok(h.expire(h.now_ms));
-    assert_eq!(d.outcome, Outcome::HoldsExpired { hold_ids: vec!["h1".into()], more_due: false });
+    assert_eq!(
+        d.outcome,
+        Outcome::HoldsExpired {
+            hold_ids: vec!["h1".into()],
+            more_due: false
+        }
+    );
 }
 
 #[test]
@@ -355,10 +671,19 @@ fn overflow_is_an_error_that_changes_nothing() {
     let mut h = Harness::new();
     let huge = usd(None, None, Some(u64::MAX));
     let charge = |h: &Harness, id: &str, cost| {
-        h.on(h.header(id), Operation::TryChargeCost { cost_units: cost, limits: huge.clone() })
+        h.on(
+            h.header(id),
+            Operation::TryChargeCost {
+                cost_units: cost,
+                limits: huge.clone(),
+            },
+        )
     };
     h.ok(charge(&h, "c1", u64::MAX));
-    assert!(matches!(h.err_unchanged(charge(&h, "c2", 1)), LedgerError::Overflow { .. }));
+    assert!(matches!(
+        h.err_unchanged(charge(&h, "c2", 1)),
+        LedgerError::Overflow { .. }
+    ));
 }
 
 #[test]
@@ -377,16 +702,33 @@ fn validation_rejects_bad_ids_reserved_prefix_and_too_many_ancestors() {
         with_header(&h, &|hd| hd.capability_id = "x".repeat(513).into()),
         with_header(&h, &|hd| hd.grant_index = limits::MAX_GRANT_INDEX + 1),
     ] {
-        assert!(matches!(h.err_unchanged(bad), LedgerError::InvalidArgument { .. }));
+        assert!(matches!(
+            h.err_unchanged(bad),
+            LedgerError::InvalidArgument { .. }
+        ));
     }
     let ancestors: Vec<_> = (0..8).map(|i| ancestor("parent", i, limits())).collect();
     let cmd = h.authorize_with("h1", 1, limits(), ancestors, None);
-    assert!(matches!(h.err_unchanged(cmd), LedgerError::InvalidArgument { field, .. } if field == "ancestors"));
-    let dup = vec![ancestor("parent", 0, limits()), ancestor("parent", 0, limits())];
+    assert!(
+        matches!(h.err_unchanged(cmd), LedgerError::InvalidArgument { field, .. } if field == "ancestors")
+    );
+    let dup = vec![
+        ancestor("parent", 0, limits()),
+        ancestor("parent", 0, limits()),
+    ];
     let cmd = h.authorize_with("h1", 1, limits(), dup, None);
-    assert!(matches!(h.err_unchanged(cmd), LedgerError::InvalidArgument { .. }));
-    let wrong_family = Command::ExpireHolds { family_id: "other".into(), up_to_ms: 0 };
-    assert!(matches!(h.err_unchanged(wrong_family), LedgerError::InvalidArgument { .. }));
+    assert!(matches!(
+        h.err_unchanged(cmd),
+        LedgerError::InvalidArgument { .. }
+    ));
+    let wrong_family = Command::ExpireHolds {
+        family_id: "other".into(),
+        up_to_ms: 0,
+    };
+    assert!(matches!(
+        h.err_unchanged(wrong_family),
+        LedgerError::InvalidArgument { .. }
+    ));
 }
 
 #[test]
@@ -408,19 +750,35 @@ fn delegated_holds_reserve_on_every_ancestor_and_siblings_share_the_parent() {
     h.ok(child(&h, "child-a", "a1", 100));
     assert_eq!(h.counts("root", 0), (1, 100));
     let d = h.ok(child(&h, "child-b", "b1", 60));
-    let Outcome::Denied { reason } = d.outcome else { panic!("sibling overspent the parent: {d:?}") };
-    assert_eq!((reason.rule, reason.account), (DenyRule::TotalCostLimit, AccountKey::new("root", 0)));
-    assert!(h.family.get_usage(&AccountKey::new("child-b", 0)).is_none(), "denial is atomic: no child row");
+    let Outcome::Denied { reason } = d.outcome else {
+        panic!("sibling overspent the parent: {d:?}")
+    };
+    assert_eq!(
+        (reason.rule, reason.account),
+        (DenyRule::TotalCostLimit, AccountKey::new("root", 0))
+    );
+    assert!(
+        h.family.get_usage(&AccountKey::new("child-b", 0)).is_none(),
+        "denial is atomic: no child row"
+    );
     h.ok(child(&h, "child-b", "b2", 50));
     assert_eq!(h.counts("root", 0), (2, 150));
     // Capture and cancel move every account of the hold together.
     let capture = h.on(
         h.header_on("child-a", 0, "a1:capture"),
-        Operation::CaptureInvocation { hold_id: "a1".into(), attempt_id: "x".into() },
+        Operation::CaptureInvocation {
+            hold_id: "a1".into(),
+            attempt_id: "x".into(),
+        },
     );
     h.ok(capture);
     assert_eq!(h.usage("root", 0).captured_invocations, 1);
-    let cancel = h.on(h.header_on("child-a", 0, "a1:cancel"), Operation::CancelCapturedBeforeDispatch { hold_id: "a1".into() });
+    let cancel = h.on(
+        h.header_on("child-a", 0, "a1:cancel"),
+        Operation::CancelCapturedBeforeDispatch {
+            hold_id: "a1".into(),
+        },
+    );
     h.ok(cancel);
     assert_eq!(h.counts("root", 0), (1, 50));
     assert_eq!(h.counts("child-a", 0), (0, 0));
@@ -431,25 +789,49 @@ fn reads_order_usages_and_page_events() {
     let mut h = Harness::new();
     h.ok(h.authorize("h1", 10));
     h.advance(10);
-    let other = h.on(h.header_on("cap-0", 3, "x:authorize"), Operation::AuthorizeHold {
-        hold_id: "x".into(),
-        requested_exposure_units: 10,
-        limits: limits(),
-        ancestors: vec![],
-        hold_timeout_ms: None,
-    });
+    let other = h.on(
+        h.header_on("cap-0", 3, "x:authorize"),
+        Operation::AuthorizeHold {
+            hold_id: "x".into(),
+            requested_exposure_units: 10,
+            limits: limits(),
+            ancestors: vec![],
+            hold_timeout_ms: None,
+        },
+    );
     h.ok(other);
     let usages = h.family.list_usages(None, 10);
-    assert_eq!(usages[0].key, AccountKey::new("cap-0", 3), "most recently updated first");
+    assert_eq!(
+        usages[0].key,
+        AccountKey::new("cap-0", 3),
+        "most recently updated first"
+    );
     assert_eq!(h.family.list_usages(Some(&CAP.into()), 10).len(), 1);
     let first = h.events()[0].commit_index;
     let after = h.family.list_events(None, None, Some(first), 10);
     assert_eq!(after.len(), 1);
     assert_eq!(after[0].hold_id, Some("x".into()));
-    assert_eq!(h.family.list_events(Some(&"cap-0".into()), Some(3), None, 10).len(), 1);
-    let open = h.family.list_holds(&HoldFilter { state: Some(InvocationState::Authorized), created_before_ms: None }, 10);
+    assert_eq!(
+        h.family
+            .list_events(Some(&"cap-0".into()), Some(3), None, 10)
+            .len(),
+        1
+    );
+    let open = h.family.list_holds(
+        &HoldFilter {
+            state: Some(InvocationState::Authorized),
+            created_before_ms: None,
+        },
+        10,
+    );
     assert_eq!(open.len(), 2);
-    let old = h.family.list_holds(&HoldFilter { state: None, created_before_ms: Some(T0 + 1) }, 10);
+    let old = h.family.list_holds(
+        &HoldFilter {
+            state: None,
+            created_before_ms: Some(T0 + 1),
+        },
+        10,
+    );
     assert_eq!(old.len(), 1);
 }
 

@@ -28,33 +28,66 @@ fn events_and_final_holds_compact_and_replays_stay_exact() {
     h.advance(62_000);
     h.ok(h.expire(h.now_ms));
     assert_eq!(h.family.journal_len(), 0, "full events left memory");
-    assert!(matches!(h.family.get_hold(&"h1".into()), Some(HoldView::Archived { .. })));
+    assert!(matches!(
+        h.family.get_hold(&"h1".into()),
+        Some(HoldView::Archived { .. })
+    ));
     assert!(h.family.to_snapshot_bytes().len() < full_size);
-    assert_eq!(h.counts(CAP, 0), (1, 25), "account rows keep their folded totals");
+    assert_eq!(
+        h.counts(CAP, 0),
+        (1, 25),
+        "account rows keep their folded totals"
+    );
 
     let ra = h.ok(authorize.clone());
-    assert!(matches!(&ra.outcome, Outcome::AlreadyCaptured { owner_attempt_id, capture_commit_index, .. }
-        if owner_attempt_id.as_str() == "a" && Some(*capture_commit_index) == c.commit_index));
+    assert!(
+        matches!(&ra.outcome, Outcome::AlreadyCaptured { owner_attempt_id, capture_commit_index, .. }
+        if owner_attempt_id.as_str() == "a" && Some(*capture_commit_index) == c.commit_index)
+    );
     assert_eq!(ra.commit_index, a.commit_index);
     let rc = h.ok(capture);
     assert!(matches!(rc.outcome, Outcome::AlreadyCaptured { .. }));
     let rr = h.ok(reconcile.clone());
-    assert_eq!((rr.outcome, rr.commit_index, rr.log_id), (r.outcome, r.commit_index, r.log_id));
-    let EventLookup::Applied { decision, record } = h.family.get_event(&"h1:reconcile".into()) else { panic!() };
+    assert_eq!(
+        (rr.outcome, rr.commit_index, rr.log_id),
+        (r.outcome, r.commit_index, r.log_id)
+    );
+    let EventLookup::Applied { decision, record } = h.family.get_event(&"h1:reconcile".into())
+    else {
+        panic!()
+    };
     assert_eq!(decision.commit_index, r.commit_index);
-    assert!(record.is_none(), "the full record is gone; the compact answer remains");
+    assert!(
+        record.is_none(),
+        "the full record is gone; the compact answer remains"
+    );
 
     // A conflicting command under a compacted id is still refused, naming the digest.
     let mut other = h.reconcile("h1", 40, 24);
     if let Command::Apply(c) = &mut other {
         c.header.event_id = "h1:reconcile".into();
     }
-    assert_eq!(h.err_unchanged(other), LedgerError::conflict_fields(vec!["identity".into()]));
+    assert_eq!(
+        h.err_unchanged(other),
+        LedgerError::conflict_fields(vec!["identity".into()])
+    );
     // A new command on the archived hold gets a definite answer.
-    let late = h.on(h.header("h1:late-release"), Operation::ReleaseHold { hold_id: "h1".into(), released_exposure_units: 1 });
-    assert_eq!(code(&h.err_unchanged(late)), PreconditionCode::HoldNotAuthorized);
+    let late = h.on(
+        h.header("h1:late-release"),
+        Operation::ReleaseHold {
+            hold_id: "h1".into(),
+            released_exposure_units: 1,
+        },
+    );
+    assert_eq!(
+        code(&h.err_unchanged(late)),
+        PreconditionCode::HoldNotAuthorized
+    );
     let resolve = h.ok(h.resolve(&reconcile));
-    assert!(matches!(resolve.outcome, Outcome::Resolved(Resolution::Applied(_))));
+    assert!(matches!(
+        resolve.outcome,
+        Outcome::Resolved(Resolution::Applied(_))
+    ));
 }
 
 #[test]
@@ -66,10 +99,18 @@ fn archived_reversed_holds_still_answer_reverse_and_authorize_replays() {
     h.ok(h.expire(h.now_ms));
     h.advance(62_000);
     h.ok(h.expire(h.now_ms));
-    assert!(matches!(h.family.get_hold(&"h1".into()), Some(HoldView::Archived { .. })));
-    assert_eq!(code(&h.err_unchanged(authorize)), PreconditionCode::TerminallyReversed);
+    assert!(matches!(
+        h.family.get_hold(&"h1".into()),
+        Some(HoldView::Archived { .. })
+    ));
+    assert_eq!(
+        code(&h.err_unchanged(authorize)),
+        PreconditionCode::TerminallyReversed
+    );
     let d = h.ok(h.reverse("h1", 40));
-    assert!(matches!(d.outcome, Outcome::AlreadyReversed { by_event_id, .. } if by_event_id.as_str() == "auto:expire:h1"));
+    assert!(
+        matches!(d.outcome, Outcome::AlreadyReversed { by_event_id, .. } if by_event_id.as_str() == "auto:expire:h1")
+    );
 }
 
 #[test]
@@ -80,14 +121,29 @@ fn tombstones_and_nonces_are_forgotten_only_when_no_copy_can_apply() {
     h.ok(h.nonce("n:consume", "n", T0 + 5_000));
     h.advance(30_000);
     h.ok(h.expire(h.now_ms));
-    assert_eq!(h.family.get_event(&"h1:authorize".into()), EventLookup::Tombstoned);
-    assert_eq!(code(&h.err_unchanged(h.nonce("n:again", "n", T0 + 5_000))), PreconditionCode::NonceExpired);
+    assert_eq!(
+        h.family.get_event(&"h1:authorize".into()),
+        EventLookup::Tombstoned
+    );
+    assert_eq!(
+        code(&h.err_unchanged(h.nonce("n:again", "n", T0 + 5_000))),
+        PreconditionCode::NonceExpired
+    );
     h.advance(32_000);
     h.ok(h.expire(h.now_ms));
-    assert_eq!(h.family.get_event(&"h1:authorize".into()), EventLookup::Unknown);
+    assert_eq!(
+        h.family.get_event(&"h1:authorize".into()),
+        EventLookup::Unknown
+    );
     // The forgotten command still cannot apply: its not_after has passed.
-    assert_eq!(code(&h.err_unchanged(lost.clone())), PreconditionCode::CommandExpired);
-    assert_eq!(h.ok(h.resolve(&lost)).outcome, Outcome::Resolved(Resolution::NotApplied));
+    assert_eq!(
+        code(&h.err_unchanged(lost.clone())),
+        PreconditionCode::CommandExpired
+    );
+    assert_eq!(
+        h.ok(h.resolve(&lost)).outcome,
+        Outcome::Resolved(Resolution::NotApplied)
+    );
 }
 
 #[test]
@@ -97,8 +153,14 @@ fn a_captured_call_without_exposure_is_archived_and_can_no_longer_be_cancelled()
     h.ok(h.capture("h1", "a"));
     h.advance(62_000);
     h.ok(h.expire(h.now_ms));
-    assert!(matches!(h.family.get_hold(&"h1".into()), Some(HoldView::Archived { .. })));
-    assert_eq!(code(&h.err_unchanged(h.cancel("h1"))), PreconditionCode::HoldArchived);
+    assert!(matches!(
+        h.family.get_hold(&"h1".into()),
+        Some(HoldView::Archived { .. })
+    ));
+    assert_eq!(
+        code(&h.err_unchanged(h.cancel("h1"))),
+        PreconditionCode::HoldArchived
+    );
     assert_eq!(h.usage(CAP, 0).captured_invocations, 1);
 }
 
@@ -112,5 +174,8 @@ fn a_compacted_family_with_one_reconciled_hold_is_small() {
     h.advance(62_000);
     h.ok(h.expire(h.now_ms));
     let bytes = h.family.to_snapshot_bytes().len();
-    assert!(bytes <= 2_048, "a compacted family takes {bytes} bytes, the budget is 2 KiB");
+    assert!(
+        bytes <= 2_048,
+        "a compacted family takes {bytes} bytes, the budget is 2 KiB"
+    );
 }

@@ -20,14 +20,40 @@ const HOLDS: u8 = 6;
 
 #[derive(Clone, Debug, PartialEq)]
 enum Op {
-    Authorize { hold: u8, units: u64, timeout_ms: Option<u64> },
-    Capture { hold: u8, attempt: u8 },
-    Cancel { hold: u8 },
-    Reverse { hold: u8, units: u64 },
-    Release { hold: u8, units: u64, tag: u8 },
-    Reconcile { hold: u8, exposed: u64, realized: u64 },
-    Charge { units: u64, tag: u8 },
-    ReverseCharge { units: u64, tag: u8 },
+    Authorize {
+        hold: u8,
+        units: u64,
+        timeout_ms: Option<u64>,
+    },
+    Capture {
+        hold: u8,
+        attempt: u8,
+    },
+    Cancel {
+        hold: u8,
+    },
+    Reverse {
+        hold: u8,
+        units: u64,
+    },
+    Release {
+        hold: u8,
+        units: u64,
+        tag: u8,
+    },
+    Reconcile {
+        hold: u8,
+        exposed: u64,
+        realized: u64,
+    },
+    Charge {
+        units: u64,
+        tag: u8,
+    },
+    ReverseCharge {
+        units: u64,
+        tag: u8,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -51,7 +77,7 @@ enum Transition {
 }
 
 fn account_of(hold: u8) -> Vec<&'static str> {
-    if hold % 2 == 0 {
+    if hold.is_multiple_of(2) {
         vec!["solo"]
     } else {
         vec!["child", "root"]
@@ -88,7 +114,11 @@ fn identity(op: &Op) -> String {
         Op::Cancel { hold } => format!("cancel {hold}"),
         Op::Reverse { hold, units } => format!("reverse {hold} {units}"),
         Op::Release { hold, units, .. } => format!("release {hold} {units}"),
-        Op::Reconcile { hold, exposed, realized } => format!("reconcile {hold} {exposed} {realized}"),
+        Op::Reconcile {
+            hold,
+            exposed,
+            realized,
+        } => format!("reconcile {hold} {exposed} {realized}"),
         Op::Charge { units, .. } => format!("charge {units}"),
         Op::ReverseCharge { units, .. } => format!("reverse_charge {units}"),
     }
@@ -101,18 +131,27 @@ fn to_ledger(cmd: &Cmd) -> Command {
         | Op::Cancel { hold }
         | Op::Reverse { hold, .. }
         | Op::Release { hold, .. }
-        | Op::Reconcile { hold, .. } => (account_of(*hold)[0], Some(HoldId::from(format!("h{hold}")))),
+        | Op::Reconcile { hold, .. } => {
+            (account_of(*hold)[0], Some(HoldId::from(format!("h{hold}"))))
+        }
         _ => ("solo", None),
     };
     let hold_id = || hold.clone().expect("hold op");
     let op = match &cmd.op {
-        Op::Authorize { hold, units, timeout_ms } => Operation::AuthorizeHold {
+        Op::Authorize {
+            hold,
+            units,
+            timeout_ms,
+        } => Operation::AuthorizeHold {
             hold_id: hold_id(),
             requested_exposure_units: *units,
             limits: limits_of(account),
             ancestors: account_of(*hold)[1..]
                 .iter()
-                .map(|a| AncestorAccount { account: AccountKey::new(*a, 0), limits: limits_of(a) })
+                .map(|a| AncestorAccount {
+                    account: AccountKey::new(*a, 0),
+                    limits: limits_of(a),
+                })
                 .collect(),
             hold_timeout_ms: *timeout_ms,
         },
@@ -121,16 +160,25 @@ fn to_ledger(cmd: &Cmd) -> Command {
             attempt_id: AttemptId::from(format!("attempt-{attempt}")),
         },
         Op::Cancel { .. } => Operation::CancelCapturedBeforeDispatch { hold_id: hold_id() },
-        Op::Reverse { units, .. } => Operation::ReverseHold { hold_id: hold_id(), exposure_units: *units },
-        Op::Release { units, .. } => {
-            Operation::ReleaseHold { hold_id: hold_id(), released_exposure_units: *units }
-        }
-        Op::Reconcile { exposed, realized, .. } => Operation::ReconcileHold {
+        Op::Reverse { units, .. } => Operation::ReverseHold {
+            hold_id: hold_id(),
+            exposure_units: *units,
+        },
+        Op::Release { units, .. } => Operation::ReleaseHold {
+            hold_id: hold_id(),
+            released_exposure_units: *units,
+        },
+        Op::Reconcile {
+            exposed, realized, ..
+        } => Operation::ReconcileHold {
             hold_id: hold_id(),
             exposed_cost_units: *exposed,
             realized_spend_units: *realized,
         },
-        Op::Charge { units, .. } => Operation::TryChargeCost { cost_units: *units, limits: limits_of("solo") },
+        Op::Charge { units, .. } => Operation::TryChargeCost {
+            cost_units: *units,
+            limits: limits_of("solo"),
+        },
         Op::ReverseCharge { units, .. } => Operation::ReverseChargeCost { cost_units: *units },
     };
     let client = ClientCommand {
@@ -197,7 +245,9 @@ enum Expect {
     Authorized,
     Denied,
     Captured,
-    AlreadyCaptured { owner: u8 },
+    AlreadyCaptured {
+        owner: u8,
+    },
     Cancelled,
     Reversed,
     AlreadyReversed,
@@ -216,8 +266,15 @@ enum Expect {
 
 #[derive(Clone, Debug)]
 enum DedupeM {
-    Applied { identity: String, answer: Expect, replay_watches: bool },
-    Tombstoned { identity: String, due: u64 },
+    Applied {
+        identity: String,
+        answer: Expect,
+        replay_watches: bool,
+    },
+    Tombstoned {
+        identity: String,
+        due: u64,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -269,7 +326,11 @@ impl Model {
                     Expect::Failed(PreconditionCode::EventAborted)
                 };
             }
-            Some(DedupeM::Applied { identity, answer, replay_watches }) => {
+            Some(DedupeM::Applied {
+                identity,
+                answer,
+                replay_watches,
+            }) => {
                 return if identity != ident {
                     Expect::Conflict
                 } else if cmd.resolve {
@@ -285,7 +346,13 @@ impl Model {
         if cmd.resolve {
             let due = cmd.not_after_ms.max(self.now) + RETENTION_MS;
             if cmd.not_after_ms + RETENTION_MS >= self.now {
-                self.dedupe.insert(id, DedupeM::Tombstoned { identity: ident, due });
+                self.dedupe.insert(
+                    id,
+                    DedupeM::Tombstoned {
+                        identity: ident,
+                        due,
+                    },
+                );
             }
             return Expect::NotApplied;
         }
@@ -302,7 +369,14 @@ impl Model {
                 (&cmd.op, &answer),
                 (Op::Authorize { .. }, Expect::Authorized) | (Op::Capture { .. }, Expect::Captured)
             );
-            self.dedupe.insert(id, DedupeM::Applied { identity: ident, answer, replay_watches });
+            self.dedupe.insert(
+                id,
+                DedupeM::Applied {
+                    identity: ident,
+                    answer,
+                    replay_watches,
+                },
+            );
         }
         answer
     }
@@ -318,7 +392,9 @@ impl Model {
                 Expect::Failed(PreconditionCode::HoldExpired)
             }
             Inv::Authorized => answer,
-            Inv::Captured => Expect::AlreadyCaptured { owner: h.owner.expect("owner") },
+            Inv::Captured => Expect::AlreadyCaptured {
+                owner: h.owner.expect("owner"),
+            },
             Inv::Reversed if matches!(op, Op::Authorize { .. }) => {
                 Expect::Failed(PreconditionCode::TerminallyReversed)
             }
@@ -328,7 +404,11 @@ impl Model {
 
     fn fresh(&mut self, op: &Op) -> Expect {
         match *op {
-            Op::Authorize { hold, units, timeout_ms } => self.authorize(hold, units, timeout_ms),
+            Op::Authorize {
+                hold,
+                units,
+                timeout_ms,
+            } => self.authorize(hold, units, timeout_ms),
             Op::Charge { units, .. } => self.charge(units),
             Op::ReverseCharge { units, .. } => self.reverse_charge(units),
             _ => self.hold_op(op),
@@ -349,7 +429,8 @@ impl Model {
             return true;
         }
         !(l.max_cost_per_invocation_units.is_some_and(|m| units > m)
-            || l.max_total_cost_units.is_some_and(|m| Self::committed(&a) + units > m))
+            || l.max_total_cost_units
+                .is_some_and(|m| Self::committed(&a) + units > m))
     }
 
     fn authorize(&mut self, hold: u8, units: u64, timeout_ms: Option<u64>) -> Expect {
@@ -441,14 +522,22 @@ impl Model {
             | Op::Reconcile { hold, .. } => hold,
             _ => unreachable!(),
         };
-        let Some(h) = self.live(hold).cloned() else { return Expect::Failed(P::UnknownHold) };
+        let Some(h) = self.live(hold).cloned() else {
+            return Expect::Failed(P::UnknownHold);
+        };
         let mut just_expired = false;
         if h.inv == Inv::Authorized && h.expires_at.is_some_and(|t| t <= self.now) {
             self.end(hold, false);
             just_expired = true;
         }
         let h = self.live(hold).cloned().expect("live");
-        let fail = |code| if just_expired { Expect::FailedAfterExpiry(code) } else { Expect::Failed(code) };
+        let fail = |code| {
+            if just_expired {
+                Expect::FailedAfterExpiry(code)
+            } else {
+                Expect::Failed(code)
+            }
+        };
         match *op {
             Op::Capture { attempt, .. } => {
                 if just_expired {
@@ -527,7 +616,9 @@ impl Model {
                 }
                 Expect::Released
             }
-            Op::Reconcile { exposed, realized, .. } => {
+            Op::Reconcile {
+                exposed, realized, ..
+            } => {
                 if just_expired {
                     return fail(P::HoldExpired);
                 }
@@ -583,7 +674,8 @@ impl Model {
                 }
             }
         }
-        self.dedupe.retain(|_, d| !matches!(d, DedupeM::Tombstoned { due, .. } if *due < now));
+        self.dedupe
+            .retain(|_, d| !matches!(d, DedupeM::Tombstoned { due, .. } if *due < now));
     }
 }
 
@@ -642,7 +734,13 @@ impl ReferenceStateMachine for Reference {
         let fresh = hold_ops(state).prop_map(Transition::Fresh);
         let resolve_fresh = hold_ops(state).prop_map({
             let now = state.now;
-            move |op| Transition::Resolve(Cmd { op, not_after_ms: now + TTL_MS, resolve: true })
+            move |op| {
+                Transition::Resolve(Cmd {
+                    op,
+                    not_after_ms: now + TTL_MS,
+                    resolve: true,
+                })
+            }
         });
         let time = prop_oneof![
             3 => (0u64..3_000).prop_map(Transition::Advance),
@@ -654,15 +752,24 @@ impl ReferenceStateMachine for Reference {
         }
         let history = state.history.clone();
         let replay = prop::sample::select(history.clone()).prop_map(Transition::Replay);
-        let resolve_old = prop::sample::select(history)
-            .prop_map(|cmd| Transition::Resolve(Cmd { resolve: true, ..cmd }));
-        prop_oneof![8 => fresh, 3 => replay, 1 => resolve_fresh, 1 => resolve_old, 2 => time].boxed()
+        let resolve_old = prop::sample::select(history).prop_map(|cmd| {
+            Transition::Resolve(Cmd {
+                resolve: true,
+                ..cmd
+            })
+        });
+        prop_oneof![8 => fresh, 3 => replay, 1 => resolve_fresh, 1 => resolve_old, 2 => time]
+            .boxed()
     }
 
     fn apply(mut state: Model, transition: &Transition) -> Model {
         let expect = match transition {
             Transition::Fresh(op) => {
-                let cmd = Cmd { op: op.clone(), not_after_ms: state.now + TTL_MS, resolve: false };
+                let cmd = Cmd {
+                    op: op.clone(),
+                    not_after_ms: state.now + TTL_MS,
+                    resolve: false,
+                };
                 state.history.push(cmd.clone());
                 state.run(&cmd)
             }
@@ -698,10 +805,16 @@ impl Sut {
     fn apply(&mut self, command: &Command) -> Result<Decision, LedgerError> {
         self.log_index += 1;
         let ctx = ApplyCtx {
-            log_id: LogPosition { term: 1, index: self.log_index },
+            log_id: LogPosition {
+                term: 1,
+                index: self.log_index,
+            },
             command_position: 0,
             now_ms: self.now,
-            params: ClusterParams { retention_ms: RETENTION_MS, max_clock_step_ms: 10_000 },
+            params: ClusterParams {
+                retention_ms: RETENTION_MS,
+                max_clock_step_ms: 10_000,
+            },
         };
         self.family.apply(command, &ctx)
     }
@@ -713,8 +826,14 @@ fn observed(result: &Result<Decision, LedgerError>) -> Expect {
             Outcome::Authorized { .. } => Expect::Authorized,
             Outcome::Denied { .. } => Expect::Denied,
             Outcome::Captured { .. } => Expect::Captured,
-            Outcome::AlreadyCaptured { owner_attempt_id, .. } => Expect::AlreadyCaptured {
-                owner: owner_attempt_id.as_str().trim_start_matches("attempt-").parse().expect("attempt"),
+            Outcome::AlreadyCaptured {
+                owner_attempt_id, ..
+            } => Expect::AlreadyCaptured {
+                owner: owner_attempt_id
+                    .as_str()
+                    .trim_start_matches("attempt-")
+                    .parse()
+                    .expect("attempt"),
             },
             Outcome::Cancelled { .. } => Expect::Cancelled,
             Outcome::Reversed { .. } => Expect::Reversed,
@@ -768,17 +887,32 @@ impl StateMachineTest for LedgerUnderTest {
             }
             Transition::Advance(ms) => {
                 sut.now += ms;
-                let result = sut.apply(&Command::ExpireHolds { family_id: "fam".into(), up_to_ms: 0 });
+                let result = sut.apply(&Command::ExpireHolds {
+                    family_id: "fam".into(),
+                    up_to_ms: 0,
+                });
                 (None, result)
             }
             Transition::Expire => {
                 let now = sut.now;
-                (None, sut.apply(&Command::ExpireHolds { family_id: "fam".into(), up_to_ms: now }))
+                (
+                    None,
+                    sut.apply(&Command::ExpireHolds {
+                        family_id: "fam".into(),
+                        up_to_ms: now,
+                    }),
+                )
             }
             Transition::Compact => {
                 sut.now += 2 * RETENTION_MS;
                 let now = sut.now;
-                (None, sut.apply(&Command::ExpireHolds { family_id: "fam".into(), up_to_ms: now }))
+                (
+                    None,
+                    sut.apply(&Command::ExpireHolds {
+                        family_id: "fam".into(),
+                        up_to_ms: now,
+                    }),
+                )
             }
         };
         let got = observed(&result);
@@ -786,11 +920,18 @@ impl StateMachineTest for LedgerUnderTest {
             Expect::FailedAfterExpiry(code) => Expect::Failed(*code),
             other => other.clone(),
         };
-        assert_eq!(got, expect_plain, "step {transition:?}: ledger answered {result:?}");
+        assert_eq!(
+            got, expect_plain,
+            "step {transition:?}: ledger answered {result:?}"
+        );
 
         // Errors change nothing, but for the expiry of a touched hold.
         if result.is_err() && !matches!(expect, Expect::FailedAfterExpiry(_)) {
-            assert_eq!(digest_before, sut.family.digest(), "an error changed state: {result:?}");
+            assert_eq!(
+                digest_before,
+                sut.family.digest(),
+                "an error changed state: {result:?}"
+            );
         }
         // Invariant 7: a replay never changes the answer's index and appends nothing.
         if let (Some(Command::Apply(cmd)), Ok(decision)) = (&command, &result) {
@@ -798,8 +939,15 @@ impl StateMachineTest for LedgerUnderTest {
             match sut.first_index.get(&id) {
                 Some(first) => {
                     assert!(decision.replayed, "second answer for {id} is not a replay");
-                    assert_eq!(&decision.commit_index, first, "replay of {id} moved its index");
-                    assert_eq!(sut.family.journal_len(), journal_before, "replay of {id} appended");
+                    assert_eq!(
+                        &decision.commit_index, first,
+                        "replay of {id} moved its index"
+                    );
+                    assert_eq!(
+                        sut.family.journal_len(),
+                        journal_before,
+                        "replay of {id} appended"
+                    );
                 }
                 None => {
                     sut.first_index.insert(id, decision.commit_index);
@@ -809,12 +957,24 @@ impl StateMachineTest for LedgerUnderTest {
         // Invariant 3: one capture owner per hold, ever.
         if let Ok(Decision { outcome, .. }) = &result {
             match outcome {
-                Outcome::Captured { hold_id, attempt_id } => {
-                    let previous = sut.capture_owner.insert(hold_id.to_string(), attempt_id.clone());
+                Outcome::Captured {
+                    hold_id,
+                    attempt_id,
+                } => {
+                    let previous = sut
+                        .capture_owner
+                        .insert(hold_id.to_string(), attempt_id.clone());
                     assert!(previous.is_none(), "hold {hold_id} captured twice");
                 }
-                Outcome::AlreadyCaptured { hold_id, owner_attempt_id, .. } => {
-                    assert_eq!(sut.capture_owner.get(hold_id.as_str()), Some(owner_attempt_id));
+                Outcome::AlreadyCaptured {
+                    hold_id,
+                    owner_attempt_id,
+                    ..
+                } => {
+                    assert_eq!(
+                        sut.capture_owner.get(hold_id.as_str()),
+                        Some(owner_attempt_id)
+                    );
                 }
                 _ => {}
             }
@@ -828,7 +988,10 @@ impl StateMachineTest for LedgerUnderTest {
         assert!(violations.is_empty(), "{violations:?}");
         // The model's fold of every account matches the ledger's rows.
         for (name, expected) in &model.accounts {
-            let row = sut.family.get_usage(&AccountKey::new(*name, 0)).map(|u| u.account);
+            let row = sut
+                .family
+                .get_usage(&AccountKey::new(*name, 0))
+                .map(|u| u.account);
             let got = row.map(|a| AccountM {
                 count: a.invocation_count,
                 reserved: a.reserved_invocations,
@@ -842,7 +1005,10 @@ impl StateMachineTest for LedgerUnderTest {
         }
         // Invariant 4: one terminal state per hold, never back to Authorized.
         for hold in 0..HOLDS {
-            let Some(states) = sut.family.get_hold(&HoldId::from(format!("h{hold}"))).and_then(|v| v.states())
+            let Some(states) = sut
+                .family
+                .get_hold(&HoldId::from(format!("h{hold}")))
+                .and_then(|v| v.states())
             else {
                 continue;
             };

@@ -32,7 +32,10 @@ fn capture(h: &Harness, authorize_index: BudgetCommitIndex, attempt: &str) -> Co
     let hold = hold_id();
     h.on(
         h.header(&format!("{hold}:capture-invocation:{authorize_index}")),
-        Operation::CaptureInvocation { hold_id: hold.as_str().into(), attempt_id: attempt.into() },
+        Operation::CaptureInvocation {
+            hold_id: hold.as_str().into(),
+            attempt_id: attempt.into(),
+        },
     )
 }
 
@@ -40,7 +43,9 @@ fn cancel(h: &Harness, authorize_index: BudgetCommitIndex) -> Command {
     let hold = hold_id();
     h.on(
         h.header(&format!("{hold}:cancel-captured:{authorize_index}")),
-        Operation::CancelCapturedBeforeDispatch { hold_id: hold.as_str().into() },
+        Operation::CancelCapturedBeforeDispatch {
+            hold_id: hold.as_str().into(),
+        },
     )
 }
 
@@ -60,7 +65,9 @@ fn definite_payment_denial_cancels_the_capture_to_zero() {
     h.ok(cancel(&h, index));
     assert_eq!(h.counts(CAP, 0), (0, 0));
     let events = h.family.list_events(Some(&CAP.into()), Some(0), None, 10);
-    assert!(events.iter().any(|e| e.kind.as_str() == "cancel_captured_before_dispatch"));
+    assert!(events
+        .iter()
+        .any(|e| e.kind.as_str() == "cancel_captured_before_dispatch"));
 }
 
 /// Same test, ambiguous branch (Unavailable, lost acknowledgement), and
@@ -75,7 +82,10 @@ fn ambiguous_payment_or_post_dispatch_failure_retains_the_capture() {
     h.advance(60_000);
     h.ok(h.expire(h.now_ms));
     assert_eq!(h.counts(CAP, 0), (1, 100));
-    assert_eq!(h.hold(&hold_id()).invocation_state, InvocationState::Captured);
+    assert_eq!(
+        h.hold(&hold_id()).invocation_state,
+        InvocationState::Captured
+    );
 }
 
 /// `lost_capture_acknowledgement_records_ambiguity_and_blocks_replay`: the capture committed,
@@ -86,14 +96,30 @@ fn replay_after_capture_answers_already_captured() {
     let index = authorized(&mut h);
     h.ok(capture(&h, index, "attempt-1"));
     let replay = h.ok(authorize(&h));
-    let Outcome::AlreadyCaptured { owner_attempt_id, capture_event_id, .. } = replay.outcome else {
+    let Outcome::AlreadyCaptured {
+        owner_attempt_id,
+        capture_event_id,
+        ..
+    } = replay.outcome
+    else {
         panic!("{replay:?}")
     };
     assert_eq!(owner_attempt_id.as_str(), "attempt-1");
-    assert_eq!(capture_event_id.to_string(), format!("{}:capture-invocation:{index}", hold_id()));
+    assert_eq!(
+        capture_event_id.to_string(),
+        format!("{}:capture-invocation:{index}", hold_id())
+    );
     let second = h.ok(capture(&h, index, "attempt-2"));
-    assert!(matches!(second.outcome, Outcome::AlreadyCaptured { owner_attempt_id, .. } if owner_attempt_id.as_str() == "attempt-1"));
-    assert_eq!(h.kinds().iter().filter(|k| **k == "capture_invocation").count(), 1);
+    assert!(
+        matches!(second.outcome, Outcome::AlreadyCaptured { owner_attempt_id, .. } if owner_attempt_id.as_str() == "attempt-1")
+    );
+    assert_eq!(
+        h.kinds()
+            .iter()
+            .filter(|k| **k == "capture_invocation")
+            .count(),
+        1
+    );
     assert_eq!(h.counts(CAP, 0), (1, 100));
 }
 
@@ -116,7 +142,10 @@ fn preflight_reversal_replay_appends_nothing() {
     let index = h.ok(reserve).commit_index.expect("indexed");
     let rollback = h.on(
         h.header(&format!("{hold}:authorize:rollback:{index}")),
-        Operation::ReverseHold { hold_id: hold.as_str().into(), exposure_units: 0 },
+        Operation::ReverseHold {
+            hold_id: hold.as_str().into(),
+            exposure_units: 0,
+        },
     );
     h.ok(rollback.clone());
     let events = h.events().len();
@@ -136,7 +165,10 @@ fn cancel_replay_confirms_the_committed_cancellation() {
     h.ok(capture(&h, index, "attempt-1"));
     let first = h.ok(cancel(&h, index));
     let replay = h.ok(cancel(&h, index));
-    assert_eq!((replay.outcome, replay.commit_index), (first.outcome, first.commit_index));
+    assert_eq!(
+        (replay.outcome, replay.commit_index),
+        (first.outcome, first.commit_index)
+    );
     assert_eq!(h.counts(CAP, 0), (0, 0));
 }
 
@@ -152,7 +184,9 @@ fn identical_concurrent_requests_have_one_capture_owner() {
     let a = h.ok(capture(&h, index, "kernel-a"));
     let b = h.ok(capture(&h, index, "kernel-b"));
     assert!(matches!(a.outcome, Outcome::Captured { .. }));
-    assert!(matches!(b.outcome, Outcome::AlreadyCaptured { owner_attempt_id, .. } if owner_attempt_id.as_str() == "kernel-a"));
+    assert!(
+        matches!(b.outcome, Outcome::AlreadyCaptured { owner_attempt_id, .. } if owner_attempt_id.as_str() == "kernel-a")
+    );
     assert_eq!(h.counts(CAP, 0), (1, 100));
 }
 
@@ -164,6 +198,9 @@ fn captured_replay_is_not_a_denial_that_falls_through() {
     let index = authorized(&mut h);
     h.ok(capture(&h, index, "attempt-1"));
     let replay = h.ok(authorize(&h));
-    assert!(!replay.outcome.is_denied(), "AlreadyCaptured must not read as Denied");
+    assert!(
+        !replay.outcome.is_denied(),
+        "AlreadyCaptured must not read as Denied"
+    );
     assert!(h.family.get_usage(&AccountKey::new(CAP, 1)).is_none());
 }

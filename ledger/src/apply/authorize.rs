@@ -42,7 +42,8 @@ impl Family {
             Some(timeout) => Some(checked_add(now_ms, *timeout, "hold expiry")?),
             None => None,
         };
-        let mut targets: Vec<(AccountKey, &crate::account::GrantLimits)> = vec![(cmd.header.account(), limits)];
+        let mut targets: Vec<(AccountKey, &crate::account::GrantLimits)> =
+            vec![(cmd.header.account(), limits)];
         targets.extend(ancestors.iter().map(|a| (a.account.clone(), &a.limits)));
 
         // Pinned limits first: a mismatch is an error, not a denial.
@@ -78,7 +79,11 @@ impl Family {
         } else {
             EventKind::AuthorizeExposure
         };
-        let monetary = if requested > 0 { MonetaryState::Exposed } else { MonetaryState::None };
+        let monetary = if requested > 0 {
+            MonetaryState::Exposed
+        } else {
+            MonetaryState::None
+        };
         let allowed = denial.is_none();
         let mut record = EventRecord {
             event_id: cmd.header.event_id.clone(),
@@ -101,12 +106,25 @@ impl Family {
             after_images: Vec::new(),
         };
         if let Some(reason) = denial {
-            let index = self.append(step, NewEvent { record, keep_until_ms: cmd.header.not_after_ms });
+            let index = self.append(
+                step,
+                NewEvent {
+                    record,
+                    keep_until_ms: cmd.header.not_after_ms,
+                },
+            );
             self.holds.insert(
                 hold_id.clone(),
-                HoldSlot::Denied { event_id: cmd.header.event_id.clone() },
+                HoldSlot::Denied {
+                    event_id: cmd.header.event_id.clone(),
+                },
             );
-            return Ok(Family::decided(&cmd.header.event_id, Outcome::Denied { reason }, Some(index), step));
+            return Ok(Family::decided(
+                &cmd.header.event_id,
+                Outcome::Denied { reason },
+                Some(index),
+                step,
+            ));
         }
 
         let accounts: Vec<AccountKey> = planned.iter().map(|(key, _)| key.clone()).collect();
@@ -127,7 +145,10 @@ impl Family {
             expires_at_ms,
             created_at_ms: now_ms,
             capture_attempt_id: None,
-            authorized: HoldTransition { event_id: cmd.header.event_id.clone(), commit_index: index_preview },
+            authorized: HoldTransition {
+                event_id: cmd.header.event_id.clone(),
+                commit_index: index_preview,
+            },
             captured: None,
             last_release: None,
             terminal: None,
@@ -135,14 +156,32 @@ impl Family {
         };
         record.hold_after = Some(hold.states());
         record.after_images = self.commit_accounts(planned, index_preview, now_ms);
-        let index = self.append(step, NewEvent { record, keep_until_ms: cmd.header.not_after_ms });
-        assert_eq!(index, index_preview, "the authorize event must be the command's first");
+        let index = self.append(
+            step,
+            NewEvent {
+                record,
+                keep_until_ms: cmd.header.not_after_ms,
+            },
+        );
+        assert_eq!(
+            index, index_preview,
+            "the authorize event must be the command's first"
+        );
         if let Some(at) = expires_at_ms {
             self.expiry_index.insert((at, hold_id.clone()));
         }
-        self.holds.insert(hold_id.clone(), HoldSlot::Live(Box::new(hold)));
+        self.holds
+            .insert(hold_id.clone(), HoldSlot::Live(Box::new(hold)));
         self.live_holds += 1;
-        let outcome = Outcome::Authorized { hold_id: hold_id.clone(), exposure_units: requested };
-        Ok(Family::decided(&cmd.header.event_id, outcome, Some(index), step))
+        let outcome = Outcome::Authorized {
+            hold_id: hold_id.clone(),
+            exposure_units: requested,
+        };
+        Ok(Family::decided(
+            &cmd.header.event_id,
+            outcome,
+            Some(index),
+            step,
+        ))
     }
 }

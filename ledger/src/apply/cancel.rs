@@ -32,7 +32,10 @@ impl Family {
         if hold.invocation_state != InvocationState::Captured {
             return Err(LedgerError::precondition(
                 PreconditionCode::HoldNotCaptured,
-                format!("hold {hold_id} is {:?}, not Captured", hold.invocation_state),
+                format!(
+                    "hold {hold_id} is {:?}, not Captured",
+                    hold.invocation_state
+                ),
             ));
         }
         if hold.monetary_state == MonetaryState::Reconciled {
@@ -56,7 +59,15 @@ impl Family {
             SlotHeld::Captured,
             step,
         )?;
-        let outcome = Outcome::Cancelled { hold_id: hold_id.clone(), exposure_units };
-        Ok(Family::decided(&cmd.header.event_id, outcome, Some(index), step))
+        let outcome = Outcome::Cancelled {
+            hold_id: hold_id.clone(),
+            exposure_units,
+        };
+        Ok(Family::decided(
+            &cmd.header.event_id,
+            outcome,
+            Some(index),
+            step,
+        ))
     }
 }

@@ -26,7 +26,10 @@ impl Family {
         }
         let hold = self.live_hold(hold_id);
         if hold.invocation_state != InvocationState::Authorized {
-            return Err(not_authorized(hold_id, &format!("{:?}", hold.invocation_state)));
+            return Err(not_authorized(
+                hold_id,
+                &format!("{:?}", hold.invocation_state),
+            ));
         }
         if hold.authorized_exposure_units > 0 && hold.remaining_exposure_units == 0 {
             return Err(LedgerError::precondition(
@@ -49,7 +52,10 @@ impl Family {
         let hold = self.live_hold_mut(hold_id);
         hold.invocation_state = InvocationState::Captured;
         hold.capture_attempt_id = Some(attempt_id.clone());
-        hold.captured = Some(HoldTransition { event_id: cmd.header.event_id.clone(), commit_index: index });
+        hold.captured = Some(HoldTransition {
+            event_id: cmd.header.event_id.clone(),
+            commit_index: index,
+        });
         let zero_exposure = hold.authorized_exposure_units == 0;
         let record = EventRecord {
             event_id: cmd.header.event_id.clone(),
@@ -75,14 +81,35 @@ impl Family {
             // Captured holds never expire: the tool may have run.
             self.expiry_index.remove(&(at, hold_id.clone()));
         }
-        let appended = self.append(step, NewEvent { record, keep_until_ms: cmd.header.not_after_ms });
-        assert_eq!(appended, index, "the capture event must be the command's first");
+        let appended = self.append(
+            step,
+            NewEvent {
+                record,
+                keep_until_ms: cmd.header.not_after_ms,
+            },
+        );
+        assert_eq!(
+            appended, index,
+            "the capture event must be the command's first"
+        );
         if zero_exposure {
             // Final once captured; archived after retention like a terminal hold.
-            self.schedule(now_ms, step.ctx.params, crate::family::CompactionItem::Hold(hold_id.clone()));
+            self.schedule(
+                now_ms,
+                step.ctx.params,
+                crate::family::CompactionItem::Hold(crate::keyed::Keyed::new(hold_id.clone())),
+            );
         }
-        let outcome = Outcome::Captured { hold_id: hold_id.clone(), attempt_id: attempt_id.clone() };
-        Ok(Family::decided(&cmd.header.event_id, outcome, Some(index), step))
+        let outcome = Outcome::Captured {
+            hold_id: hold_id.clone(),
+            attempt_id: attempt_id.clone(),
+        };
+        Ok(Family::decided(
+            &cmd.header.event_id,
+            outcome,
+            Some(index),
+            step,
+        ))
     }
 }
 

@@ -25,7 +25,12 @@ impl Family {
             hold_ids.push(hold_id);
         }
         let event_id = EventId::new(format!("auto:expire-holds:{up_to_ms}"));
-        Family::decided(&event_id, Outcome::HoldsExpired { hold_ids, more_due }, first_index, step)
+        Family::decided(
+            &event_id,
+            Outcome::HoldsExpired { hold_ids, more_due },
+            first_index,
+            step,
+        )
     }
 
     /// The earliest expiry of an Authorized hold: when the leader should propose `ExpireHolds`.
@@ -35,6 +40,8 @@ impl Family {
 
     /// The earliest time compaction has work: an idle family needs a command by then.
     pub fn next_compaction_ms(&self) -> Option<u64> {
-        self.compaction_queue.first().map(|(due, _)| due.saturating_add(1))
+        self.compaction_queue
+            .first()
+            .map(|(due, _)| due.saturating_add(1))
     }
 }

@@ -9,6 +9,7 @@ use crate::event::{EventKind, EventRecord};
 use crate::family::{CompactionItem, Family, NewEvent, Step};
 use crate::hold::{HoldSlot, HoldTransition, InvocationState, MonetaryState};
 use crate::ids::{EventId, HoldId};
+use crate::keyed::Keyed;
 
 /// What `touch_hold` found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,7 +28,10 @@ pub(crate) enum SlotHeld {
 }
 
 pub(crate) fn hold_expired(hold_id: &HoldId) -> LedgerError {
-    LedgerError::precondition(PreconditionCode::HoldExpired, format!("hold expired: {hold_id}"))
+    LedgerError::precondition(
+        PreconditionCode::HoldExpired,
+        format!("hold expired: {hold_id}"),
+    )
 }
 
 impl Family {
@@ -52,9 +56,12 @@ impl Family {
                 hold.grant_index,
                 hold.is_expired_at(step.now_ms()),
             ),
-            Some(HoldSlot::Archived(hold)) => {
-                (Found::Archived, &hold.capability_id, hold.grant_index, false)
-            }
+            Some(HoldSlot::Archived(hold)) => (
+                Found::Archived,
+                &hold.capability_id,
+                hold.grant_index,
+                false,
+            ),
         };
         if capability_id != &cmd.header.capability_id || grant_index != cmd.header.grant_index {
             return Err(LedgerError::precondition(
@@ -70,11 +77,22 @@ impl Family {
     }
 
     /// Reverses an expired Authorized hold at cluster time (SPEC.md §3 `expire`).
-    pub(crate) fn expire_hold(&mut self, hold_id: &HoldId, step: &mut Step<'_>) -> BudgetCommitIndex {
+    pub(crate) fn expire_hold(
+        &mut self,
+        hold_id: &HoldId,
+        step: &mut Step<'_>,
+    ) -> BudgetCommitIndex {
         let event_id = EventId::for_expiry(hold_id);
         let now_ms = step.now_ms();
-        self.end_hold(hold_id, EventKind::ExpireHold, &event_id, now_ms, SlotHeld::Reserved, step)
-            .unwrap_or_else(|err| panic!("expiring hold {hold_id} broke an invariant: {err}"))
+        self.end_hold(
+            hold_id,
+            EventKind::ExpireHold,
+            &event_id,
+            now_ms,
+            SlotHeld::Reserved,
+            step,
+        )
+        .unwrap_or_else(|err| panic!("expiring hold {hold_id} broke an invariant: {err}"))
     }
 
     /// Reverse, cancel or expire: give the slot back, drop the remaining exposure on every
@@ -94,8 +112,11 @@ impl Family {
         let planned = self.plan_accounts(&hold.accounts, |account: &Account| {
             let mut next = account.clone();
             next.invocation_count = checked_sub_u32(next.invocation_count, 1, "invocation_count")?;
-            next.total_cost_exposed_units =
-                checked_sub(next.total_cost_exposed_units, remaining, "total_cost_exposed")?;
+            next.total_cost_exposed_units = checked_sub(
+                next.total_cost_exposed_units,
+                remaining,
+                "total_cost_exposed",
+            )?;
             match slot {
                 SlotHeld::Reserved => {
                     next.reserved_invocations =
@@ -118,7 +139,10 @@ impl Family {
         if hold.monetary_state != MonetaryState::None {
             hold.monetary_state = MonetaryState::Reversed;
         }
-        hold.terminal = Some(HoldTransition { event_id: event_id.clone(), commit_index: index });
+        hold.terminal = Some(HoldTransition {
+            event_id: event_id.clone(),
+            commit_index: index,
+        });
         hold.terminal_at_ms = Some(now_ms);
         hold.assert_conserved();
         let after = hold.states();
@@ -145,9 +169,22 @@ impl Family {
         if let Some(at) = hold.expires_at_ms {
             self.expiry_index.remove(&(at, hold_id.clone()));
         }
-        let appended = self.append(step, NewEvent { record, keep_until_ms });
-        assert_eq!(appended, index, "the ending event must take the next position");
-        self.schedule(now_ms, step.ctx.params, CompactionItem::Hold(hold_id.clone()));
+        let appended = self.append(
+            step,
+            NewEvent {
+                record,
+                keep_until_ms,
+            },
+        );
+        assert_eq!(
+            appended, index,
+            "the ending event must take the next position"
+        );
+        self.schedule(
+            now_ms,
+            step.ctx.params,
+            CompactionItem::Hold(Keyed::new(hold_id.clone())),
+        );
         Ok(index)
     }
 }
@@ -163,8 +200,11 @@ impl Family {
         let hold = self.live_hold(hold_id);
         self.plan_accounts(&hold.accounts, |account| {
             let mut next = account.clone();
-            next.total_cost_exposed_units =
-                checked_sub(next.total_cost_exposed_units, removed_units, "total_cost_exposed")?;
+            next.total_cost_exposed_units = checked_sub(
+                next.total_cost_exposed_units,
+                removed_units,
+                "total_cost_exposed",
+            )?;
             next.total_cost_realized_spend_units = crate::error::checked_add(
                 next.total_cost_realized_spend_units,
                 realized_units,

@@ -16,15 +16,27 @@ impl Family {
     ) -> Result<Decision, LedgerError> {
         let key = cmd.header.account();
         let (kind, exposure, realized, limits) = match &cmd.op {
-            Operation::TryIncrement { limits } => (EventKind::IncrementInvocation, 0, 0, Some(limits)),
+            Operation::TryIncrement { limits } => {
+                (EventKind::IncrementInvocation, 0, 0, Some(limits))
+            }
             Operation::TryChargeCost { cost_units, limits } => {
                 (EventKind::AuthorizeExposure, *cost_units, 0, Some(limits))
             }
-            Operation::ReverseChargeCost { cost_units } => (EventKind::ReverseExposure, *cost_units, 0, None),
-            Operation::ReduceChargeCost { cost_units } => (EventKind::ReleaseExposure, *cost_units, 0, None),
-            Operation::SettleChargeCost { exposed_cost_units, realized_spend_units } => {
-                (EventKind::ReconcileSpend, *exposed_cost_units, *realized_spend_units, None)
+            Operation::ReverseChargeCost { cost_units } => {
+                (EventKind::ReverseExposure, *cost_units, 0, None)
             }
+            Operation::ReduceChargeCost { cost_units } => {
+                (EventKind::ReleaseExposure, *cost_units, 0, None)
+            }
+            Operation::SettleChargeCost {
+                exposed_cost_units,
+                realized_spend_units,
+            } => (
+                EventKind::ReconcileSpend,
+                *exposed_cost_units,
+                *realized_spend_units,
+                None,
+            ),
             other => unreachable!("legacy called with {}", other.name()),
         };
         let (next, denial) = match limits {
@@ -76,25 +88,50 @@ impl Family {
         if let Some(next) = next {
             record.after_images = self.commit_accounts(vec![(key, next)], index, step.now_ms());
         }
-        let appended = self.append(step, NewEvent { record, keep_until_ms: cmd.header.not_after_ms });
-        assert_eq!(appended, index, "the legacy event must be the command's first");
+        let appended = self.append(
+            step,
+            NewEvent {
+                record,
+                keep_until_ms: cmd.header.not_after_ms,
+            },
+        );
+        assert_eq!(
+            appended, index,
+            "the legacy event must be the command's first"
+        );
         let outcome = match (denial, &cmd.op) {
             (Some(reason), _) => Outcome::Denied { reason },
             (None, Operation::TryIncrement { .. }) => Outcome::Incremented,
-            (None, Operation::TryChargeCost { .. }) => Outcome::Charged { cost_units: exposure },
-            (None, Operation::ReverseChargeCost { .. }) => Outcome::ChargeReversed { cost_units: exposure },
-            (None, Operation::ReduceChargeCost { .. }) => Outcome::ChargeReduced { cost_units: exposure },
+            (None, Operation::TryChargeCost { .. }) => Outcome::Charged {
+                cost_units: exposure,
+            },
+            (None, Operation::ReverseChargeCost { .. }) => Outcome::ChargeReversed {
+                cost_units: exposure,
+            },
+            (None, Operation::ReduceChargeCost { .. }) => Outcome::ChargeReduced {
+                cost_units: exposure,
+            },
             (None, _) => Outcome::ChargeSettled {
                 exposed_cost_units: exposure,
                 realized_spend_units: realized,
             },
         };
-        Ok(Family::decided(&cmd.header.event_id, outcome, Some(index), step))
+        Ok(Family::decided(
+            &cmd.header.event_id,
+            outcome,
+            Some(index),
+            step,
+        ))
     }
 }
 
 /// Reverse, reduce or settle from the legacy bucket; short → `FailedPrecondition`.
-fn undo(current: &Account, op: &Operation, exposure: u64, realized: u64) -> Result<Account, LedgerError> {
+fn undo(
+    current: &Account,
+    op: &Operation,
+    exposure: u64,
+    realized: u64,
+) -> Result<Account, LedgerError> {
     let bucket = current.legacy_unheld;
     let needs_slot = matches!(op, Operation::ReverseChargeCost { .. });
     if bucket.exposed_units < exposure || (needs_slot && bucket.count == 0) {
@@ -109,14 +146,21 @@ fn undo(current: &Account, op: &Operation, exposure: u64, realized: u64) -> Resu
         ));
     }
     let mut next = current.clone();
-    next.total_cost_exposed_units = checked_sub(next.total_cost_exposed_units, exposure, "total_cost_exposed")?;
-    next.legacy_unheld.exposed_units = checked_sub(bucket.exposed_units, exposure, "legacy exposed")?;
+    next.total_cost_exposed_units = checked_sub(
+        next.total_cost_exposed_units,
+        exposure,
+        "total_cost_exposed",
+    )?;
+    next.legacy_unheld.exposed_units =
+        checked_sub(bucket.exposed_units, exposure, "legacy exposed")?;
     if needs_slot {
         next.invocation_count = checked_sub_u32(next.invocation_count, 1, "invocation_count")?;
         next.legacy_unheld.count = checked_sub_u32(bucket.count, 1, "legacy count")?;
     }
-    next.total_cost_realized_spend_units =
-        checked_add(next.total_cost_realized_spend_units, realized, "total_cost_realized_spend")?;
+    next.total_cost_realized_spend_units = checked_add(
+        next.total_cost_realized_spend_units,
+        realized,
+        "total_cost_realized_spend",
+    )?;
     Ok(next)
 }
-

@@ -56,11 +56,25 @@ impl Family {
             hold_after: None,
             after_images: Vec::new(),
         };
-        let index = self.append(step, NewEvent { record, keep_until_ms: cmd.header.not_after_ms });
+        let index = self.append(
+            step,
+            NewEvent {
+                record,
+                keep_until_ms: cmd.header.not_after_ms,
+            },
+        );
         self.nonces.insert(nonce_id.clone(), expires_at_ms);
         // Forgotten once expired: a late copy is refused as expired, not as fresh.
-        self.compaction_queue.insert((expires_at_ms, CompactionItem::Nonce(nonce_id.clone())));
-        let outcome = Outcome::NonceConsumed { nonce_id: nonce_id.clone() };
-        Ok(Family::decided(&cmd.header.event_id, outcome, Some(index), step))
+        self.compaction_queue
+            .insert((expires_at_ms, CompactionItem::Nonce(nonce_id.clone())));
+        let outcome = Outcome::NonceConsumed {
+            nonce_id: nonce_id.clone(),
+        };
+        Ok(Family::decided(
+            &cmd.header.event_id,
+            outcome,
+            Some(index),
+            step,
+        ))
     }
 }

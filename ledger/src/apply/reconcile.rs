@@ -62,14 +62,39 @@ impl Family {
         hold.realized_units = realized_units;
         hold.unspent_units = unspent_units;
         hold.monetary_state = MonetaryState::Reconciled;
-        hold.terminal = Some(HoldTransition { event_id: cmd.header.event_id.clone(), commit_index: index });
+        hold.terminal = Some(HoldTransition {
+            event_id: cmd.header.event_id.clone(),
+            commit_index: index,
+        });
         hold.terminal_at_ms = Some(now_ms);
         hold.assert_conserved();
         record.hold_after = Some(hold.states());
-        let appended = self.append(step, NewEvent { record, keep_until_ms: cmd.header.not_after_ms });
-        assert_eq!(appended, index, "the reconcile event must be the command's first");
-        self.schedule(now_ms, step.ctx.params, CompactionItem::Hold(hold_id.clone()));
-        let outcome = Outcome::Reconciled { hold_id: hold_id.clone(), realized_units, unspent_units };
-        Ok(Family::decided(&cmd.header.event_id, outcome, Some(index), step))
+        let appended = self.append(
+            step,
+            NewEvent {
+                record,
+                keep_until_ms: cmd.header.not_after_ms,
+            },
+        );
+        assert_eq!(
+            appended, index,
+            "the reconcile event must be the command's first"
+        );
+        self.schedule(
+            now_ms,
+            step.ctx.params,
+            CompactionItem::Hold(crate::keyed::Keyed::new(hold_id.clone())),
+        );
+        let outcome = Outcome::Reconciled {
+            hold_id: hold_id.clone(),
+            realized_units,
+            unspent_units,
+        };
+        Ok(Family::decided(
+            &cmd.header.event_id,
+            outcome,
+            Some(index),
+            step,
+        ))
     }
 }

@@ -54,14 +54,35 @@ impl Family {
         if hold.remaining_exposure_units == 0 {
             hold.monetary_state = MonetaryState::Released;
         }
-        hold.last_release = Some(HoldTransition { event_id: cmd.header.event_id.clone(), commit_index: index });
+        hold.last_release = Some(HoldTransition {
+            event_id: cmd.header.event_id.clone(),
+            commit_index: index,
+        });
         hold.assert_conserved();
         record.hold_after = Some(hold.states());
         let remaining_units = hold.remaining_exposure_units;
-        let appended = self.append(step, NewEvent { record, keep_until_ms: cmd.header.not_after_ms });
-        assert_eq!(appended, index, "the release event must be the command's first");
-        let outcome = Outcome::Released { hold_id: hold_id.clone(), released_units, remaining_units };
-        Ok(Family::decided(&cmd.header.event_id, outcome, Some(index), step))
+        let appended = self.append(
+            step,
+            NewEvent {
+                record,
+                keep_until_ms: cmd.header.not_after_ms,
+            },
+        );
+        assert_eq!(
+            appended, index,
+            "the release event must be the command's first"
+        );
+        let outcome = Outcome::Released {
+            hold_id: hold_id.clone(),
+            released_units,
+            remaining_units,
+        };
+        Ok(Family::decided(
+            &cmd.header.event_id,
+            outcome,
+            Some(index),
+            step,
+        ))
     }
 }
 

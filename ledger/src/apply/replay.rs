@@ -29,7 +29,10 @@ impl Family {
         let watches_hold = matches!(
             (&cmd.op, &original.outcome),
             (Operation::AuthorizeHold { .. }, Outcome::Authorized { .. })
-                | (Operation::CaptureInvocation { .. }, Outcome::Captured { .. })
+                | (
+                    Operation::CaptureInvocation { .. },
+                    Outcome::Captured { .. }
+                )
         );
         if !watches_hold {
             return Ok(original.replay_of());
@@ -40,7 +43,10 @@ impl Family {
         match now.states.invocation {
             InvocationState::Authorized if now.expired => Err(hold_expired(hold_id)),
             InvocationState::Authorized => {
-                assert!(is_authorize, "hold {hold_id} went back to Authorized after a capture");
+                assert!(
+                    is_authorize,
+                    "hold {hold_id} went back to Authorized after a capture"
+                );
                 Ok(original.replay_of())
             }
             InvocationState::Captured => {
@@ -51,7 +57,10 @@ impl Family {
                     capture_event_id: captured.event_id,
                     capture_commit_index: captured.commit_index,
                 };
-                Ok(Decision { outcome, ..original.replay_of() })
+                Ok(Decision {
+                    outcome,
+                    ..original.replay_of()
+                })
             }
             InvocationState::Reversed if is_authorize => Err(LedgerError::precondition(
                 PreconditionCode::TerminallyReversed,

@@ -26,15 +26,24 @@ impl Family {
             other => unreachable!("touch_hold accepted {other:?}"),
         };
         if state == InvocationState::Reversed {
-            let terminal = terminal.unwrap_or_else(|| panic!("reversed hold {hold_id} has no terminal event"));
+            let terminal =
+                terminal.unwrap_or_else(|| panic!("reversed hold {hold_id} has no terminal event"));
             if let Found::JustExpired(index) = found {
-                assert_eq!(index, terminal.commit_index, "the expiry just appended ends the hold");
+                assert_eq!(
+                    index, terminal.commit_index,
+                    "the expiry just appended ends the hold"
+                );
             }
             let outcome = Outcome::AlreadyReversed {
                 hold_id: hold_id.clone(),
                 by_event_id: terminal.event_id.clone(),
             };
-            return Ok(Family::decided(&cmd.header.event_id, outcome, Some(terminal.commit_index), step));
+            return Ok(Family::decided(
+                &cmd.header.event_id,
+                outcome,
+                Some(terminal.commit_index),
+                step,
+            ));
         }
         if state != InvocationState::Authorized {
             return Err(LedgerError::precondition(
@@ -58,8 +67,16 @@ impl Family {
             SlotHeld::Reserved,
             step,
         )?;
-        let outcome = Outcome::Reversed { hold_id: hold_id.clone(), exposure_units };
-        Ok(Family::decided(&cmd.header.event_id, outcome, Some(index), step))
+        let outcome = Outcome::Reversed {
+            hold_id: hold_id.clone(),
+            exposure_units,
+        };
+        Ok(Family::decided(
+            &cmd.header.event_id,
+            outcome,
+            Some(index),
+            step,
+        ))
     }
 }
 

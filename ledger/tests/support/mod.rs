@@ -42,7 +42,10 @@ impl Harness {
     pub fn ctx(&mut self) -> ApplyCtx {
         self.log_index += 1;
         ApplyCtx {
-            log_id: LogPosition { term: 1, index: self.log_index },
+            log_id: LogPosition {
+                term: 1,
+                index: self.log_index,
+            },
             command_position: 0,
             now_ms: self.now_ms,
             params: self.params,
@@ -53,13 +56,17 @@ impl Harness {
         let ctx = self.ctx();
         let result = self.family.apply(&command, &ctx);
         let violations = self.family.invariant_violations();
-        assert!(violations.is_empty(), "invariants broken after {command:?}: {violations:?}");
+        assert!(
+            violations.is_empty(),
+            "invariants broken after {command:?}: {violations:?}"
+        );
         result
     }
 
     pub fn ok(&mut self, command: Command) -> Decision {
         let name = command.name();
-        self.apply(command).unwrap_or_else(|err| panic!("{name} failed: {err}"))
+        self.apply(command)
+            .unwrap_or_else(|err| panic!("{name} failed: {err}"))
     }
 
     pub fn err(&mut self, command: Command) -> LedgerError {
@@ -74,7 +81,11 @@ impl Harness {
     pub fn err_unchanged(&mut self, command: Command) -> LedgerError {
         let before = self.family.digest();
         let err = self.err(command);
-        assert_eq!(before, self.family.digest(), "an error changed state: {err}");
+        assert_eq!(
+            before,
+            self.family.digest(),
+            "an error changed state: {err}"
+        );
         err
     }
 
@@ -91,7 +102,10 @@ impl Harness {
 
     pub fn counts(&self, capability_id: &str, grant_index: u32) -> (u32, u64) {
         let account = self.usage(capability_id, grant_index);
-        (account.invocation_count, account.committed_cost_units().expect("no overflow"))
+        (
+            account.invocation_count,
+            account.committed_cost_units().expect("no overflow"),
+        )
     }
 
     pub fn events(&self) -> Vec<EventRecord> {
@@ -113,7 +127,12 @@ impl Harness {
         self.header_on(CAP, 0, event_id)
     }
 
-    pub fn header_on(&self, capability_id: &str, grant_index: u32, event_id: &str) -> CommandHeader {
+    pub fn header_on(
+        &self,
+        capability_id: &str,
+        grant_index: u32,
+        event_id: &str,
+    ) -> CommandHeader {
         CommandHeader {
             family_id: FamilyId::from("fam"),
             capability_id: CapabilityId::from(capability_id),
@@ -154,28 +173,39 @@ impl Harness {
     pub fn capture(&self, hold_id: &str, attempt_id: &str) -> Command {
         self.on(
             self.header(&format!("{hold_id}:capture")),
-            Operation::CaptureInvocation { hold_id: HoldId::from(hold_id), attempt_id: AttemptId::from(attempt_id) },
+            Operation::CaptureInvocation {
+                hold_id: HoldId::from(hold_id),
+                attempt_id: AttemptId::from(attempt_id),
+            },
         )
     }
 
     pub fn cancel(&self, hold_id: &str) -> Command {
         self.on(
             self.header(&format!("{hold_id}:cancel")),
-            Operation::CancelCapturedBeforeDispatch { hold_id: HoldId::from(hold_id) },
+            Operation::CancelCapturedBeforeDispatch {
+                hold_id: HoldId::from(hold_id),
+            },
         )
     }
 
     pub fn reverse(&self, hold_id: &str, exposure_units: u64) -> Command {
         self.on(
             self.header(&format!("{hold_id}:reverse")),
-            Operation::ReverseHold { hold_id: HoldId::from(hold_id), exposure_units },
+            Operation::ReverseHold {
+                hold_id: HoldId::from(hold_id),
+                exposure_units,
+            },
         )
     }
 
     pub fn release(&self, hold_id: &str, event: &str, units: u64) -> Command {
         self.on(
             self.header(event),
-            Operation::ReleaseHold { hold_id: HoldId::from(hold_id), released_exposure_units: units },
+            Operation::ReleaseHold {
+                hold_id: HoldId::from(hold_id),
+                released_exposure_units: units,
+            },
         )
     }
 
@@ -193,7 +223,10 @@ impl Harness {
     pub fn nonce(&self, event: &str, nonce_id: &str, expires_at_ms: u64) -> Command {
         self.on(
             self.header(event),
-            Operation::ConsumeNonce { nonce_id: NonceId::from(nonce_id), expires_at_ms },
+            Operation::ConsumeNonce {
+                nonce_id: NonceId::from(nonce_id),
+                expires_at_ms,
+            },
         )
     }
 
@@ -205,14 +238,21 @@ impl Harness {
     }
 
     pub fn expire(&self, up_to_ms: u64) -> Command {
-        Command::ExpireHolds { family_id: FamilyId::from("fam"), up_to_ms }
+        Command::ExpireHolds {
+            family_id: FamilyId::from("fam"),
+            up_to_ms,
+        }
     }
 }
 
 pub fn ancestor(capability_id: &str, grant_index: u32, limits: GrantLimits) -> AncestorAccount {
-    AncestorAccount { account: AccountKey::new(capability_id, grant_index), limits }
+    AncestorAccount {
+        account: AccountKey::new(capability_id, grant_index),
+        limits,
+    }
 }
 
 pub fn code(err: &LedgerError) -> PreconditionCode {
-    err.precondition_code().unwrap_or_else(|| panic!("not a precondition failure: {err:?}"))
+    err.precondition_code()
+        .unwrap_or_else(|| panic!("not a precondition failure: {err:?}"))
 }
