@@ -7,15 +7,16 @@
 //!
 //! # Crash contract
 //!
-//! Every write is one redb write transaction committed with [`redb::Durability::Immediate`]:
-//! the commit returns only after redb's fsync, and redb's commit is atomic, so a crash at any
-//! point leaves the file at the last completed commit, never part of one.
+//! Every write is one redb write transaction committed with [`redb::Durability::Immediate`]
+//! (but the committed-id hint, below): the commit returns only after redb's fsync, and redb's
+//! commit is atomic, so a crash at any point leaves the file at the last completed commit,
+//! never part of one.
 //!
 //! | call | durable when |
 //! |------|--------------|
 //! | [`RaftLogStorage::append`] | when the `IOFlushed` callback is called with `Ok` (one transaction, one fsync, for all entries of the call; the callback runs after the commit and before `append` returns) |
 //! | [`RaftLogStorage::save_vote`] | when it returns `Ok` |
-//! | [`RaftLogStorage::save_committed`] | when it returns `Ok` |
+//! | [`RaftLogStorage::save_committed`] | with the next durable write (no fsync of its own: it is only a restart hint, and every entry it names is already durable; losing it makes a restarted node replay less and learn the rest from the leader) |
 //! | [`RaftLogStorage::truncate_after`] | when it returns `Ok` |
 //! | [`RaftLogStorage::purge`] | when it returns `Ok` (entries removed and the purged id recorded in the same transaction) |
 //!

@@ -197,9 +197,14 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C> {
     /// Durable when it returns `Ok` (one fsync per call). After a restart `read_committed`
     /// returns the last value saved, so the state machine replays exactly the entries that
     /// were known committed.
+    /// The committed id is a restart hint (how far to replay before the leader says more),
+    /// so it is written without an fsync of its own: the next append's fsync carries it. A
+    /// crash may lose the latest value; the node then applies a little less at start-up and
+    /// learns the rest from the leader. Every entry it names is already durable in the log.
     async fn save_committed(&mut self, committed: Option<LogIdOf<C>>) -> Result<(), io::Error> {
         let bytes = encode(&committed, || "committed log id".to_string())?;
-        Ok(self.put_record(KEY_COMMITTED, bytes).await?)
+        self.write(move |s| txn::put_hint(s, KEY_COMMITTED, &bytes)).await?;
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogIdOf<C>>, io::Error> {

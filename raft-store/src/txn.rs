@@ -14,9 +14,14 @@ use crate::schema::{KEY_PURGED, LOG, STATE};
 pub(crate) type Encoded = (u64, Vec<u8>);
 
 fn begin(shared: &Shared) -> Result<WriteTransaction, StoreError> {
+    begin_with(shared, Durability::Immediate)
+}
+
+fn begin_with(shared: &Shared, durability: Durability) -> Result<WriteTransaction, StoreError> {
     let mut txn = shared.db.begin_write()?;
-    // The default, stated so that no one weakens it by accident: the crash contract rests on it.
-    txn.set_durability(Durability::Immediate)?;
+    // Immediate is the default, stated so that no one weakens it by accident: the crash
+    // contract rests on it. Only the committed-id hint is written lazily (`put_hint`).
+    txn.set_durability(durability)?;
     Ok(txn)
 }
 
@@ -50,9 +55,20 @@ pub(crate) fn append(shared: &Shared, batch: &[Encoded]) -> Result<(), StoreErro
     Ok(())
 }
 
-/// Writes one record of the state table (vote, committed id).
+/// Writes one record of the state table durably (the vote).
 pub(crate) fn put_record(shared: &Shared, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
-    let txn = begin(shared)?;
+    put_with(shared, key, bytes, Durability::Immediate)
+}
+
+/// Writes a hint record without an fsync of its own (the committed id): redb makes it durable
+/// with the next durable commit, and a crash before that only loses the hint, never a log
+/// entry or a vote.
+pub(crate) fn put_hint(shared: &Shared, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+    put_with(shared, key, bytes, Durability::None)
+}
+
+fn put_with(shared: &Shared, key: &str, bytes: &[u8], durability: Durability) -> Result<(), StoreError> {
+    let txn = begin_with(shared, durability)?;
     {
         let mut state = txn.open_table(STATE)?;
         state.insert(key, bytes)?;

@@ -1,0 +1,176 @@
+//! `tally bench`: a closed-loop load of authorize + capture + reconcile calls over many
+//! families (one of them hot), with a progress line, throughput and latency percentiles.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use hdrhistogram::Histogram;
+use rand::Rng;
+use tally_ledger::{ClientCommand, CommandHeader, GrantLimits, Operation};
+
+use super::output::print_json;
+use crate::{BatchConfig, BatchingClient, Outcome, TallyClient};
+
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Distinct budget families.
+    #[arg(long, default_value_t = 1_000)]
+    pub families: u64,
+    /// Share of calls that go to family 0, the hot one (0.0 to 1.0).
+    #[arg(long, default_value_t = 0.1)]
+    pub hot_share: f64,
+    /// Concurrent callers.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// How long to run.
+    #[arg(long, default_value_t = 10)]
+    pub duration_s: u64,
+    /// Coalesce concurrent calls into Batch requests of up to this many commands (0: unary).
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Suppress the progress line.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// What a bench run measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BenchReport {
+    pub calls: u64,
+    pub commands: u64,
+    pub errors: u64,
+    pub seconds: f64,
+    pub commands_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub batch: usize,
+    pub concurrency: usize,
+}
+
+pub async fn run(client: Arc<TallyClient>, args: BenchArgs, json: bool) -> anyhow::Result<u8> {
+    anyhow::ensure!((0.0..=1.0).contains(&args.hot_share), "--hot-share must be within 0..=1");
+    anyhow::ensure!(args.families > 0 && args.concurrency > 0, "--families and --concurrency must be positive");
+    anyhow::ensure!(args.batch <= tally_api::MAX_BATCH_COMMANDS, "--batch is at most {}", tally_api::MAX_BATCH_COMMANDS);
+    let report = drive(client, &args).await;
+    if json {
+        print_json(&report);
+    } else {
+        println!(
+            "{} calls ({} commands, {} errors) in {:.1} s: {:.0} commands/s; latency per command p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (batch {}, concurrency {})",
+            report.calls, report.commands, report.errors, report.seconds, report.commands_per_s, report.p50_ms,
+            report.p99_ms, report.max_ms, report.batch, report.concurrency
+        );
+    }
+    Ok(if report.commands == 0 { 1 } else { 0 })
+}
+
+/// Runs the load and measures it.
+pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
+    let batching = (args.batch > 0).then(|| {
+        BatchingClient::new(client.clone(), BatchConfig { max_commands: args.batch, ..BatchConfig::default() })
+    });
+    let histogram = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds")));
+    let commands = Arc::new(AtomicU64::new(0));
+    let calls = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let run_id: u64 = rand::rng().random();
+    let deadline = Instant::now() + Duration::from_secs(args.duration_s);
+    let start = Instant::now();
+    let mut workers = Vec::new();
+    for worker in 0..args.concurrency {
+        let (client, batching, histogram) = (client.clone(), batching.clone(), histogram.clone());
+        let (commands, calls, errors, args) = (commands.clone(), calls.clone(), errors.clone(), args.clone());
+        workers.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                let family = if rand::rng().random_bool(args.hot_share) { 0 } else { rand::rng().random_range(0..args.families) };
+                for command in tool_call(run_id, worker, n, family) {
+                    let began = Instant::now();
+                    let outcome = match &batching {
+                        Some(batching) => batching.submit(command).await,
+                        None => client.submit(command).await,
+                    };
+                    let micros = began.elapsed().as_micros() as u64;
+                    if let Ok(mut h) = histogram.lock() {
+                        let _ = h.record(micros.max(1));
+                    }
+                    match outcome {
+                        Outcome::Decided(_) => commands.fetch_add(1, Ordering::Relaxed),
+                        _ => errors.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+                calls.fetch_add(1, Ordering::Relaxed);
+                n += 1;
+            }
+        }));
+    }
+    let progress = {
+        let (commands, quiet) = (commands.clone(), args.quiet);
+        tokio::spawn(async move {
+            while !quiet && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let done = commands.load(Ordering::Relaxed);
+                eprint!("\r{:>5.1} s  {done} commands  {:.0}/s   ", start.elapsed().as_secs_f64(), done as f64 / start.elapsed().as_secs_f64());
+            }
+            if !quiet {
+                eprintln!();
+            }
+        })
+    };
+    for worker in workers {
+        let _ = worker.await;
+    }
+    let _ = progress.await;
+    let seconds = start.elapsed().as_secs_f64();
+    let histogram = histogram.lock().map(|h| h.clone()).unwrap_or_else(|p| p.into_inner().clone());
+    let commands = commands.load(Ordering::Relaxed);
+    BenchReport {
+        calls: calls.load(Ordering::Relaxed),
+        commands,
+        errors: errors.load(Ordering::Relaxed),
+        seconds,
+        commands_per_s: commands as f64 / seconds,
+        p50_ms: histogram.value_at_quantile(0.50) as f64 / 1_000.0,
+        p99_ms: histogram.value_at_quantile(0.99) as f64 / 1_000.0,
+        max_ms: histogram.max() as f64 / 1_000.0,
+        batch: args.batch,
+        concurrency: args.concurrency,
+    }
+}
+
+/// Authorize, capture and reconcile of one call; ids unique to this run, worker and call.
+fn tool_call(run_id: u64, worker: usize, n: u64, family: u64) -> [ClientCommand; 3] {
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let hold = format!("bench-{run_id:x}-{worker}-{n}");
+    let header = |verb: &str| CommandHeader {
+        family_id: format!("bench-family-{family}").into(),
+        capability_id: "bench-cap".into(),
+        grant_index: 0,
+        event_id: format!("{hold}:{verb}").into(),
+        not_after_ms: now_ms + 60_000,
+    };
+    let limits = GrantLimits::monetary(None, Some(100), None, "USD");
+    [
+        ClientCommand {
+            header: header("authorize"),
+            op: Operation::AuthorizeHold {
+                hold_id: hold.as_str().into(),
+                requested_exposure_units: 100,
+                limits,
+                ancestors: vec![],
+                hold_timeout_ms: Some(60_000),
+            },
+        },
+        ClientCommand {
+            header: header("capture"),
+            op: Operation::CaptureInvocation { hold_id: hold.as_str().into(), attempt_id: format!("attempt-{worker}").into() },
+        },
+        ClientCommand {
+            header: header("reconcile"),
+            op: Operation::ReconcileHold { hold_id: hold.as_str().into(), exposed_cost_units: 100, realized_spend_units: 60 },
+        },
+    ]
+}

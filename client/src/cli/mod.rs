@@ -1,0 +1,336 @@
+//! The `tally` operator CLI. Exit codes scripts can rely on: 0 done (a decision, allowed or
+//! denied, or a read); 1 no node answered or a node fault; 2 bad usage; 3 refused or definitely
+//! not applied; 4 outcome unknown (resolve it later with `tally resolve`).
+
+mod bench;
+mod command_args;
+mod output;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use tally_api::pb;
+use tally_ledger::{AccountKey, EventId, EventLookup, FamilyId};
+
+use self::command_args::HoldCommand;
+use self::output::{print_decision_outcome, print_json, Table};
+use crate::{ClientConfig, Outcome, TallyClient};
+
+/// Operate a Tally cluster: status, membership, usage, events, holds, and load.
+#[derive(Debug, Parser)]
+#[command(name = "tally", version, about, long_about = None, after_help = EXIT_CODES)]
+pub struct Cli {
+    /// Cluster endpoints, comma separated; any member will do, the client finds the leader.
+    #[arg(long, global = true, env = "TALLY_ENDPOINTS", value_delimiter = ',',
+          default_value = "127.0.0.1:7401,127.0.0.1:7402,127.0.0.1:7403")]
+    pub endpoints: Vec<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Per-attempt timeout.
+    #[arg(long, global = true, default_value_t = 3_000)]
+    pub timeout_ms: u64,
+    #[command(subcommand)]
+    pub command: TallyCommand,
+}
+
+const EXIT_CODES: &str = "Exit codes: 0 done (decision or read), 1 unreachable or node fault, \
+2 bad usage, 3 refused / definitely not applied, 4 outcome unknown (resolve it).";
+
+#[derive(Debug, Subcommand)]
+pub enum TallyCommand {
+    /// Every node's role, term, leader, log indexes and apply lag.
+    Status,
+    /// Add or remove a cluster member.
+    #[command(subcommand)]
+    Members(MembersCommand),
+    /// Usage rows of a family (or one account with --capability and --grant).
+    Usage(UsageArgs),
+    /// A family's retained events, in commit order.
+    Events(EventsArgs),
+    /// Send one hold or legacy command; the event id defaults to SPEC.md §9's id for it.
+    #[command(subcommand)]
+    Hold(HoldCommand),
+    /// Resolve a command whose acknowledgement was lost: same arguments as `tally hold`.
+    /// Answers the committed decision, or tombstones it so it can never apply.
+    #[command(subcommand)]
+    Resolve(HoldCommand),
+    /// Look an event id up: applied (with its decision), tombstoned, or unknown.
+    GetEvent {
+        #[arg(long)]
+        family: String,
+        #[arg(long)]
+        event_id: String,
+    },
+    /// Drive a load against the cluster and print throughput and latency percentiles.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MembersCommand {
+    /// Add a node: first as a learner (it catches up), then as a voter.
+    Add {
+        #[arg(long)]
+        id: u64,
+        #[arg(long)]
+        address: String,
+        /// Keep it a learner.
+        #[arg(long)]
+        learner: bool,
+    },
+    /// Remove a voter from the membership.
+    Remove {
+        #[arg(long)]
+        id: u64,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct UsageArgs {
+    #[arg(long)]
+    pub family: Option<String>,
+    #[arg(long)]
+    pub capability: Option<String>,
+    #[arg(long, requires = "capability")]
+    pub grant: Option<u32>,
+    #[arg(long, default_value_t = 100)]
+    pub limit: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    #[arg(long)]
+    pub family: String,
+    #[arg(long)]
+    pub capability: Option<String>,
+    #[arg(long)]
+    pub grant: Option<u32>,
+    /// Only events after this budget commit index.
+    #[arg(long)]
+    pub after: Option<u64>,
+    #[arg(long, default_value_t = 100)]
+    pub limit: u32,
+    /// Keep printing new events as they commit (Ctrl-C stops).
+    #[arg(long)]
+    pub follow: bool,
+}
+
+/// Runs a parsed command and returns the process exit code.
+pub async fn run(cli: Cli) -> anyhow::Result<u8> {
+    let mut config = ClientConfig::new(cli.endpoints.clone());
+    config.attempt_timeout = Duration::from_millis(cli.timeout_ms);
+    let client = Arc::new(TallyClient::new(config)?);
+    match cli.command {
+        TallyCommand::Status => status(&client, cli.json).await,
+        TallyCommand::Members(members) => members_command(&client, members).await,
+        TallyCommand::Usage(args) => usage(&client, args, cli.json).await,
+        TallyCommand::Events(args) => events(&client, args, cli.json).await,
+        TallyCommand::Hold(hold) => {
+            let command = hold.into_command()?;
+            Ok(print_decision_outcome(&client.submit(command).await, cli.json))
+        }
+        TallyCommand::Resolve(hold) => {
+            let command = hold.into_command()?;
+            Ok(print_decision_outcome(&client.resolve(command).await, cli.json))
+        }
+        TallyCommand::GetEvent { family, event_id } => {
+            let lookup = client.get_event(&FamilyId::from(family), &EventId::from(event_id)).await?;
+            if cli.json {
+                print_json(&lookup);
+            } else {
+                match &lookup {
+                    EventLookup::Applied { decision, record } => {
+                        print_decision_outcome(&Outcome::Decided(decision.clone()), false);
+                        if record.is_none() {
+                            println!("(full record compacted; the answer above is kept for ever)");
+                        }
+                    }
+                    EventLookup::Tombstoned => println!("tombstoned: it never applied and never will"),
+                    EventLookup::Unknown => println!("unknown: not applied yet; that is NOT a no (resolve it)"),
+                }
+            }
+            Ok(0)
+        }
+        TallyCommand::Bench(args) => bench::run(client, args, cli.json).await,
+    }
+}
+
+async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
+    let mut replies = Vec::new();
+    let mut failures = 0;
+    for endpoint in client.endpoints() {
+        match client.status(&endpoint).await {
+            Ok(reply) => replies.push((endpoint, Some(reply))),
+            Err(error) => {
+                failures += 1;
+                eprintln!("{endpoint}: {error}");
+                replies.push((endpoint, None));
+            }
+        }
+    }
+    let leader_last = replies
+        .iter()
+        .filter_map(|(_, r)| r.as_ref())
+        .find(|r| r.role == pb::NodeRole::Leader as i32)
+        .and_then(|r| r.last_log_index);
+    if json {
+        let rows: Vec<serde_json::Value> = replies
+            .iter()
+            .map(|(endpoint, reply)| match reply {
+                Some(r) => serde_json::json!({
+                    "endpoint": endpoint, "node_id": r.node_id, "role": role_name(r.role), "term": r.term,
+                    "leader_id": r.leader_id, "last_log_index": r.last_log_index, "committed_index": r.committed_index,
+                    "applied_index": r.applied_index, "lag": lag(leader_last, r.applied_index), "healthy": r.healthy,
+                    "cluster_id": r.cluster_id, "clock_offset_ms": r.clock_offset_ms,
+                }),
+                None => serde_json::json!({ "endpoint": endpoint, "error": "unreachable" }),
+            })
+            .collect();
+        print_json(&rows);
+    } else {
+        let mut table = Table::new(&["ENDPOINT", "NODE", "ROLE", "TERM", "LEADER", "LAST LOG", "COMMITTED", "APPLIED", "LAG", "HEALTHY"]);
+        for (endpoint, reply) in &replies {
+            match reply {
+                Some(r) => table.row(vec![
+                    endpoint.clone(),
+                    r.node_id.to_string(),
+                    role_name(r.role).to_owned(),
+                    r.term.to_string(),
+                    opt(r.leader_id),
+                    opt(r.last_log_index),
+                    opt(r.committed_index),
+                    opt(r.applied_index),
+                    opt(lag(leader_last, r.applied_index)),
+                    r.healthy.to_string(),
+                ]),
+                None => table.row(vec![endpoint.clone(), "-".into(), "unreachable".into()]),
+            }
+        }
+        table.print();
+    }
+    Ok(if failures == replies.len() { 1 } else { 0 })
+}
+
+fn lag(leader_last: Option<u64>, applied: Option<u64>) -> Option<u64> {
+    Some(leader_last?.saturating_sub(applied.unwrap_or(0)))
+}
+
+fn opt<T: ToString>(value: Option<T>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+fn role_name(role: i32) -> &'static str {
+    match pb::NodeRole::try_from(role) {
+        Ok(pb::NodeRole::Leader) => "leader",
+        Ok(pb::NodeRole::Follower) => "follower",
+        Ok(pb::NodeRole::Candidate) => "candidate",
+        Ok(pb::NodeRole::Learner) => "learner",
+        Ok(pb::NodeRole::Shutdown) => "shutdown",
+        _ => "unknown",
+    }
+}
+
+async fn members_command(client: &TallyClient, command: MembersCommand) -> anyhow::Result<u8> {
+    let leader = find_leader(client).await?;
+    let mut admin = client.admin_client(&leader)?;
+    let status = client.status(&leader).await?;
+    let mut voters: Vec<u64> = status.members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+    match command {
+        MembersCommand::Add { id, address, learner } => {
+            admin.add_learner(pb::AddLearnerRequest { id, address, blocking: true }).await?;
+            println!("node {id} added as a learner");
+            if !learner {
+                voters.push(id);
+                admin.change_membership(pb::ChangeMembershipRequest { voters: voters.clone(), retain: false }).await?;
+                println!("voters: {voters:?}");
+            }
+        }
+        MembersCommand::Remove { id } => {
+            voters.retain(|v| *v != id);
+            admin.change_membership(pb::ChangeMembershipRequest { voters: voters.clone(), retain: false }).await?;
+            println!("node {id} removed; voters: {voters:?}");
+        }
+    }
+    Ok(0)
+}
+
+async fn find_leader(client: &TallyClient) -> anyhow::Result<String> {
+    for endpoint in client.endpoints() {
+        if let Ok(status) = client.status(&endpoint).await {
+            if !status.leader_address.is_empty() {
+                return Ok(status.leader_address);
+            }
+        }
+    }
+    anyhow::bail!("no node knows a leader")
+}
+
+async fn usage(client: &TallyClient, args: UsageArgs, json: bool) -> anyhow::Result<u8> {
+    let family = args.family.map(FamilyId::from);
+    let rows = match (&family, &args.capability, args.grant) {
+        (Some(family), Some(capability), Some(grant)) => {
+            client.get_usage(family, &AccountKey::new(capability.as_str(), grant)).await?.into_iter().collect()
+        }
+        _ => client.list_usages(family.as_ref(), args.capability.as_deref(), args.limit).await?,
+    };
+    if json {
+        print_json(&rows);
+        return Ok(0);
+    }
+    let mut table = Table::new(&["CAPABILITY", "GRANT", "CALLS", "RESERVED", "CAPTURED", "EXPOSED", "REALIZED", "LIMIT", "UPDATED MS"]);
+    for row in &rows {
+        let a = &row.account;
+        table.row(vec![
+            row.key.capability_id.to_string(),
+            row.key.grant_index.to_string(),
+            a.invocation_count.to_string(),
+            a.reserved_invocations.to_string(),
+            a.captured_invocations.to_string(),
+            a.total_cost_exposed_units.to_string(),
+            a.total_cost_realized_spend_units.to_string(),
+            opt(a.limits.max_total_cost_units),
+            a.updated_at_ms.to_string(),
+        ]);
+    }
+    table.print();
+    Ok(0)
+}
+
+async fn events(client: &TallyClient, args: EventsArgs, json: bool) -> anyhow::Result<u8> {
+    let family = FamilyId::from(args.family.clone());
+    let mut after = args.after;
+    let mut printed_header = false;
+    loop {
+        let events = client.list_events(&family, args.capability.as_deref(), args.grant, after, args.limit).await?;
+        if let Some(last) = events.last() {
+            after = Some(last.commit_index.0);
+        }
+        if json {
+            for event in &events {
+                print_json(event);
+            }
+        } else {
+            let mut table = Table::new(&["COMMIT INDEX", "KIND", "EVENT ID", "HOLD", "ALLOWED", "EXPOSURE", "REALIZED"]);
+            for e in &events {
+                table.row(vec![
+                    e.commit_index.0.to_string(),
+                    e.kind.as_str().to_owned(),
+                    e.event_id.to_string(),
+                    e.hold_id.as_ref().map_or_else(|| "-".to_owned(), ToString::to_string),
+                    e.allowed.to_string(),
+                    e.exposure_units.to_string(),
+                    e.realized_units.to_string(),
+                ]);
+            }
+            if !events.is_empty() || !printed_header {
+                table.print_with_header(!printed_header);
+                printed_header = true;
+            }
+        }
+        if !args.follow {
+            return Ok(0);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

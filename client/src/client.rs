@@ -1,0 +1,233 @@
+//! `TallyClient`: submits commands with SPEC.md §9's lost-acknowledgement discipline. A
+//! definite failure before proposing moves to another node; an indefinite one retries the same
+//! command (same event id, same deadline) on the current leader with jittered backoff; when
+//! retrying runs out, `ResolveEvent` turns "unknown" into the committed answer or a tombstone.
+//! Only when no quorum answers that either is the outcome `Unknown`.
+
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tally_api::pb;
+use tally_api::status::leader_hint;
+use tally_api::RemoteError;
+use tally_ledger::{ClientCommand, Command, Decision, Outcome as LedgerOutcome, Resolution};
+use tonic::Status;
+
+use crate::config::ClientConfig;
+use crate::error::ClientError;
+use crate::nodes::Nodes;
+use crate::outcome::Outcome;
+
+pub struct TallyClient {
+    pub(crate) nodes: Nodes,
+    pub(crate) config: ClientConfig,
+}
+
+/// One attempt's result, classified.
+enum Attempt {
+    Decided(Decision),
+    Refused(tally_ledger::LedgerError),
+    /// Not proposed: safe to try elsewhere.
+    NotProposed {
+        reason: String,
+    },
+    /// Maybe applied.
+    Indefinite {
+        reason: String,
+    },
+}
+
+impl TallyClient {
+    pub fn new(config: ClientConfig) -> Result<Self, ClientError> {
+        let nodes = Nodes::new(config.endpoints.clone(), config.attempt_timeout)?;
+        Ok(Self { nodes, config })
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// Submits one client command and returns what is known of it.
+    pub async fn submit(&self, command: ClientCommand) -> Outcome {
+        let start = Instant::now();
+        let mut indefinite: Option<String> = None;
+        let mut last_reason = String::new();
+        let mut backoff = self.config.backoff_min;
+        while start.elapsed() < self.config.retry_for {
+            match self.attempt(&Command::Apply(command.clone())).await {
+                Attempt::Decided(decision) => return Outcome::Decided(decision),
+                Attempt::Refused(error) => return Outcome::Refused(error),
+                Attempt::NotProposed { reason } => last_reason = reason,
+                Attempt::Indefinite { reason } => indefinite = Some(reason),
+            }
+            backoff = self.pause(backoff).await;
+        }
+        match indefinite {
+            None => Outcome::Unavailable {
+                reason: last_reason,
+            },
+            Some(reason) => self.resolve_after(command, reason).await,
+        }
+    }
+
+    /// `ResolveEvent` for a command whose outcome was lost.
+    pub async fn resolve(&self, command: ClientCommand) -> Outcome {
+        self.resolve_after(command, "resolve requested".to_owned())
+            .await
+    }
+
+    async fn resolve_after(&self, command: ClientCommand, mut reason: String) -> Outcome {
+        let event_id = command.header.event_id.clone();
+        let start = Instant::now();
+        let mut backoff = self.config.backoff_min;
+        let resolve = Command::Resolve(command);
+        while start.elapsed() < self.config.resolve_for {
+            match self.attempt(&resolve).await {
+                Attempt::Decided(decision) => {
+                    return match decision.outcome {
+                        LedgerOutcome::Resolved(Resolution::Applied(original)) => {
+                            Outcome::Decided(*original)
+                        }
+                        LedgerOutcome::Resolved(Resolution::NotApplied) => {
+                            Outcome::NotApplied { event_id }
+                        }
+                        other => Outcome::Unknown {
+                            event_id,
+                            reason: format!("unexpected resolve answer {other:?}"),
+                        },
+                    }
+                }
+                // A refused resolve (a conflict) is definite about the original too.
+                Attempt::Refused(error) => return Outcome::Refused(error),
+                Attempt::NotProposed { reason: why } | Attempt::Indefinite { reason: why } => {
+                    reason = why
+                }
+            }
+            backoff = self.pause(backoff).await;
+        }
+        Outcome::Unknown { event_id, reason }
+    }
+
+    /// Sends `command` once (as a one-command batch) to the believed leader.
+    async fn attempt(&self, command: &Command) -> Attempt {
+        let target = self.nodes.target();
+        let wire = match pb::Command::try_from(command) {
+            Ok(wire) => wire,
+            Err(error) => return Attempt::Refused(error.into()),
+        };
+        let mut client = match self.nodes.budget(&target) {
+            Ok(client) => client,
+            Err(error) => {
+                return Attempt::NotProposed {
+                    reason: error.to_string(),
+                }
+            }
+        };
+        let call = client.batch(pb::BatchRequest {
+            commands: vec![wire],
+        });
+        let reply = match tokio::time::timeout(self.config.attempt_timeout, call).await {
+            Ok(Ok(reply)) => reply.into_inner(),
+            Ok(Err(status)) => return self.classify_status(&target, status),
+            Err(_) => {
+                self.nodes.forget_leader(&target);
+                return Attempt::Indefinite {
+                    reason: format!("{target}: no reply in time"),
+                };
+            }
+        };
+        self.nodes.note_leader(Some(target.clone()));
+        match reply.results.into_iter().next().and_then(|r| r.result) {
+            Some(pb::batch_result::Result::Decision(decision)) => {
+                match Decision::try_from(decision) {
+                    Ok(decision) => Attempt::Decided(decision),
+                    Err(error) => Attempt::Indefinite {
+                        reason: format!("undecodable decision: {error}"),
+                    },
+                }
+            }
+            Some(pb::batch_result::Result::Error(detail)) => {
+                self.classify_remote(&target, RemoteError::try_from(detail).ok())
+            }
+            None => Attempt::Indefinite {
+                reason: "empty batch reply".to_owned(),
+            },
+        }
+    }
+
+    fn classify_status(&self, target: &str, status: Status) -> Attempt {
+        let hint = leader_hint(&status);
+        let remote = RemoteError::from(&status);
+        if let RemoteError::Unavailable { .. } = remote {
+            self.nodes.note_leader(hint);
+        } else if matches!(remote, RemoteError::Transport { .. }) {
+            self.nodes.forget_leader(target);
+            // A connection refused before sending is definite; anything else is not known.
+            if status.code() == tonic::Code::Unavailable && status.message().contains("connect") {
+                return Attempt::NotProposed {
+                    reason: format!("{target}: {}", status.message()),
+                };
+            }
+        }
+        self.classify_remote(target, Some(remote))
+    }
+
+    fn classify_remote(&self, target: &str, remote: Option<RemoteError>) -> Attempt {
+        match remote {
+            Some(RemoteError::Ledger(error)) => Attempt::Refused(error),
+            Some(RemoteError::Unavailable {
+                message,
+                leader_address,
+                ..
+            }) => {
+                self.nodes.note_leader(leader_address);
+                Attempt::NotProposed {
+                    reason: format!("{target}: {message}"),
+                }
+            }
+            Some(other) => {
+                self.nodes.forget_leader(target);
+                Attempt::Indefinite {
+                    reason: format!("{target}: {other}"),
+                }
+            }
+            None => Attempt::Indefinite {
+                reason: format!("{target}: undecodable error detail"),
+            },
+        }
+    }
+
+    /// Sleeps a jittered backoff and returns the next one.
+    async fn pause(&self, backoff: Duration) -> Duration {
+        let jitter = rand::rng().random_range(0.5..1.5);
+        tokio::time::sleep(backoff.mul_f64(jitter)).await;
+        (backoff * 2).min(self.config.backoff_max)
+    }
+
+    /// Calls `read` on the believed leader, then on every other node, until one answers.
+    pub(crate) async fn read<T, F, Fut>(&self, read: F) -> Result<T, ClientError>
+    where
+        F: Fn(tally_api::pb::budget_client::BudgetClient<tonic::transport::Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let mut targets = vec![self.nodes.target()];
+        targets.extend(self.nodes.endpoints());
+        let mut last = String::from("no endpoint");
+        for target in targets {
+            let client = self.nodes.budget(&target)?;
+            match tokio::time::timeout(self.config.attempt_timeout, read(client)).await {
+                Ok(Ok(reply)) => return Ok(reply.into_inner()),
+                Ok(Err(status)) => {
+                    let remote = RemoteError::from(&status);
+                    if let RemoteError::Ledger(_) = remote {
+                        return Err(remote.into());
+                    }
+                    self.nodes.note_leader(leader_hint(&status));
+                    last = format!("{target}: {remote}");
+                }
+                Err(_) => last = format!("{target}: no reply in time"),
+            }
+        }
+        Err(ClientError::Unreachable(last))
+    }
+}

@@ -1,0 +1,53 @@
+//! How a client talks to a cluster: where the nodes are, how long it waits, how it retries
+//! and how it batches.
+
+use std::time::Duration;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientConfig {
+    /// Seed endpoints (`host:port`); the client learns the leader from them.
+    pub endpoints: Vec<String>,
+    /// One attempt's timeout.
+    pub attempt_timeout: Duration,
+    /// How long a command is retried (same event id) before the client resolves it.
+    pub retry_for: Duration,
+    /// How long `ResolveEvent` is tried before the answer is `Unknown`.
+    pub resolve_for: Duration,
+    /// Backoff between attempts: doubles from `backoff_min` up to `backoff_max`, jittered.
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+}
+
+impl ClientConfig {
+    pub fn new(endpoints: Vec<String>) -> Self {
+        Self {
+            endpoints,
+            attempt_timeout: Duration::from_secs(5),
+            retry_for: Duration::from_secs(10),
+            resolve_for: Duration::from_secs(10),
+            backoff_min: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Coalescing of concurrent calls into `Batch` requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchConfig {
+    /// Commands per `Batch` request (at most 4,096).
+    pub max_commands: usize,
+    /// How long the first queued command waits for company.
+    pub linger: Duration,
+    /// Commands waiting in the queue; beyond it callers wait (backpressure).
+    pub max_queued: usize,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        Self {
+            max_commands: 256,
+            linger: Duration::from_millis(1),
+            max_queued: 16_384,
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The Tally cluster client: leader tracking, same-event-id retries, `ResolveEvent` on lost
+//! acknowledgements, automatic batching, typed reads, and SPEC.md §9's deterministic ids.
+
+pub mod batcher;
+pub mod cli;
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod ids;
+pub mod nodes;
+pub mod outcome;
+pub mod reads;
+
+pub use batcher::BatchingClient;
+pub use client::TallyClient;
+pub use config::{BatchConfig, ClientConfig};
+pub use error::ClientError;
+pub use outcome::Outcome;
