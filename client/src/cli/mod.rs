@@ -2,7 +2,7 @@
 //! denied, or a read); 1 no node answered or a node fault; 2 bad usage; 3 refused or definitely
 //! not applied; 4 outcome unknown (resolve it later with `tally resolve`).
 
-mod bench;
+pub mod bench;
 mod command_args;
 mod output;
 

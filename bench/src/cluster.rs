@@ -1,0 +1,106 @@
+//! A real cluster of `tally-node serve` processes on 127.0.0.1, started for one run and
+//! killed (by pid) when dropped, even on failure.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tally_api::pb::admin_client::AdminClient;
+use tally_api::pb::{InitializeRequest, StatusRequest};
+
+pub struct ProcessCluster {
+    children: Vec<Child>,
+    pub endpoints: Vec<String>,
+    pub metrics: Vec<String>,
+}
+
+impl ProcessCluster {
+    /// Starts `nodes` nodes from `binary` with data under `dir`, initializes and waits until
+    /// every node is healthy.
+    pub async fn start(binary: &Path, dir: &Path, nodes: u16, base_port: u16) -> anyhow::Result<Self> {
+        let mut cluster = Self { children: Vec::new(), endpoints: Vec::new(), metrics: Vec::new() };
+        for id in 1..=nodes {
+            let addr = format!("127.0.0.1:{}", base_port + id);
+            let metrics = format!("127.0.0.1:{}", base_port + 100 + id);
+            let data: PathBuf = dir.join(format!("node-{id}"));
+            let child = Command::new(binary)
+                .arg("serve")
+                .env("TALLY_NODE_ID", id.to_string())
+                .env("TALLY_LISTEN_ADDR", &addr)
+                .env("TALLY_METRICS_ADDR", &metrics)
+                .env("TALLY_DATA_DIR", &data)
+                .env("TALLY_CLUSTER_ID", "tally-bench")
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", binary.display()))?;
+            cluster.children.push(child);
+            cluster.endpoints.push(addr);
+            cluster.metrics.push(metrics);
+        }
+        let members: BTreeMap<u64, String> =
+            cluster.endpoints.iter().enumerate().map(|(i, a)| (i as u64 + 1, a.clone())).collect();
+        let mut first = connect_within(&cluster.endpoints[0], Duration::from_secs(15)).await?;
+        first.initialize(InitializeRequest { members }).await?;
+        cluster.wait_healthy(Duration::from_secs(30)).await?;
+        Ok(cluster)
+    }
+
+    async fn wait_healthy(&self, within: Duration) -> anyhow::Result<()> {
+        let start = Instant::now();
+        loop {
+            let mut healthy = 0;
+            for endpoint in &self.endpoints {
+                if let Ok(mut admin) = connect(endpoint).await {
+                    if let Ok(status) = admin.status(StatusRequest {}).await {
+                        healthy += usize::from(status.into_inner().healthy);
+                    }
+                }
+            }
+            if healthy == self.endpoints.len() {
+                return Ok(());
+            }
+            anyhow::ensure!(start.elapsed() < within, "the cluster did not become healthy within {within:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The leader's last log index (entries written so far).
+    pub async fn leader_last_log(&self) -> anyhow::Result<u64> {
+        for endpoint in &self.endpoints {
+            let mut admin = connect(endpoint).await?;
+            let status = admin.status(StatusRequest {}).await?.into_inner();
+            if status.leader_id == Some(status.node_id) {
+                return Ok(status.last_log_index.unwrap_or(0));
+            }
+        }
+        anyhow::bail!("no leader")
+    }
+}
+
+/// Processes take a moment to listen: retry until `within`.
+async fn connect_within(endpoint: &str, within: Duration) -> anyhow::Result<AdminClient<tonic::transport::Channel>> {
+    let start = Instant::now();
+    loop {
+        match connect(endpoint).await {
+            Ok(client) => return Ok(client),
+            Err(error) if start.elapsed() > within => return Err(error),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+async fn connect(endpoint: &str) -> anyhow::Result<AdminClient<tonic::transport::Channel>> {
+    Ok(AdminClient::connect(format!("http://{endpoint}")).await?)
+}
+
+impl Drop for ProcessCluster {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! `tally-bench`: a real 3-node cluster on loopback with fsync on, many clients doing
+//! authorize + capture + reconcile on 1,000 families, unary and `Batch`, reported next to the
+//! single-stream `fdatasync` rate of the same disk (the physical reference).
+//!
+//! Build both binaries, then run: `cargo build --release -p tally-authority -p tally-bench &&
+//! target/release/tally-bench`.
+
+mod cluster;
+mod fsync;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use tally_client::cli::bench::{drive, BenchArgs, BenchReport};
+use tally_client::{ClientConfig, TallyClient};
+
+#[derive(Debug, Parser)]
+#[command(name = "tally-bench", about = "Cluster load benchmark against the disk's fdatasync rate")]
+struct Args {
+    /// The tally-node binary (default: next to this one).
+    #[arg(long)]
+    node_binary: Option<PathBuf>,
+    /// Where the nodes keep their data (default: a temp dir on the disk under test).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Seconds per scenario.
+    #[arg(long, default_value_t = 10)]
+    duration_s: u64,
+    #[arg(long, default_value_t = 1_000)]
+    families: u64,
+    #[arg(long, default_value_t = 27_400)]
+    base_port: u16,
+    /// Write the JSON report here too.
+    #[arg(long)]
+    json_out: Option<PathBuf>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Scenario {
+    name: String,
+    report: BenchReport,
+    log_entries: u64,
+    commands_per_entry: f64,
+    times_fdatasync_rate: f64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let binary = match args.node_binary {
+        Some(binary) => binary,
+        None => std::env::current_exe()?.with_file_name("tally-node"),
+    };
+    anyhow::ensure!(binary.exists(), "{} not found: build it (cargo build --release -p tally-authority)", binary.display());
+    let temp = tempfile::tempdir_in(args.data_dir.clone().unwrap_or_else(std::env::temp_dir))?;
+    let fdatasync = fsync::fdatasync_rate(temp.path(), Duration::from_secs(3))?;
+    println!("disk: {fdatasync:.0} sequential fdatasync/s (512 B appends) in {}", temp.path().display());
+
+    let cluster = cluster::ProcessCluster::start(&binary, temp.path(), 3, args.base_port).await?;
+    println!("cluster: 3 tally-node processes on {}", cluster.endpoints.join(", "));
+    let client = Arc::new(TallyClient::new(ClientConfig::new(cluster.endpoints.clone()))?);
+    let mut scenarios = Vec::new();
+    for (name, batch, concurrency) in [("unary", 0, 64), ("batch 64", 64, 256), ("batch 256", 256, 1_024)] {
+        let before = cluster.leader_last_log().await?;
+        let bench = BenchArgs {
+            families: args.families,
+            hot_share: 0.1,
+            concurrency,
+            duration_s: args.duration_s,
+            batch,
+            quiet: true,
+        };
+        let report = drive(client.clone(), &bench).await;
+        let entries = cluster.leader_last_log().await?.saturating_sub(before).max(1);
+        let scenario = Scenario {
+            name: name.to_owned(),
+            commands_per_entry: report.commands as f64 / entries as f64,
+            times_fdatasync_rate: report.commands_per_s / fdatasync,
+            log_entries: entries,
+            report,
+        };
+        println!(
+            "{:<10} {:>9.0} commands/s  p50 {:>7.2} ms  p99 {:>7.2} ms  {:>6.1} commands/entry  {:>5.1}x fdatasync rate  (concurrency {}, errors {})",
+            scenario.name,
+            scenario.report.commands_per_s,
+            scenario.report.p50_ms,
+            scenario.report.p99_ms,
+            scenario.commands_per_entry,
+            scenario.times_fdatasync_rate,
+            concurrency,
+            scenario.report.errors,
+        );
+        scenarios.push(scenario);
+    }
+    let json = serde_json::json!({ "fdatasync_per_s": fdatasync, "families": args.families, "scenarios": scenarios });
+    if let Some(path) = args.json_out {
+        std::fs::write(&path, serde_json::to_string_pretty(&json)?)?;
+        println!("report written to {}", path.display());
+    }
+    drop(cluster);
+    Ok(())
+}
