@@ -19,7 +19,7 @@ use crate::{ClientConfig, Outcome, TallyClient};
 
 /// Operate a Tally cluster: status, membership, usage, events, holds, and load.
 #[derive(Debug, Parser)]
-#[command(name = "tally", version, about, long_about = None, after_help = EXIT_CODES)]
+#[command(name = "tally", version, after_help = EXIT_CODES)]
 pub struct Cli {
     /// Cluster endpoints, comma separated; any member will do, the client finds the leader.
     #[arg(long, global = true, env = "TALLY_ENDPOINTS", value_delimiter = ',',
@@ -49,7 +49,7 @@ pub enum TallyCommand {
     Usage(UsageArgs),
     /// A family's retained events, in commit order.
     Events(EventsArgs),
-    /// Send one hold or legacy command; the event id defaults to SPEC.md §9's id for it.
+    /// Send one hold command (authorize, capture, cancel, reverse, release, reconcile).
     #[command(subcommand)]
     Hold(HoldCommand),
     /// Resolve a command whose acknowledgement was lost: same arguments as `tally hold`.
@@ -126,14 +126,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
         TallyCommand::Members(members) => members_command(&client, members).await,
         TallyCommand::Usage(args) => usage(&client, args, cli.json).await,
         TallyCommand::Events(args) => events(&client, args, cli.json).await,
-        TallyCommand::Hold(hold) => {
-            let command = hold.into_command()?;
-            Ok(print_decision_outcome(&client.submit(command).await, cli.json))
-        }
-        TallyCommand::Resolve(hold) => {
-            let command = hold.into_command()?;
-            Ok(print_decision_outcome(&client.resolve(command).await, cli.json))
-        }
+        TallyCommand::Hold(hold) => match hold.into_command() {
+            Ok(command) => Ok(print_decision_outcome(&client.submit(command).await, cli.json)),
+            Err(error) => usage_error(error),
+        },
+        TallyCommand::Resolve(hold) => match hold.into_command() {
+            Ok(command) => Ok(print_decision_outcome(&client.resolve(command).await, cli.json)),
+            Err(error) => usage_error(error),
+        },
         TallyCommand::GetEvent { family, event_id } => {
             let lookup = client.get_event(&FamilyId::from(family), &EventId::from(event_id)).await?;
             if cli.json {
@@ -154,6 +154,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
         }
         TallyCommand::Bench(args) => bench::run(client, args, cli.json).await,
     }
+}
+
+/// A command that cannot be built is bad usage (exit 2), like a clap error.
+fn usage_error(error: anyhow::Error) -> anyhow::Result<u8> {
+    eprintln!("tally: {error:#}");
+    Ok(2)
 }
 
 async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {

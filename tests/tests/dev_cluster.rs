@@ -1,0 +1,126 @@
+//! The README's main command as a newcomer types it: `tally-node dev` brings up a 3-node
+//! cluster that a second terminal (`tally`) can call; stopped with SIGTERM and started again on
+//! the same data dir, it is the same cluster with the same state.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use tally_tests::workspace_binary;
+
+struct Dev {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Dev {
+    fn start(data_dir: &std::path::Path, base_port: u16) -> Dev {
+        let binary = workspace_binary("tally-node");
+        assert!(binary.exists(), "{} is built by `cargo nextest run --workspace`", binary.display());
+        let mut child = Command::new(binary)
+            .args(["dev", "--data-dir"])
+            .arg(data_dir)
+            .args(["--base-port", &base_port.to_string()])
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("tally-node dev starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Dev { child, lines }
+    }
+
+    /// Waits (bounded) for a stdout line containing `needle`; returns every line seen.
+    fn wait_for(&self, needle: &str) -> Vec<String> {
+        let mut seen = Vec::new();
+        loop {
+            match self.lines.recv_timeout(Duration::from_secs(60)) {
+                Ok(line) => {
+                    let found = line.contains(needle);
+                    seen.push(line);
+                    if found {
+                        return seen;
+                    }
+                }
+                Err(_) => panic!("no line containing {needle:?} within 60 s; saw {seen:#?}"),
+            }
+        }
+    }
+
+    /// SIGTERM, as the README says, then wait for a clean exit.
+    fn stop(mut self) {
+        let pid = self.child.id() as libc::pid_t;
+        // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
+        let sent = unsafe { libc::kill(pid, libc::SIGTERM) };
+        assert_eq!(sent, 0, "SIGTERM delivered");
+        let status = self.child.wait().expect("dev exits");
+        assert!(status.success(), "dev exits cleanly on SIGTERM: {status}");
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tally(base_port: u16, args: &[&str]) -> (i32, String) {
+    let endpoints = (1..=3).map(|i| format!("127.0.0.1:{}", base_port + i)).collect::<Vec<_>>().join(",");
+    let output = Command::new(workspace_binary("tally"))
+        .arg("--endpoints")
+        .arg(endpoints)
+        .args(args)
+        .output()
+        .expect("tally runs");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    (output.status.code().unwrap_or(-1), text)
+}
+
+const AUTHORIZE: &[&str] = &[
+    "hold", "authorize", "--family", "acme", "--capability", "cap-7", "--hold", "h1", "--units", "100",
+    "--max-cost-per-invocation", "100", "--max-total-cost", "1000", "--currency", "USD",
+];
+
+#[test]
+fn the_dev_cluster_serves_stops_on_sigterm_and_restarts_with_its_state() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let base_port = 31_000 + (std::process::id() % 500) as u16 * 10;
+
+    let dev = Dev::start(dir.path(), base_port);
+    let banner = dev.wait_for("Ctrl-C or SIGTERM stops the cluster");
+    assert!(banner.iter().any(|l| l.contains("initialized a new 3-node cluster")), "{banner:#?}");
+    assert!(banner.iter().any(|l| l.contains("grpcurl")), "an example call is printed");
+
+    let (code, out) = tally(base_port, AUTHORIZE);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("Authorized"), "{out}");
+    let (code, out) = tally(base_port, &["status", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let status: serde_json::Value = serde_json::from_str(&out).expect("JSON status");
+    let leaders = status.as_array().expect("one row per node").iter().filter(|n| n["role"] == "leader").count();
+    assert_eq!(leaders, 1, "{out}");
+    dev.stop();
+
+    let dev = Dev::start(dir.path(), base_port);
+    let banner = dev.wait_for("Ctrl-C or SIGTERM stops the cluster");
+    assert!(banner.iter().any(|l| l.contains("restarting the cluster")), "{banner:#?}");
+    let (code, out) = tally(base_port, &["usage", "--family", "acme", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let usage: serde_json::Value = serde_json::from_str(&out).expect("JSON usage");
+    assert_eq!(usage[0]["account"]["invocation_count"], 1, "the restarted cluster kept its state: {out}");
+    // The same command again is a replay, answered from the stored outcome.
+    let (code, out) = tally(base_port, AUTHORIZE);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("(replayed)"), "{out}");
+    dev.stop();
+}
