@@ -44,3 +44,629 @@ async fn writes_replicate_and_every_replica_reaches_the_same_digest() {
     );
     cluster.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_forwards_writes_and_serves_linearizable_reads() {
+    init_logs();
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.wait_leader().await;
+    let follower = *cluster.nodes.keys().find(|id| **id != leader).unwrap();
+    let mut via_follower = cluster.budget(follower).await;
+    let mut via_leader = cluster.budget(leader).await;
+
+    // A write sent to a follower is forwarded, committed and stamped by the leader.
+    let reply = via_follower
+        .authorize_hold(authorize("fwd", "h1", 40))
+        .await
+        .expect("a follower forwards the write");
+    assert_eq!(
+        tally_api::status::Definiteness::from_metadata(reply.metadata()),
+        Some(tally_api::status::Definiteness::Definite)
+    );
+    let decision = reply.into_inner();
+    assert!(matches!(
+        outcome(&decision),
+        pb::outcome::Outcome::Authorized(a) if a.exposure_units == 40
+    ));
+    let stamp = decision.cluster.clone().expect("stamped");
+    let leader_metrics =
+        tally_authority::raft::types::current_metrics(&cluster.nodes[&leader].raft);
+    assert_eq!(stamp.cluster_id, "tally-test");
+    assert_eq!(stamp.guarantee_level, "raft_linearizable");
+    assert_eq!(
+        stamp.term, leader_metrics.current_term,
+        "stamped in the leader's term"
+    );
+    assert!(stamp.log_index >= 1 && Some(stamp.log_index) <= leader_metrics.last_log_index);
+    let log_id = decision.log_id.expect("the event's log id");
+    assert_eq!(
+        log_id.index, stamp.log_index,
+        "a fresh decision names its own entry"
+    );
+    assert!(
+        cluster.nodes[&follower].metrics.forwarded_writes() >= 1,
+        "the follower counted the forwarded write"
+    );
+    assert_eq!(cluster.nodes[&leader].metrics.forwarded_writes(), 0);
+
+    // Read-your-writes on a follower: every write acknowledged by the leader is visible to a
+    // LINEARIZABLE (default) read on any follower right after.
+    for i in 0..10 {
+        let hold = format!("r{i}");
+        let d = via_leader
+            .authorize_hold(authorize("reads", &hold, 10))
+            .await
+            .expect("authorize on the leader")
+            .into_inner();
+        for id in cluster.nodes.keys().filter(|id| **id != leader) {
+            let mut client = cluster.budget(*id).await;
+            let seen = applied_index(&mut client, "reads", &format!("{hold}:authorize")).await;
+            assert_eq!(
+                seen, d.budget_commit_index,
+                "follower {id} must see write {i} right after its acknowledgement"
+            );
+            let usage = client
+                .get_usage(pb::GetUsageRequest {
+                    family_id: "reads".to_owned(),
+                    account: Some(pb::AccountKey {
+                        capability_id: "cap".to_owned(),
+                        grant_index: 0,
+                    }),
+                    consistency: 0,
+                })
+                .await
+                .expect("get_usage")
+                .into_inner();
+            let account = usage.usage.and_then(|u| u.account).expect("a usage row");
+            assert_eq!(account.total_cost_exposed_units, 10 * (i + 1));
+            assert_eq!(account.seq, d.budget_commit_index.unwrap());
+        }
+    }
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_the_documented_status_and_changes_nothing() {
+    init_logs();
+    let cluster = TestCluster::start_with(3, |c| c.max_batch_commands = 64).await;
+    let leader = cluster.wait_leader().await;
+    let mut client = cluster.budget(leader).await;
+    client
+        .authorize_hold(authorize("bad", "h1", 30))
+        .await
+        .expect("setup authorize");
+    let before = cluster.family_state("bad").await;
+    assert!(before.values().all(|s| s == &before[&leader]), "{before:?}");
+
+    let check = |name: &str,
+                 result: Result<tonic::Response<pb::Decision>, tonic::Status>,
+                 code: tonic::Code,
+                 kind: pb::ErrorKind|
+     -> pb::ErrorDetail {
+        let status = match result {
+            Ok(reply) => panic!("{name}: expected {code:?}, got {:?}", reply.into_inner()),
+            Err(status) => status,
+        };
+        assert_eq!(status.code(), code, "{name}: {status:?}");
+        assert_eq!(
+            definiteness(&status),
+            Some(tally_api::status::Definiteness::Definite),
+            "{name}: definite trailer"
+        );
+        let detail = detail(&status);
+        assert_eq!(detail.kind, kind as i32, "{name}: {detail:?}");
+        println!("{name}: {code:?} {detail:?}");
+        detail
+    };
+
+    let mut no_header = authorize("bad", "h2", 10);
+    no_header.header = None;
+    let d = check(
+        "missing header",
+        client.authorize_hold(no_header).await,
+        tonic::Code::InvalidArgument,
+        pb::ErrorKind::InvalidArgument,
+    );
+    assert!(d.field.contains("header"), "{d:?}");
+
+    let mut no_limits = authorize("bad", "h2", 10);
+    no_limits.limits = None;
+    let d = check(
+        "missing limits",
+        client.authorize_hold(no_limits).await,
+        tonic::Code::InvalidArgument,
+        pb::ErrorKind::InvalidArgument,
+    );
+    assert!(d.field.contains("limits"), "{d:?}");
+
+    let long = "x".repeat(513);
+    check(
+        "oversized hold id",
+        client.authorize_hold(authorize("bad", &long, 10)).await,
+        tonic::Code::InvalidArgument,
+        pb::ErrorKind::InvalidArgument,
+    );
+    let mut long_event = authorize("bad", "h3", 10);
+    long_event.header.as_mut().unwrap().event_id = long.clone();
+    check(
+        "oversized event id",
+        client.authorize_hold(long_event).await,
+        tonic::Code::InvalidArgument,
+        pb::ErrorKind::InvalidArgument,
+    );
+    check(
+        "oversized family id",
+        client.authorize_hold(authorize(&long, "h3", 10)).await,
+        tonic::Code::InvalidArgument,
+        pb::ErrorKind::InvalidArgument,
+    );
+
+    let d = check(
+        "unknown hold",
+        client.capture_invocation(capture("bad", "nope", "a")).await,
+        tonic::Code::FailedPrecondition,
+        pb::ErrorKind::FailedPrecondition,
+    );
+    assert_eq!(d.reason, "unknown_hold");
+    assert_eq!(d.event_id, "nope:capture", "the detail names the event id");
+
+    let release = pb::ReleaseHoldRequest {
+        header: Some(header("bad", "h1:release")),
+        hold_id: "h1".to_owned(),
+        released_exposure_units: 0,
+    };
+    check(
+        "zero release",
+        client.release_hold(release).await,
+        tonic::Code::InvalidArgument,
+        pb::ErrorKind::InvalidArgument,
+    );
+
+    let mut other = authorize("bad", "h1", 31);
+    other.limits.as_mut().unwrap().max_invocations = Some(7);
+    let d = check(
+        "same event id, another command",
+        client.authorize_hold(other).await,
+        tonic::Code::AlreadyExists,
+        pb::ErrorKind::Conflict,
+    );
+    assert!(
+        d.differing_fields
+            .iter()
+            .any(|f| f.contains("requested_exposure_units"))
+            && d.differing_fields.iter().any(|f| f.contains("limits")),
+        "the conflict names every differing field: {:?}",
+        d.differing_fields
+    );
+
+    let mut from_cluster = authorize("bad", "h4", 10);
+    from_cluster.header.as_mut().unwrap().event_id = "auto:mine".to_owned();
+    check(
+        "reserved event id",
+        client.authorize_hold(from_cluster).await,
+        tonic::Code::InvalidArgument,
+        pb::ErrorKind::InvalidArgument,
+    );
+
+    // Unknown enum values (the read consistency) are refused, definite.
+    let status = client
+        .get_event(pb::GetEventRequest {
+            family_id: "bad".to_owned(),
+            event_id: "h1:authorize".to_owned(),
+            consistency: 99,
+        })
+        .await
+        .expect_err("an unknown consistency is refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert_eq!(detail(&status).kind, pb::ErrorKind::InvalidArgument as i32);
+    assert_eq!(
+        definiteness(&status),
+        Some(tally_api::status::Definiteness::Definite)
+    );
+
+    // A batch over max_batch_commands is refused whole.
+    let commands = (0..65)
+        .map(|i| pb::Command {
+            command: Some(pb::command::Command::AuthorizeHold(authorize(
+                "bad",
+                &format!("b{i}"),
+                1,
+            ))),
+        })
+        .collect();
+    let status = client
+        .batch(pb::BatchRequest { commands })
+        .await
+        .expect_err("65 commands exceed max_batch_commands = 64");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert_eq!(
+        definiteness(&status),
+        Some(tally_api::status::Definiteness::Definite)
+    );
+    assert_eq!(detail(&status).kind, pb::ErrorKind::InvalidArgument as i32);
+
+    let after = cluster.family_state("bad").await;
+    assert_eq!(before, after, "refused input changed the state");
+    assert_converged(&cluster.converged_digests().await);
+    match get_event(&mut client, "bad", "h2:authorize").await {
+        pb::event_lookup::Lookup::Unknown(_) => {}
+        other => panic!("a refused command left a trace: {other:?}"),
+    }
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_expire_on_cluster_time_without_a_client_command() {
+    init_logs();
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.wait_leader().await;
+    let mut client = cluster.budget(leader).await;
+    let mut request = authorize("exp", "h1", 25);
+    request.hold_timeout_ms = Some(300);
+    let d = client
+        .authorize_hold(request)
+        .await
+        .expect("authorize")
+        .into_inner();
+    assert!(matches!(outcome(&d), pb::outcome::Outcome::Authorized(_)));
+
+    let started = std::time::Instant::now();
+    let hold = loop {
+        let reply = client
+            .get_hold(pb::GetHoldRequest {
+                family_id: "exp".to_owned(),
+                hold_id: "h1".to_owned(),
+                consistency: 0,
+            })
+            .await
+            .expect("get_hold")
+            .into_inner();
+        let hold = match reply.hold.and_then(|v| v.view) {
+            Some(pb::hold_view::View::Live(hold)) => hold,
+            other => panic!("the hold is live until archived: {other:?}"),
+        };
+        if hold.invocation_state == pb::InvocationState::Reversed as i32 {
+            break hold;
+        }
+        assert!(
+            started.elapsed() < LIVENESS,
+            "the hold did not expire within {LIVENESS:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    println!(
+        "hold expired {} ms after authorize",
+        started.elapsed().as_millis()
+    );
+    assert_eq!(hold.monetary_state, pb::MonetaryState::Reversed as i32);
+    assert_eq!(hold.remaining_exposure_units, 0);
+    assert_eq!(hold.reversed_units, 25);
+    let terminal = hold.terminal.expect("a terminal transition");
+    assert!(terminal.event_id.starts_with("auto:"), "{terminal:?}");
+
+    let events = client
+        .list_events(pb::ListEventsRequest {
+            family_id: "exp".to_owned(),
+            capability_id: None,
+            grant_index: None,
+            after_commit_index: None,
+            limit: 0,
+            consistency: 0,
+        })
+        .await
+        .expect("list_events")
+        .into_inner()
+        .events;
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds.first(), Some(&"reserve_invocation"), "{kinds:?}");
+    let expiry = events
+        .iter()
+        .find(|e| e.kind == "expire_hold")
+        .unwrap_or_else(|| panic!("an expire_hold event: {kinds:?}"));
+    assert_eq!(expiry.hold_id.as_deref(), Some("h1"));
+    assert_eq!(expiry.event_id, terminal.event_id);
+    let usage = client
+        .get_usage(pb::GetUsageRequest {
+            family_id: "exp".to_owned(),
+            account: Some(pb::AccountKey {
+                capability_id: "cap".to_owned(),
+                grant_index: 0,
+            }),
+            consistency: 0,
+        })
+        .await
+        .expect("get_usage")
+        .into_inner()
+        .usage
+        .and_then(|u| u.account)
+        .expect("a row");
+    assert_eq!(usage.invocation_count, 0, "expiry gave the slot back");
+    assert_eq!(usage.total_cost_exposed_units, 0, "and the exposure");
+    assert_converged(&cluster.converged_digests().await);
+    cluster.shutdown().await;
+}
+
+fn limited(max_invocations: u32) -> pb::GrantLimits {
+    pb::GrantLimits {
+        max_invocations: Some(max_invocations),
+        ..limits()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_answers_each_command_in_order_like_unary_calls() {
+    init_logs();
+    let cluster = TestCluster::start_with(3, |c| c.max_batch_commands = 64).await;
+    let leader = cluster.wait_leader().await;
+    let mut client = cluster.budget(leader).await;
+
+    // Mixed valid and invalid: one result per command, in request order.
+    let mut no_limits = authorize("mix", "m2", 10);
+    no_limits.limits = None;
+    let long = "y".repeat(600);
+    let commands: Vec<pb::command::Command> = vec![
+        pb::command::Command::AuthorizeHold(authorize("mix", "m1", 10)),
+        pb::command::Command::AuthorizeHold(no_limits),
+        pb::command::Command::CaptureInvocation(capture("mix", "m1", "att")),
+        pb::command::Command::CaptureInvocation(capture("mix", "ghost", "att")),
+        pb::command::Command::AuthorizeHold(authorize("mix", &long, 10)),
+        pb::command::Command::ReconcileHold(reconcile("mix", "m1", 10, 4)),
+    ];
+    let reply = client
+        .batch(pb::BatchRequest {
+            commands: commands
+                .into_iter()
+                .map(|c| pb::Command { command: Some(c) })
+                .collect(),
+        })
+        .await
+        .expect("a batch with bad commands still answers")
+        .into_inner();
+    assert_eq!(reply.results.len(), 6);
+    use pb::batch_result::Result as R;
+    let results: Vec<&R> = reply
+        .results
+        .iter()
+        .map(|r| r.result.as_ref().expect("a result"))
+        .collect();
+    let decision = |r: &R| match r {
+        R::Decision(d) => outcome(d).clone(),
+        R::Error(e) => panic!("expected a decision, got {e:?}"),
+    };
+    let error = |r: &R| match r {
+        R::Error(e) => e.clone(),
+        R::Decision(d) => panic!("expected an error, got {d:?}"),
+    };
+    assert!(matches!(
+        decision(results[0]),
+        pb::outcome::Outcome::Authorized(_)
+    ));
+    assert_eq!(
+        error(results[1]).kind,
+        pb::ErrorKind::InvalidArgument as i32
+    );
+    assert!(matches!(
+        decision(results[2]),
+        pb::outcome::Outcome::Captured(_)
+    ));
+    let ghost = error(results[3]);
+    assert_eq!(ghost.kind, pb::ErrorKind::FailedPrecondition as i32);
+    assert_eq!(ghost.reason, "unknown_hold");
+    assert_eq!(ghost.event_id, "ghost:capture");
+    assert_eq!(
+        error(results[4]).kind,
+        pb::ErrorKind::InvalidArgument as i32
+    );
+    assert!(matches!(
+        decision(results[5]),
+        pb::outcome::Outcome::Reconciled(r) if r.realized_units == 4 && r.unspent_units == 6
+    ));
+    // The valid ones share one entry, in order.
+    let indexes: Vec<u64> = [0, 2, 5]
+        .iter()
+        .map(|i| match results[*i] {
+            R::Decision(d) => d.budget_commit_index.expect("an index"),
+            R::Error(_) => unreachable!(),
+        })
+        .collect();
+    assert!(indexes.windows(2).all(|w| w[0] < w[1]), "{indexes:?}");
+    assert!(
+        indexes.iter().all(|i| i >> 20 == indexes[0] >> 20),
+        "one log entry"
+    );
+
+    // 64 commands in one batch decide exactly like 64 unary calls on a twin family: with
+    // max_invocations 40, holds 40..63 are denied; some holds are captured in the same batch.
+    let twin = |family: &str| -> Vec<pb::command::Command> {
+        (0..64)
+            .map(|i| {
+                if i % 8 == 7 {
+                    pb::command::Command::CaptureInvocation(capture(
+                        family,
+                        &format!("t{}", i - 1),
+                        "att",
+                    ))
+                } else {
+                    let mut a = authorize(family, &format!("t{i}"), 5 + i as u64);
+                    a.limits = Some(limited(40));
+                    pb::command::Command::AuthorizeHold(a)
+                }
+            })
+            .collect()
+    };
+    let batched = client
+        .batch(pb::BatchRequest {
+            commands: twin("twin-a")
+                .into_iter()
+                .map(|c| pb::Command { command: Some(c) })
+                .collect(),
+        })
+        .await
+        .expect("batch of 64")
+        .into_inner()
+        .results;
+    assert_eq!(batched.len(), 64);
+    let mut unary = Vec::new();
+    for command in twin("twin-b") {
+        unary.push(Answer::of(&send(&mut client, command).await));
+    }
+    let mut denied = 0;
+    for (i, (b, u)) in batched.iter().zip(&unary).enumerate() {
+        let b = match b.result.as_ref().expect("a result") {
+            R::Decision(d) => Answer::Decision(outcome(d).clone(), None),
+            R::Error(e) => Answer::Error(
+                tally_api::status::grpc_code(
+                    pb::ErrorKind::try_from(e.kind).expect("a known kind"),
+                ),
+                e.reason.clone(),
+            ),
+        };
+        let u = match u {
+            Answer::Decision(outcome, _) => Answer::Decision(outcome.clone(), None),
+            error => error.clone(),
+        };
+        assert_eq!(b, u, "command {i}: batch vs unary");
+        if matches!(b, Answer::Decision(pb::outcome::Outcome::Denied(_), _)) {
+            denied += 1;
+        }
+    }
+    assert!(denied > 0, "the twin runs reached the invocation limit");
+    let usage = |family: &'static str| {
+        let mut client = client.clone();
+        async move {
+            client
+                .get_usage(pb::GetUsageRequest {
+                    family_id: family.to_owned(),
+                    account: Some(pb::AccountKey {
+                        capability_id: "cap".to_owned(),
+                        grant_index: 0,
+                    }),
+                    consistency: 0,
+                })
+                .await
+                .expect("get_usage")
+                .into_inner()
+                .usage
+                .and_then(|u| u.account)
+                .expect("a row")
+        }
+    };
+    let (a, b) = (usage("twin-a").await, usage("twin-b").await);
+    assert_eq!(a.invocation_count, 40);
+    assert_eq!(
+        (
+            a.invocation_count,
+            a.reserved_invocations,
+            a.captured_invocations,
+            a.total_cost_exposed_units
+        ),
+        (
+            b.invocation_count,
+            b.reserved_invocations,
+            b.captured_invocations,
+            b.total_cost_exposed_units
+        ),
+    );
+    assert_converged(&cluster.converged_digests().await);
+    cluster.shutdown().await;
+}
+
+/// Reads `/metrics` over a plain HTTP/1.1 request.
+async fn scrape(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("request");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.expect("response");
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    text
+}
+
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|line| {
+            let (key, value) = line.rsplit_once(' ')?;
+            (key == name).then(|| value.parse().expect("a number"))
+        })
+        .unwrap_or_else(|| panic!("{name} missing from:\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_served_and_move_with_writes() {
+    init_logs();
+    let cluster = TestCluster::start_with(3, |c| {
+        c.metrics_addr = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+    })
+    .await;
+    let leader = cluster.wait_leader().await;
+    let follower = *cluster.nodes.keys().find(|id| **id != leader).unwrap();
+    let leader_addr = cluster.nodes[&leader].metrics_local_addr.expect("bound");
+    let follower_addr = cluster.nodes[&follower].metrics_local_addr.expect("bound");
+    let before = scrape(leader_addr).await;
+    let commits_before = sample(&before, "tally_commit_latency_seconds_count");
+
+    let mut client = cluster.budget(follower).await;
+    for i in 0..3 {
+        let mut a = authorize("met", &format!("h{i}"), 10);
+        a.limits = Some(limited(2));
+        let d = client
+            .authorize_hold(a)
+            .await
+            .expect("authorize")
+            .into_inner();
+        assert_eq!(
+            matches!(outcome(&d), pb::outcome::Outcome::Denied(_)),
+            i == 2,
+            "the third hold is over max_invocations = 2"
+        );
+    }
+    let on_leader = scrape(leader_addr).await;
+    let on_follower = scrape(follower_addr).await;
+    println!("{on_leader}");
+    assert!(sample(&on_leader, "tally_commit_latency_seconds_count") >= commits_before + 3.0);
+    assert!(
+        sample(
+            &on_leader,
+            "tally_commit_latency_seconds_bucket{le=\"+Inf\"}"
+        ) >= 3.0
+    );
+    assert!(sample(&on_leader, "tally_commit_latency_seconds_sum") > 0.0);
+    assert_eq!(
+        sample(
+            &on_leader,
+            "tally_denials_total{reason=\"invocation_limit\"}"
+        ),
+        1.0
+    );
+    assert_eq!(sample(&on_follower, "tally_forwarded_writes_total"), 3.0);
+    assert_eq!(sample(&on_leader, "tally_forwarded_writes_total"), 0.0);
+    assert!(sample(&on_leader, "tally_raft_log_entries_per_fsync") > 0.0);
+    assert!(sample(&on_follower, "tally_raft_log_entries_total") >= 3.0);
+    assert!(sample(&on_leader, "tally_family_actors{state=\"live\"}") >= 1.0);
+    assert_eq!(
+        sample(&on_leader, "tally_family_actors{state=\"passivated\"}"),
+        0.0
+    );
+    assert!(sample(&on_leader, "tally_leader_changes_total") >= 1.0);
+    assert!(sample(&on_follower, "tally_leader_changes_total") >= 1.0);
+    assert_eq!(sample(&on_leader, "tally_raft_is_leader"), 1.0);
+    assert!(sample(&on_leader, "tally_apply_lag_entries") >= 0.0);
+    // Anything but GET /metrics is a 404.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(leader_addr)
+            .await
+            .expect("connect");
+        stream
+            .write_all(b"GET /nope HTTP/1.1\r\n\r\n")
+            .await
+            .expect("request");
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await.expect("response");
+        assert!(text.starts_with("HTTP/1.1 404"), "{text}");
+    }
+    cluster.shutdown().await;
+}

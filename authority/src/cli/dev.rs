@@ -36,6 +36,10 @@ pub fn node_config(args: &DevArgs, id: u64) -> NodeConfig {
     NodeConfig {
         node_id: id,
         listen_addr: SocketAddr::from(([127, 0, 0, 1], args.base_port + id as u16)),
+        metrics_addr: args
+            .base_port
+            .checked_add(100 + id as u16)
+            .map(|port| SocketAddr::from(([127, 0, 0, 1], port))),
         data_dir: args.data_dir.join(format!("node-{id}")),
         cluster_id: "tally-dev".to_owned(),
         log_format: LogFormat::Pretty,
@@ -96,7 +100,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         started.elapsed().as_millis()
     );
     for node in &nodes {
-        println!("  node {}: {}", node.config.node_id, node.local_addr);
+        match node.metrics_local_addr {
+            Some(metrics) => println!(
+                "  node {}: {} (metrics: http://{metrics}/metrics)",
+                node.config.node_id, node.local_addr
+            ),
+            None => println!("  node {}: {}", node.config.node_id, node.local_addr),
+        }
     }
     let first = nodes[0].local_addr;
     println!(

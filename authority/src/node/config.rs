@@ -150,6 +150,8 @@ impl NodeConfig {
 }
 
 #[cfg(test)]
+// figment's `Jail::expect_with` fixes the closure's error type.
+#[allow(clippy::result_large_err)]
 mod tests {
     use super::*;
 

@@ -5,12 +5,14 @@ pub mod clock;
 pub mod config;
 pub mod expiry;
 pub mod health;
+pub mod metrics;
 pub mod proposer;
 pub mod write_error;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use openraft::{Config, SnapshotPolicy};
 use tally_api::pb::admin_server::AdminServer;
 use tally_api::pb::budget_server::BudgetServer;
@@ -24,6 +26,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 
 use self::config::NodeConfig;
 use self::health::Health;
+use self::metrics::NodeMetrics;
 use self::proposer::Proposer;
 use crate::raft::faults::NetworkFaults;
 use crate::raft::network::NetworkFactory;
@@ -61,6 +64,10 @@ pub struct NodeHandle {
     pub health: Arc<Health>,
     pub faults: Arc<NetworkFaults>,
     pub store_metrics: Arc<StoreMetrics>,
+    /// Counters of the write path, exported on `/metrics`.
+    pub metrics: Arc<NodeMetrics>,
+    /// The address `/metrics` is bound to, when `metrics_addr` is set (useful with port 0).
+    pub metrics_local_addr: Option<std::net::SocketAddr>,
     pub applied: watch::Receiver<Option<LogId>>,
     /// The address the gRPC server is bound to (useful with port 0).
     pub local_addr: std::net::SocketAddr,
@@ -97,7 +104,9 @@ pub async fn start(
         election_timeout_min: config.election_timeout_min_ms,
         election_timeout_max: config.election_timeout_max_ms,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every_entries),
-        max_in_snapshot_log_to_keep: 1_000,
+        // Keep at most one snapshot interval of log behind a snapshot, so a small interval
+        // also purges (a lagging or new node then catches up by snapshot).
+        max_in_snapshot_log_to_keep: config.snapshot_every_entries.min(1_000),
         ..Config::default()
     }
     .validate()
@@ -114,7 +123,13 @@ pub async fn start(
     .map_err(|e| NodeError::Raft(e.to_string()))?;
 
     let timeout = Duration::from_millis(config.propose_timeout_ms);
-    let proposer = Arc::new(Proposer::new(raft.clone(), config.node_id, timeout));
+    let metrics = Arc::new(NodeMetrics::default());
+    let proposer = Arc::new(Proposer::new(
+        raft.clone(),
+        config.node_id,
+        timeout,
+        metrics.clone(),
+    ));
     let reads = Arc::new(ReadGate::new(
         raft.clone(),
         proposer.clone(),
@@ -134,6 +149,20 @@ pub async fn start(
         addr: config.listen_addr.to_string(),
         source,
     })?;
+    let metrics_listener = match config.metrics_addr {
+        Some(addr) => Some(
+            metrics::bind(addr)
+                .await
+                .map_err(|source| NodeError::Listen {
+                    addr: addr.to_string(),
+                    source,
+                })?,
+        ),
+        None => None,
+    };
+    let metrics_local_addr = metrics_listener
+        .as_ref()
+        .and_then(|listener| listener.local_addr().ok());
     if config.advertise_addr.is_none() {
         // With port 0 only the bound address is reachable.
         config.advertise_addr = Some(local_addr.to_string());
@@ -169,6 +198,17 @@ pub async fn start(
         .build_v1()
         .map_err(|e| NodeError::Config(format!("reflection: {e}")))?;
 
+    // Accepted sockets need TCP_NODELAY set here (tonic only sets it on listeners it binds
+    // itself): without it a reply's header, body and trailer frames meet Nagle's algorithm
+    // and the peer's delayed ACK, adding ~40 ms to every rpc.
+    let incoming = TcpListenerStream::new(listener).map(|stream| {
+        if let Ok(stream) = &stream {
+            if let Err(error) = stream.set_nodelay(true) {
+                tracing::debug!(%error, "could not set TCP_NODELAY");
+            }
+        }
+        stream
+    });
     let mut server_shutdown = shutdown_rx.clone();
     let server = tokio::spawn(
         tonic::transport::Server::builder()
@@ -177,12 +217,31 @@ pub async fn start(
             .add_service(raft_rpc)
             .add_service(health_service)
             .add_service(reflection)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+            .serve_with_incoming_shutdown(incoming, async move {
                 let _ = server_shutdown.changed().await;
             }),
     );
 
     let mut tasks = Vec::new();
+    if let Some(listener) = metrics_listener {
+        let sources = metrics::Sources {
+            node_id: config.node_id,
+            metrics: metrics.clone(),
+            raft: raft.clone(),
+            store: store_metrics.clone(),
+            router: router.clone(),
+        };
+        tasks.push(tokio::spawn(metrics::serve(
+            listener,
+            sources,
+            shutdown_rx.clone(),
+        )));
+    }
+    tasks.push(tokio::spawn(metrics::watch_leader(
+        raft.clone(),
+        metrics.clone(),
+        shutdown_rx.clone(),
+    )));
     tasks.push(tokio::spawn(expiry::run(
         raft.clone(),
         router.clone(),
@@ -213,6 +272,8 @@ pub async fn start(
         health,
         faults,
         store_metrics,
+        metrics,
+        metrics_local_addr,
         applied,
         local_addr,
         shutdown_tx,

@@ -3,8 +3,8 @@
 //! committed by a quorum and applied (SPEC.md §6).
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use openraft::errors::{ClientWriteError, RaftError};
 use openraft::ServerState;
@@ -16,6 +16,7 @@ use tally_ledger::{ClusterParams, Command, Decision, LedgerError};
 use tonic::transport::{Channel, Endpoint};
 
 use super::clock::wall_clock_ms;
+use super::metrics::NodeMetrics;
 use super::write_error::WriteError;
 use crate::raft::types::{NodeId, Proposal, ProposalReply, Raft};
 
@@ -24,20 +25,34 @@ pub type CommandResults = Vec<Result<Decision, LedgerError>>;
 /// Forwarded writes carry domain commands as versioned rmp-serde, like Raft messages.
 pub type ForwardReply = Result<ProposalReply, WriteError>;
 
+fn check_count(commands: &[Command]) -> Result<(), WriteError> {
+    if commands.is_empty() || commands.len() > MAX_COMMANDS_PER_ENTRY {
+        return Err(WriteError::Invalid {
+            reason: format!(
+                "{} commands, 1..={MAX_COMMANDS_PER_ENTRY} per batch",
+                commands.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
 pub struct Proposer {
     raft: Raft,
     node_id: NodeId,
     timeout: Duration,
     peers: Mutex<BTreeMap<String, RaftClient<Channel>>>,
+    metrics: Arc<NodeMetrics>,
 }
 
 impl Proposer {
-    pub fn new(raft: Raft, node_id: NodeId, timeout: Duration) -> Self {
+    pub fn new(raft: Raft, node_id: NodeId, timeout: Duration, metrics: Arc<NodeMetrics>) -> Self {
         Self {
             raft,
             node_id,
             timeout,
             peers: Mutex::new(BTreeMap::new()),
+            metrics,
         }
     }
 
@@ -61,27 +76,34 @@ impl Proposer {
 
     /// Proposes `commands` as one log entry here if this node leads, else forwards them.
     pub async fn propose(&self, commands: Vec<Command>) -> Result<ProposalReply, WriteError> {
-        if commands.is_empty() || commands.len() > MAX_COMMANDS_PER_ENTRY {
-            return Err(WriteError::Invalid {
-                reason: format!(
-                    "{} commands, 1..={MAX_COMMANDS_PER_ENTRY} per batch",
-                    commands.len()
-                ),
+        if self.is_leader() {
+            return self.propose_here(commands).await;
+        }
+        check_count(&commands)?;
+        self.forward(commands).await
+    }
+
+    /// Proposes `commands` on this node only, never forwarding (a forwarded write must not
+    /// hop twice): if this node no longer leads, nothing is proposed and the caller learns
+    /// who does.
+    pub async fn propose_here(&self, commands: Vec<Command>) -> Result<ProposalReply, WriteError> {
+        check_count(&commands)?;
+        if !self.is_leader() {
+            return Err(WriteError::Unavailable {
+                leader: self.leader(),
+                reason: "this node no longer leads".to_owned(),
             });
         }
-        if self.is_leader() {
-            let count = commands.len();
-            let reply = self
-                .write_local(Proposal::commands(wall_clock_ms(), commands))
-                .await?;
-            assert_eq!(
-                reply.results.len(),
-                count,
-                "one result per proposed command"
-            );
-            return Ok(reply);
-        }
-        self.forward(commands).await
+        let count = commands.len();
+        let reply = self
+            .write_local(Proposal::commands(wall_clock_ms(), commands))
+            .await?;
+        assert_eq!(
+            reply.results.len(),
+            count,
+            "one result per proposed command"
+        );
+        Ok(reply)
     }
 
     /// Proposes a parameter change (leader only; the admin service forwards nothing).
@@ -100,8 +122,16 @@ impl Proposer {
     /// may have been appended before leadership was lost (openraft reports a discarded entry
     /// as `ForwardToLeader`, which is why that is `Unknown` here, never `Unavailable`).
     async fn write_local(&self, proposal: Proposal) -> Result<ProposalReply, WriteError> {
+        let started = Instant::now();
         match tokio::time::timeout(self.timeout, self.raft.client_write(proposal)).await {
-            Ok(Ok(response)) => Ok(response.data),
+            Ok(Ok(response)) => {
+                self.metrics.observe_commit(started.elapsed());
+                for decision in response.data.results.iter().flatten() {
+                    self.metrics
+                        .observe_decision(&decision.outcome, decision.replayed);
+                }
+                Ok(response.data)
+            }
             Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(to)))) => {
                 Err(WriteError::Unknown {
                     reason: format!(
@@ -135,6 +165,7 @@ impl Proposer {
         let call = client.forward(RaftBytes {
             payload: payload.into(),
         });
+        self.metrics.observe_forward();
         let reply = match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(reply)) => reply.into_inner(),
             Ok(Err(status)) => {

@@ -143,15 +143,8 @@ impl RaftRpc for RaftService {
 
     async fn forward(&self, request: Request<RaftBytes>) -> Result<Response<RaftBytes>, Status> {
         let commands: Vec<Command> = decode(&request.into_inner().payload)?;
-        let answer: ForwardReply = if self.proposer.is_leader() {
-            self.proposer.propose(commands).await
-        } else {
-            // Never forward twice: the caller learns who leads and retries there.
-            Err(WriteError::Unavailable {
-                leader: self.proposer.leader(),
-                reason: "forwarded to a node that no longer leads".to_owned(),
-            })
-        };
+        // Never forward twice: if this node no longer leads, the caller learns who does.
+        let answer: ForwardReply = self.proposer.propose_here(commands).await;
         reply(&answer)
     }
 

@@ -1,0 +1,362 @@
+//! Prometheus metrics on `/metrics` (DESIGN.md "Observability"): commit latency, entries per
+//! fsync, apply lag, leader changes, forwarded writes, denials by reason and family actors.
+//! The text format is written by hand and served by a minimal HTTP/1.1 responder on a plain
+//! `TcpListener`, so no HTTP framework or metrics crate is needed.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tally_ledger::{DenyRule, Outcome};
+use tally_raft_store::StoreMetrics;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::raft::state_machine::SharedRouter;
+use crate::raft::types::{NodeId, Raft};
+
+/// Upper bounds (seconds) of the commit latency histogram's buckets.
+const LATENCY_BUCKETS_S: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+const DENY_RULES: [DenyRule; 3] = [
+    DenyRule::InvocationLimit,
+    DenyRule::PerInvocationCostLimit,
+    DenyRule::TotalCostLimit,
+];
+/// The largest request head the responder reads; `/metrics` needs a few dozen bytes.
+const MAX_REQUEST_BYTES: usize = 8 * 1024;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Counters the write path updates; gauges are read from Raft, the store and the router at
+/// scrape time.
+#[derive(Debug, Default)]
+pub struct NodeMetrics {
+    commit_latency_buckets: [AtomicU64; LATENCY_BUCKETS_S.len()],
+    commit_latency_count: AtomicU64,
+    commit_latency_sum_us: AtomicU64,
+    forwarded_writes: AtomicU64,
+    leader_changes: AtomicU64,
+    denials: [AtomicU64; DENY_RULES.len()],
+    /// How long the last leaderless period lasted, as this node saw it.
+    last_election_ms: AtomicU64,
+}
+
+impl NodeMetrics {
+    /// One local proposal, from `client_write` to its reply (leader only).
+    pub fn observe_commit(&self, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
+        for (bound, bucket) in LATENCY_BUCKETS_S.iter().zip(&self.commit_latency_buckets) {
+            if seconds <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.commit_latency_count.fetch_add(1, Ordering::Relaxed);
+        self.commit_latency_sum_us
+            .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// A write this follower sent to the leader.
+    pub fn observe_forward(&self) {
+        self.forwarded_writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A fresh (not replayed) decision: denials are counted by rule.
+    pub fn observe_decision(&self, outcome: &Outcome, replayed: bool) {
+        if let (Outcome::Denied { reason }, false) = (outcome, replayed) {
+            let slot = DENY_RULES
+                .iter()
+                .position(|rule| *rule == reason.rule)
+                .unwrap_or(0);
+            self.denials[slot].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn forwarded_writes(&self) -> u64 {
+        self.forwarded_writes.load(Ordering::Relaxed)
+    }
+
+    pub fn commits(&self) -> u64 {
+        self.commit_latency_count.load(Ordering::Relaxed)
+    }
+
+    pub fn leader_changes(&self) -> u64 {
+        self.leader_changes.load(Ordering::Relaxed)
+    }
+}
+
+/// What a scrape reads besides the counters.
+#[derive(Clone)]
+pub struct Sources {
+    pub node_id: NodeId,
+    pub metrics: Arc<NodeMetrics>,
+    pub raft: Raft,
+    pub store: Arc<StoreMetrics>,
+    pub router: SharedRouter,
+}
+
+/// The Prometheus text exposition (format 0.0.4) of everything this node reports.
+pub async fn render(sources: &Sources) -> String {
+    let m = &sources.metrics;
+    let raft = crate::raft::types::current_metrics(&sources.raft);
+    let store = sources.store.snapshot();
+    let (live, passivated) = {
+        let router = sources.router.lock().await;
+        (router.live_actors(), router.passivated_families())
+    };
+    let committed = raft.local_committed.map_or(0, |c| c.index);
+    let applied = raft.last_applied.map_or(0, |a| a.index);
+    let is_leader = raft.current_leader == Some(sources.node_id);
+
+    let mut out = String::with_capacity(4096);
+    let mut metric = |name: &str, kind: &str, help: &str, lines: &[(String, String)]| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (suffix, value) in lines {
+            let _ = writeln!(out, "{name}{suffix} {value}");
+        }
+    };
+    let plain = |value: String| vec![(String::new(), value)];
+
+    let mut histogram = Vec::new();
+    for (bound, bucket) in LATENCY_BUCKETS_S.iter().zip(&m.commit_latency_buckets) {
+        histogram.push((
+            format!("_bucket{{le=\"{bound}\"}}"),
+            bucket.load(Ordering::Relaxed).to_string(),
+        ));
+    }
+    let count = m.commit_latency_count.load(Ordering::Relaxed);
+    histogram.push(("_bucket{le=\"+Inf\"}".to_owned(), count.to_string()));
+    histogram.push((
+        "_sum".to_owned(),
+        format!(
+            "{}",
+            m.commit_latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6
+        ),
+    ));
+    histogram.push(("_count".to_owned(), count.to_string()));
+    metric(
+        "tally_commit_latency_seconds",
+        "histogram",
+        "Leader proposals from client_write to the applied reply.",
+        &histogram,
+    );
+    metric(
+        "tally_raft_log_entries_per_fsync",
+        "gauge",
+        "Mean log entries per append fsync (group commit).",
+        &plain(format!("{}", store.entries_per_fsync())),
+    );
+    metric(
+        "tally_raft_log_appends_total",
+        "counter",
+        "Append transactions, one fsync each.",
+        &plain(store.appends.to_string()),
+    );
+    metric(
+        "tally_raft_log_entries_total",
+        "counter",
+        "Log entries written by append transactions.",
+        &plain(store.entries.to_string()),
+    );
+    metric(
+        "tally_raft_log_fsyncs_total",
+        "counter",
+        "Every fsync of the log store.",
+        &plain(store.fsyncs().to_string()),
+    );
+    metric(
+        "tally_apply_lag_entries",
+        "gauge",
+        "Committed log index minus applied log index on this node.",
+        &plain(committed.saturating_sub(applied).to_string()),
+    );
+    metric(
+        "tally_raft_committed_index",
+        "gauge",
+        "The committed log index this node knows.",
+        &plain(committed.to_string()),
+    );
+    metric(
+        "tally_raft_applied_index",
+        "gauge",
+        "The last log index this node applied.",
+        &plain(applied.to_string()),
+    );
+    metric(
+        "tally_raft_term",
+        "gauge",
+        "This node's current term.",
+        &plain(raft.current_term.to_string()),
+    );
+    metric(
+        "tally_raft_is_leader",
+        "gauge",
+        "1 while this node leads.",
+        &plain(u8::from(is_leader).to_string()),
+    );
+    metric(
+        "tally_leader_changes_total",
+        "counter",
+        "Times the leader this node knows changed (to another node or to none).",
+        &plain(m.leader_changes().to_string()),
+    );
+    metric(
+        "tally_last_election_milliseconds",
+        "gauge",
+        "How long the last leaderless period lasted, as this node saw it.",
+        &plain(m.last_election_ms.load(Ordering::Relaxed).to_string()),
+    );
+    metric(
+        "tally_forwarded_writes_total",
+        "counter",
+        "Writes this node forwarded to the leader.",
+        &plain(m.forwarded_writes().to_string()),
+    );
+    let denials: Vec<(String, String)> = DENY_RULES
+        .iter()
+        .zip(&m.denials)
+        .map(|(rule, count)| {
+            (
+                format!("{{reason=\"{}\"}}", rule.as_str()),
+                count.load(Ordering::Relaxed).to_string(),
+            )
+        })
+        .collect();
+    metric(
+        "tally_denials_total",
+        "counter",
+        "Denied decisions this node proposed, by the rule that denied.",
+        &denials,
+    );
+    metric(
+        "tally_family_actors",
+        "gauge",
+        "Budget family actors by state.",
+        &[
+            ("{state=\"live\"}".to_owned(), live.to_string()),
+            ("{state=\"passivated\"}".to_owned(), passivated.to_string()),
+        ],
+    );
+    out
+}
+
+/// Counts leader changes and times leaderless periods from Raft's metrics.
+pub async fn watch_leader(
+    raft: Raft,
+    metrics: Arc<NodeMetrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    use openraft::async_runtime::WatchReceiver;
+    let mut rx = raft.metrics();
+    let mut leader = rx.borrow_watched().current_leader;
+    let mut leaderless_since = leader.is_none().then(tokio::time::Instant::now);
+    loop {
+        tokio::select! {
+            changed = rx.changed() => if changed.is_err() { return },
+            _ = shutdown.changed() => return,
+        }
+        let now = rx.borrow_watched().current_leader;
+        if now == leader {
+            continue;
+        }
+        metrics.leader_changes.fetch_add(1, Ordering::Relaxed);
+        match (now, leaderless_since) {
+            (None, _) => leaderless_since = Some(tokio::time::Instant::now()),
+            (Some(_), Some(since)) => {
+                metrics
+                    .last_election_ms
+                    .store(since.elapsed().as_millis() as u64, Ordering::Relaxed);
+                leaderless_since = None;
+            }
+            (Some(_), None) => {}
+        }
+        leader = now;
+    }
+}
+
+/// Binds `addr`; the listener is handed to [`serve`].
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+/// Answers `GET /metrics` (and `GET /`) with the text format, anything else with 404, one
+/// request per connection.
+pub async fn serve(listener: TcpListener, sources: Sources, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.changed() => return,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let sources = sources.clone();
+                tokio::spawn(async move {
+                    if let Err(error) =
+                        tokio::time::timeout(REQUEST_TIMEOUT, respond(stream, &sources)).await
+                    {
+                        tracing::debug!(%error, "metrics request timed out");
+                    }
+                });
+            }
+            Err(error) => {
+                tracing::warn!(%error, "metrics listener accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn respond(mut stream: TcpStream, sources: &Sources) {
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST_BYTES {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    let (status, content_type, body) = if method == "GET" && (path == "/metrics" || path == "/") {
+        (
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            render(sources).await,
+        )
+    } else {
+        (
+            "404 Not Found",
+            "text/plain; charset=utf-8",
+            "not found; try GET /metrics\n".to_owned(),
+        )
+    };
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(response.as_bytes()).await;
+    let _ = stream.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_buckets_are_cumulative() {
+        let m = NodeMetrics::default();
+        m.observe_commit(Duration::from_micros(700));
+        m.observe_commit(Duration::from_millis(30));
+        assert_eq!(m.commit_latency_buckets[0].load(Ordering::Relaxed), 0);
+        assert_eq!(m.commit_latency_buckets[1].load(Ordering::Relaxed), 1);
+        assert_eq!(m.commit_latency_buckets[6].load(Ordering::Relaxed), 2);
+        assert_eq!(m.commits(), 2);
+    }
+}
