@@ -7,3 +7,4 @@ pub mod node;
 pub mod raft;
 pub mod service;
 pub mod state_machine;
+pub mod testing;

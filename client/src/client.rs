@@ -162,8 +162,12 @@ impl TallyClient {
             self.nodes.note_leader(hint);
         } else if matches!(remote, RemoteError::Transport { .. }) {
             self.nodes.forget_leader(target);
-            // A connection refused before sending is definite; anything else is not known.
-            if status.code() == tonic::Code::Unavailable && status.message().contains("connect") {
+            // A connection that could not be opened sent nothing: definite. Anything else
+            // (a reset, a timeout, a proxy error) may have been sent: not known.
+            let message = status.message();
+            let never_connected = message.contains("tcp connect error")
+                || message.contains("error trying to connect");
+            if status.code() == tonic::Code::Unavailable && never_connected {
                 return Attempt::NotProposed {
                     reason: format!("{target}: {}", status.message()),
                 };

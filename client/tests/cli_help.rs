@@ -3,7 +3,10 @@
 use std::process::Command;
 
 fn help(args: &[&str]) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_tally")).args(args).output().expect("tally runs");
+    let output = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args(args)
+        .output()
+        .expect("tally runs");
     assert!(output.status.success(), "{args:?} --help exits 0");
     String::from_utf8(output.stdout).expect("utf-8 help")
 }
@@ -25,10 +28,35 @@ fn bench_help_explains_its_knobs() {
 
 #[test]
 fn bad_usage_exits_2() {
-    let output = Command::new(env!("CARGO_BIN_EXE_tally")).args(["hold", "authorize"]).output().expect("runs");
-    assert_eq!(output.status.code(), Some(2), "missing arguments are a usage error");
-    let zero_release = ["hold", "release", "--family", "f", "--capability", "c", "--hold", "h", "--units", "0"];
-    let output = Command::new(env!("CARGO_BIN_EXE_tally")).args(zero_release).output().expect("runs");
-    assert_eq!(output.status.code(), Some(2), "an invalid command is refused before any call");
+    let output = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args(["hold", "authorize"])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "missing arguments are a usage error"
+    );
+    let zero_release = [
+        "hold",
+        "release",
+        "--family",
+        "f",
+        "--capability",
+        "c",
+        "--hold",
+        "h",
+        "--units",
+        "0",
+    ];
+    let output = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args(zero_release)
+        .output()
+        .expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "an invalid command is refused before any call"
+    );
     assert!(String::from_utf8_lossy(&output.stderr).contains("greater than zero"));
 }

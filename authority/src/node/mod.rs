@@ -35,6 +35,7 @@ use crate::raft::state_machine::{SharedRouter, TallyStateMachine};
 use crate::raft::types::{LogId, Raft, TypeConfig};
 use crate::service::admin::AdminService;
 use crate::service::budget::BudgetService;
+use crate::service::faults::ServiceFaults;
 use crate::service::raft::RaftService;
 use crate::service::read_gate::ReadGate;
 use crate::state_machine::RouterConfig;
@@ -63,6 +64,8 @@ pub struct NodeHandle {
     pub proposer: Arc<Proposer>,
     pub health: Arc<Health>,
     pub faults: Arc<NetworkFaults>,
+    /// Client-facing fault injection (lost requests and replies), for tests.
+    pub service_faults: Arc<ServiceFaults>,
     pub store_metrics: Arc<StoreMetrics>,
     /// Counters of the write path, exported on `/metrics`.
     pub metrics: Arc<NodeMetrics>,
@@ -168,12 +171,14 @@ pub async fn start(
         config.advertise_addr = Some(local_addr.to_string());
     }
 
+    let service_faults = Arc::new(ServiceFaults::default());
     let budget = BudgetServer::new(BudgetService::new(
         proposer.clone(),
         reads.clone(),
         router.clone(),
         config.cluster_id.clone(),
         config.max_batch_commands,
+        service_faults.clone(),
     ))
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -271,6 +276,7 @@ pub async fn start(
         proposer,
         health,
         faults,
+        service_faults,
         store_metrics,
         metrics,
         metrics_local_addr,

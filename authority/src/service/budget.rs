@@ -13,10 +13,12 @@ use tally_ledger::{
 };
 use tonic::{Request, Response, Status};
 
+use super::faults::ServiceFaults;
 use super::outcome::{decision_message, definite, failure_detail, failure_status, Failure, Stamp};
 use super::read_gate::ReadGate;
 use crate::node::proposer::Proposer;
 use crate::raft::state_machine::SharedRouter;
+use crate::raft::types::ProposalReply;
 use crate::state_machine::RouterError;
 
 pub struct BudgetService {
@@ -25,6 +27,7 @@ pub struct BudgetService {
     router: SharedRouter,
     cluster_id: String,
     max_batch_commands: usize,
+    faults: Arc<ServiceFaults>,
 }
 
 impl BudgetService {
@@ -34,6 +37,7 @@ impl BudgetService {
         router: SharedRouter,
         cluster_id: String,
         max_batch_commands: usize,
+        faults: Arc<ServiceFaults>,
     ) -> Self {
         Self {
             proposer,
@@ -41,7 +45,31 @@ impl BudgetService {
             router,
             cluster_id,
             max_batch_commands,
+            faults,
         }
+    }
+
+    /// Proposes validated commands; the only place injected request/reply losses happen.
+    async fn propose(
+        &self,
+        commands: Vec<Command>,
+        event_id: Option<&EventId>,
+    ) -> Result<ProposalReply, Status> {
+        if self.faults.drops_request(&commands) {
+            return Err(Status::unknown(
+                "request lost before reaching the leader (fault injection)",
+            ));
+        }
+        let ids = self.faults.drops_reply(&commands).then_some(());
+        let reply = self
+            .proposer
+            .propose(commands)
+            .await
+            .map_err(|e| failure_status(e.into(), event_id))?;
+        if ids.is_some() {
+            return Err(Status::unknown("reply lost after commit (fault injection)"));
+        }
+        Ok(reply)
     }
 
     /// One command: validate, propose, answer its decision or its failure.
@@ -63,11 +91,7 @@ impl BudgetService {
         command
             .validate()
             .map_err(|e| failure_status(e.into(), event_id.as_ref()))?;
-        let reply = self
-            .proposer
-            .propose(vec![command])
-            .await
-            .map_err(|e| failure_status(e.into(), event_id.as_ref()))?;
+        let reply = self.propose(vec![command], event_id.as_ref()).await?;
         let stamp = Stamp {
             cluster_id: self.cluster_id.clone(),
             entry: reply.log_id,
@@ -276,11 +300,7 @@ impl Budget for BudgetService {
         if !to_propose.is_empty() {
             let event_ids: Vec<Option<EventId>> =
                 to_propose.iter().map(|c| c.event_id().cloned()).collect();
-            let reply = self
-                .proposer
-                .propose(to_propose)
-                .await
-                .map_err(|e| failure_status(e.into(), None))?;
+            let reply = self.propose(to_propose, None).await?;
             let stamp = Stamp {
                 cluster_id: self.cluster_id.clone(),
                 entry: reply.log_id,

@@ -51,9 +51,19 @@ pub struct BenchReport {
 }
 
 pub async fn run(client: Arc<TallyClient>, args: BenchArgs, json: bool) -> anyhow::Result<u8> {
-    anyhow::ensure!((0.0..=1.0).contains(&args.hot_share), "--hot-share must be within 0..=1");
-    anyhow::ensure!(args.families > 0 && args.concurrency > 0, "--families and --concurrency must be positive");
-    anyhow::ensure!(args.batch <= tally_api::MAX_BATCH_COMMANDS, "--batch is at most {}", tally_api::MAX_BATCH_COMMANDS);
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&args.hot_share),
+        "--hot-share must be within 0..=1"
+    );
+    anyhow::ensure!(
+        args.families > 0 && args.concurrency > 0,
+        "--families and --concurrency must be positive"
+    );
+    anyhow::ensure!(
+        args.batch <= tally_api::MAX_BATCH_COMMANDS,
+        "--batch is at most {}",
+        tally_api::MAX_BATCH_COMMANDS
+    );
     let report = drive(client, &args).await;
     if json {
         print_json(&report);
@@ -70,9 +80,17 @@ pub async fn run(client: Arc<TallyClient>, args: BenchArgs, json: bool) -> anyho
 /// Runs the load and measures it.
 pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
     let batching = (args.batch > 0).then(|| {
-        BatchingClient::new(client.clone(), BatchConfig { max_commands: args.batch, ..BatchConfig::default() })
+        BatchingClient::new(
+            client.clone(),
+            BatchConfig {
+                max_commands: args.batch,
+                ..BatchConfig::default()
+            },
+        )
     });
-    let histogram = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds")));
+    let histogram = Arc::new(Mutex::new(
+        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
+    ));
     let commands = Arc::new(AtomicU64::new(0));
     let calls = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -82,11 +100,20 @@ pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
     let mut workers = Vec::new();
     for worker in 0..args.concurrency {
         let (client, batching, histogram) = (client.clone(), batching.clone(), histogram.clone());
-        let (commands, calls, errors, args) = (commands.clone(), calls.clone(), errors.clone(), args.clone());
+        let (commands, calls, errors, args) = (
+            commands.clone(),
+            calls.clone(),
+            errors.clone(),
+            args.clone(),
+        );
         workers.push(tokio::spawn(async move {
             let mut n = 0u64;
             while Instant::now() < deadline {
-                let family = if rand::rng().random_bool(args.hot_share) { 0 } else { rand::rng().random_range(0..args.families) };
+                let family = if rand::rng().random_bool(args.hot_share) {
+                    0
+                } else {
+                    rand::rng().random_range(0..args.families)
+                };
                 for command in tool_call(run_id, worker, n, family) {
                     let began = Instant::now();
                     let outcome = match &batching {
@@ -113,7 +140,11 @@ pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
             while !quiet && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 let done = commands.load(Ordering::Relaxed);
-                eprint!("\r{:>5.1} s  {done} commands  {:.0}/s   ", start.elapsed().as_secs_f64(), done as f64 / start.elapsed().as_secs_f64());
+                eprint!(
+                    "\r{:>5.1} s  {done} commands  {:.0}/s   ",
+                    start.elapsed().as_secs_f64(),
+                    done as f64 / start.elapsed().as_secs_f64()
+                );
             }
             if !quiet {
                 eprintln!();
@@ -125,7 +156,10 @@ pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
     }
     let _ = progress.await;
     let seconds = start.elapsed().as_secs_f64();
-    let histogram = histogram.lock().map(|h| h.clone()).unwrap_or_else(|p| p.into_inner().clone());
+    let histogram = histogram
+        .lock()
+        .map(|h| h.clone())
+        .unwrap_or_else(|p| p.into_inner().clone());
     let commands = commands.load(Ordering::Relaxed);
     BenchReport {
         calls: calls.load(Ordering::Relaxed),
@@ -143,7 +177,9 @@ pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
 
 /// Authorize, capture and reconcile of one call; ids unique to this run, worker and call.
 fn tool_call(run_id: u64, worker: usize, n: u64, family: u64) -> [ClientCommand; 3] {
-    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     let hold = format!("bench-{run_id:x}-{worker}-{n}");
     let header = |verb: &str| CommandHeader {
         family_id: format!("bench-family-{family}").into(),
@@ -166,11 +202,18 @@ fn tool_call(run_id: u64, worker: usize, n: u64, family: u64) -> [ClientCommand;
         },
         ClientCommand {
             header: header("capture"),
-            op: Operation::CaptureInvocation { hold_id: hold.as_str().into(), attempt_id: format!("attempt-{worker}").into() },
+            op: Operation::CaptureInvocation {
+                hold_id: hold.as_str().into(),
+                attempt_id: format!("attempt-{worker}").into(),
+            },
         },
         ClientCommand {
             header: header("reconcile"),
-            op: Operation::ReconcileHold { hold_id: hold.as_str().into(), exposed_cost_units: 100, realized_spend_units: 60 },
+            op: Operation::ReconcileHold {
+                hold_id: hold.as_str().into(),
+                exposed_cost_units: 100,
+                realized_spend_units: 60,
+            },
         },
     ]
 }

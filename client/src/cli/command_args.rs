@@ -107,22 +107,37 @@ impl HoldCommand {
                 (target, "authorize", op)
             }
             HoldCommand::Capture { target, attempt } => {
-                let op = Operation::CaptureInvocation { hold_id: target.hold.as_str().into(), attempt_id: attempt.into() };
+                let op = Operation::CaptureInvocation {
+                    hold_id: target.hold.as_str().into(),
+                    attempt_id: attempt.into(),
+                };
                 (target, "capture", op)
             }
             HoldCommand::Cancel { target } => {
-                let op = Operation::CancelCapturedBeforeDispatch { hold_id: target.hold.as_str().into() };
+                let op = Operation::CancelCapturedBeforeDispatch {
+                    hold_id: target.hold.as_str().into(),
+                };
                 (target, "cancel", op)
             }
             HoldCommand::Reverse { target, units } => {
-                let op = Operation::ReverseHold { hold_id: target.hold.as_str().into(), exposure_units: units };
+                let op = Operation::ReverseHold {
+                    hold_id: target.hold.as_str().into(),
+                    exposure_units: units,
+                };
                 (target, "reverse", op)
             }
             HoldCommand::Release { target, units } => {
-                let op = Operation::ReleaseHold { hold_id: target.hold.as_str().into(), released_exposure_units: units };
+                let op = Operation::ReleaseHold {
+                    hold_id: target.hold.as_str().into(),
+                    released_exposure_units: units,
+                };
                 (target, "release", op)
             }
-            HoldCommand::Reconcile { target, exposed, realized } => {
+            HoldCommand::Reconcile {
+                target,
+                exposed,
+                realized,
+            } => {
                 let op = Operation::ReconcileHold {
                     hold_id: target.hold.as_str().into(),
                     exposed_cost_units: exposed,
@@ -131,7 +146,9 @@ impl HoldCommand {
                 (target, "reconcile", op)
             }
         };
-        let event_id = target.event_id.unwrap_or_else(|| format!("{}:{verb}", target.hold));
+        let event_id = target
+            .event_id
+            .unwrap_or_else(|| format!("{}:{verb}", target.hold));
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);

@@ -22,8 +22,13 @@ use crate::{ClientConfig, Outcome, TallyClient};
 #[command(name = "tally", version, after_help = EXIT_CODES)]
 pub struct Cli {
     /// Cluster endpoints, comma separated; any member will do, the client finds the leader.
-    #[arg(long, global = true, env = "TALLY_ENDPOINTS", value_delimiter = ',',
-          default_value = "127.0.0.1:7401,127.0.0.1:7402,127.0.0.1:7403")]
+    #[arg(
+        long,
+        global = true,
+        env = "TALLY_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "127.0.0.1:7401,127.0.0.1:7402,127.0.0.1:7403"
+    )]
     pub endpoints: Vec<String>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
@@ -127,15 +132,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
         TallyCommand::Usage(args) => usage(&client, args, cli.json).await,
         TallyCommand::Events(args) => events(&client, args, cli.json).await,
         TallyCommand::Hold(hold) => match hold.into_command() {
-            Ok(command) => Ok(print_decision_outcome(&client.submit(command).await, cli.json)),
+            Ok(command) => Ok(print_decision_outcome(
+                &client.submit(command).await,
+                cli.json,
+            )),
             Err(error) => usage_error(error),
         },
         TallyCommand::Resolve(hold) => match hold.into_command() {
-            Ok(command) => Ok(print_decision_outcome(&client.resolve(command).await, cli.json)),
+            Ok(command) => Ok(print_decision_outcome(
+                &client.resolve(command).await,
+                cli.json,
+            )),
             Err(error) => usage_error(error),
         },
         TallyCommand::GetEvent { family, event_id } => {
-            let lookup = client.get_event(&FamilyId::from(family), &EventId::from(event_id)).await?;
+            let lookup = client
+                .get_event(&FamilyId::from(family), &EventId::from(event_id))
+                .await?;
             if cli.json {
                 print_json(&lookup);
             } else {
@@ -146,8 +159,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
                             println!("(full record compacted; the answer above is kept for ever)");
                         }
                     }
-                    EventLookup::Tombstoned => println!("tombstoned: it never applied and never will"),
-                    EventLookup::Unknown => println!("unknown: not applied yet; that is NOT a no (resolve it)"),
+                    EventLookup::Tombstoned => {
+                        println!("tombstoned: it never applied and never will")
+                    }
+                    EventLookup::Unknown => {
+                        println!("unknown: not applied yet; that is NOT a no (resolve it)")
+                    }
                 }
             }
             Ok(0)
@@ -195,7 +212,18 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
             .collect();
         print_json(&rows);
     } else {
-        let mut table = Table::new(&["ENDPOINT", "NODE", "ROLE", "TERM", "LEADER", "LAST LOG", "COMMITTED", "APPLIED", "LAG", "HEALTHY"]);
+        let mut table = Table::new(&[
+            "ENDPOINT",
+            "NODE",
+            "ROLE",
+            "TERM",
+            "LEADER",
+            "LAST LOG",
+            "COMMITTED",
+            "APPLIED",
+            "LAG",
+            "HEALTHY",
+        ]);
         for (endpoint, reply) in &replies {
             match reply {
                 Some(r) => table.row(vec![
@@ -241,20 +269,45 @@ async fn members_command(client: &TallyClient, command: MembersCommand) -> anyho
     let leader = find_leader(client).await?;
     let mut admin = client.admin_client(&leader)?;
     let status = client.status(&leader).await?;
-    let mut voters: Vec<u64> = status.members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+    let mut voters: Vec<u64> = status
+        .members
+        .iter()
+        .filter(|m| m.voter)
+        .map(|m| m.id)
+        .collect();
     match command {
-        MembersCommand::Add { id, address, learner } => {
-            admin.add_learner(pb::AddLearnerRequest { id, address, blocking: true }).await?;
+        MembersCommand::Add {
+            id,
+            address,
+            learner,
+        } => {
+            admin
+                .add_learner(pb::AddLearnerRequest {
+                    id,
+                    address,
+                    blocking: true,
+                })
+                .await?;
             println!("node {id} added as a learner");
             if !learner {
                 voters.push(id);
-                admin.change_membership(pb::ChangeMembershipRequest { voters: voters.clone(), retain: false }).await?;
+                admin
+                    .change_membership(pb::ChangeMembershipRequest {
+                        voters: voters.clone(),
+                        retain: false,
+                    })
+                    .await?;
                 println!("voters: {voters:?}");
             }
         }
         MembersCommand::Remove { id } => {
             voters.retain(|v| *v != id);
-            admin.change_membership(pb::ChangeMembershipRequest { voters: voters.clone(), retain: false }).await?;
+            admin
+                .change_membership(pb::ChangeMembershipRequest {
+                    voters: voters.clone(),
+                    retain: false,
+                })
+                .await?;
             println!("node {id} removed; voters: {voters:?}");
         }
     }
@@ -275,16 +328,32 @@ async fn find_leader(client: &TallyClient) -> anyhow::Result<String> {
 async fn usage(client: &TallyClient, args: UsageArgs, json: bool) -> anyhow::Result<u8> {
     let family = args.family.map(FamilyId::from);
     let rows = match (&family, &args.capability, args.grant) {
-        (Some(family), Some(capability), Some(grant)) => {
-            client.get_usage(family, &AccountKey::new(capability.as_str(), grant)).await?.into_iter().collect()
+        (Some(family), Some(capability), Some(grant)) => client
+            .get_usage(family, &AccountKey::new(capability.as_str(), grant))
+            .await?
+            .into_iter()
+            .collect(),
+        _ => {
+            client
+                .list_usages(family.as_ref(), args.capability.as_deref(), args.limit)
+                .await?
         }
-        _ => client.list_usages(family.as_ref(), args.capability.as_deref(), args.limit).await?,
     };
     if json {
         print_json(&rows);
         return Ok(0);
     }
-    let mut table = Table::new(&["CAPABILITY", "GRANT", "CALLS", "RESERVED", "CAPTURED", "EXPOSED", "REALIZED", "LIMIT", "UPDATED MS"]);
+    let mut table = Table::new(&[
+        "CAPABILITY",
+        "GRANT",
+        "CALLS",
+        "RESERVED",
+        "CAPTURED",
+        "EXPOSED",
+        "REALIZED",
+        "LIMIT",
+        "UPDATED MS",
+    ]);
     for row in &rows {
         let a = &row.account;
         table.row(vec![
@@ -308,7 +377,15 @@ async fn events(client: &TallyClient, args: EventsArgs, json: bool) -> anyhow::R
     let mut after = args.after;
     let mut printed_header = false;
     loop {
-        let events = client.list_events(&family, args.capability.as_deref(), args.grant, after, args.limit).await?;
+        let events = client
+            .list_events(
+                &family,
+                args.capability.as_deref(),
+                args.grant,
+                after,
+                args.limit,
+            )
+            .await?;
         if let Some(last) = events.last() {
             after = Some(last.commit_index.0);
         }
@@ -317,13 +394,23 @@ async fn events(client: &TallyClient, args: EventsArgs, json: bool) -> anyhow::R
                 print_json(event);
             }
         } else {
-            let mut table = Table::new(&["COMMIT INDEX", "KIND", "EVENT ID", "HOLD", "ALLOWED", "EXPOSURE", "REALIZED"]);
+            let mut table = Table::new(&[
+                "COMMIT INDEX",
+                "KIND",
+                "EVENT ID",
+                "HOLD",
+                "ALLOWED",
+                "EXPOSURE",
+                "REALIZED",
+            ]);
             for e in &events {
                 table.row(vec![
                     e.commit_index.0.to_string(),
                     e.kind.as_str().to_owned(),
                     e.event_id.to_string(),
-                    e.hold_id.as_ref().map_or_else(|| "-".to_owned(), ToString::to_string),
+                    e.hold_id
+                        .as_ref()
+                        .map_or_else(|| "-".to_owned(), ToString::to_string),
                     e.allowed.to_string(),
                     e.exposure_units.to_string(),
                     e.realized_units.to_string(),

@@ -11,7 +11,10 @@ pub struct Table {
 
 impl Table {
     pub fn new(header: &[&str]) -> Self {
-        Self { header: header.iter().map(|h| (*h).to_owned()).collect(), rows: Vec::new() }
+        Self {
+            header: header.iter().map(|h| (*h).to_owned()).collect(),
+            rows: Vec::new(),
+        }
     }
 
     pub fn row(&mut self, row: Vec<String>) {
@@ -27,8 +30,12 @@ impl Table {
             }
         }
         let line = |cells: &[String]| {
-            let padded: Vec<String> =
-                cells.iter().enumerate().take(columns).map(|(i, c)| format!("{c:<width$}", width = widths[i])).collect();
+            let padded: Vec<String> = cells
+                .iter()
+                .enumerate()
+                .take(columns)
+                .map(|(i, c)| format!("{c:<width$}", width = widths[i]))
+                .collect();
             padded.join("  ").trim_end().to_owned()
         };
         let mut out = Vec::new();
@@ -67,25 +74,45 @@ pub fn print_decision_outcome(outcome: &Outcome, json: bool) -> u8 {
     };
     if json {
         let value = match outcome {
-            Outcome::Decided(decision) => serde_json::json!({ "outcome": "decided", "decision": decision }),
-            Outcome::Refused(error) => serde_json::json!({ "outcome": "refused", "error": error, "message": error.to_string() }),
-            Outcome::Unavailable { reason } => serde_json::json!({ "outcome": "unavailable", "reason": reason }),
-            Outcome::NotApplied { event_id } => serde_json::json!({ "outcome": "not_applied", "event_id": event_id }),
-            Outcome::Unknown { event_id, reason } => serde_json::json!({ "outcome": "unknown", "event_id": event_id, "reason": reason }),
+            Outcome::Decided(decision) => {
+                serde_json::json!({ "outcome": "decided", "decision": decision })
+            }
+            Outcome::Refused(error) => {
+                serde_json::json!({ "outcome": "refused", "error": error, "message": error.to_string() })
+            }
+            Outcome::Unavailable { reason } => {
+                serde_json::json!({ "outcome": "unavailable", "reason": reason })
+            }
+            Outcome::NotApplied { event_id } => {
+                serde_json::json!({ "outcome": "not_applied", "event_id": event_id })
+            }
+            Outcome::Unknown { event_id, reason } => {
+                serde_json::json!({ "outcome": "unknown", "event_id": event_id, "reason": reason })
+            }
         };
         print_json(&value);
         return code;
     }
     match outcome {
         Outcome::Decided(d) => {
-            let index = d.commit_index.map_or_else(|| "-".to_owned(), |i| i.0.to_string());
-            let log = d.log_id.map_or_else(|| "-".to_owned(), |l| format!("{}.{}", l.term, l.index));
+            let index = d
+                .commit_index
+                .map_or_else(|| "-".to_owned(), |i| i.0.to_string());
+            let log = d
+                .log_id
+                .map_or_else(|| "-".to_owned(), |l| format!("{}.{}", l.term, l.index));
             println!("{:?}", d.outcome);
-            println!("event {}  commit index {index}  log {log}{}", d.event_id, if d.replayed { "  (replayed)" } else { "" });
+            println!(
+                "event {}  commit index {index}  log {log}{}",
+                d.event_id,
+                if d.replayed { "  (replayed)" } else { "" }
+            );
         }
         Outcome::Refused(error) => println!("refused: {error}"),
         Outcome::Unavailable { reason } => println!("not applied (no leader took it): {reason}"),
-        Outcome::NotApplied { event_id } => println!("not applied: {event_id} is tombstoned and can never apply"),
+        Outcome::NotApplied { event_id } => {
+            println!("not applied: {event_id} is tombstoned and can never apply")
+        }
         Outcome::Unknown { event_id, reason } => {
             println!("UNKNOWN outcome for {event_id}: {reason}\nthis is not a no: run `tally resolve` with the same arguments")
         }

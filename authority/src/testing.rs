@@ -1,0 +1,273 @@
+//! Test support, public so every crate's tests can use it: in-process clusters of real nodes
+//! over gRPC on 127.0.0.1 (port 0), sharing one network fault switchboard, with crash
+//! (`kill`: tasks aborted, handles dropped) and restart from the same data dir and port.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::node::config::NodeConfig;
+use crate::node::{self, NodeHandle};
+use crate::raft::faults::NetworkFaults;
+use crate::raft::types::current_metrics;
+use openraft::BasicNode;
+use tally_api::pb::admin_client::AdminClient;
+use tally_api::pb::budget_client::BudgetClient;
+use tonic::transport::Channel;
+
+/// Liveness bound for tests: generous, never a performance assertion.
+pub const LIVENESS: Duration = Duration::from_secs(30);
+
+pub struct TestCluster {
+    pub nodes: BTreeMap<u64, NodeHandle>,
+    pub configs: BTreeMap<u64, NodeConfig>,
+    pub faults: Arc<NetworkFaults>,
+    pub dir: tempfile::TempDir,
+}
+
+pub fn config(dir: &std::path::Path, id: u64) -> NodeConfig {
+    NodeConfig {
+        node_id: id,
+        listen_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        data_dir: dir.join(format!("node-{id}")),
+        cluster_id: "tally-test".to_owned(),
+        heartbeat_interval_ms: 50,
+        election_timeout_min_ms: 300,
+        election_timeout_max_ms: 600,
+        propose_timeout_ms: 3_000,
+        expiry_interval_ms: 200,
+        ..NodeConfig::default()
+    }
+}
+
+impl TestCluster {
+    /// Starts `n` nodes and initializes them as one cluster; returns once a leader serves.
+    pub async fn start(n: u64) -> Self {
+        Self::start_with(n, |_| {}).await
+    }
+
+    pub async fn start_with(n: u64, tweak: impl Fn(&mut NodeConfig)) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let faults = Arc::new(NetworkFaults::default());
+        let mut cluster = Self {
+            nodes: BTreeMap::new(),
+            configs: BTreeMap::new(),
+            faults,
+            dir,
+        };
+        for id in 1..=n {
+            let mut config = config(cluster.dir.path(), id);
+            tweak(&mut config);
+            cluster.launch(config).await;
+        }
+        let members: BTreeMap<u64, BasicNode> = cluster
+            .nodes
+            .iter()
+            .map(|(id, node)| {
+                (
+                    *id,
+                    BasicNode {
+                        addr: node.local_addr.to_string(),
+                    },
+                )
+            })
+            .collect();
+        cluster.nodes[&1]
+            .raft
+            .initialize(members)
+            .await
+            .expect("initialize");
+        cluster.wait_leader().await;
+        cluster
+    }
+
+    /// Starts a node from `config`, pinning its port so a restart reuses it.
+    pub async fn launch(&mut self, mut config: NodeConfig) -> &NodeHandle {
+        let id = config.node_id;
+        let node = node::start(config.clone(), self.faults.clone())
+            .await
+            .expect("node starts");
+        config.listen_addr = node.local_addr;
+        config.advertise_addr = Some(node.local_addr.to_string());
+        self.configs.insert(id, config);
+        self.nodes.insert(id, node);
+        &self.nodes[&id]
+    }
+
+    /// Waits until a node leads, has applied an entry of its term (it can answer writes),
+    /// and every live node knows it; returns its id.
+    pub async fn wait_leader(&self) -> u64 {
+        let start = Instant::now();
+        loop {
+            let leaders: Vec<Option<u64>> = self
+                .nodes
+                .values()
+                .map(|n| current_metrics(&n.raft).current_leader)
+                .collect();
+            if let Some(Some(leader)) = leaders.first() {
+                let agreed =
+                    self.nodes.contains_key(leader) && leaders.iter().all(|l| l == &Some(*leader));
+                if agreed && self.nodes[leader].health.is_healthy() {
+                    return *leader;
+                }
+            }
+            assert!(
+                start.elapsed() < LIVENESS,
+                "no agreed leader within {LIVENESS:?}: {leaders:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Like `wait_leader`, but only `ids` must agree (the others may be cut off or removed).
+    pub async fn wait_leader_among(&self, ids: &[u64]) -> u64 {
+        let start = Instant::now();
+        loop {
+            let leaders: Vec<Option<u64>> = ids
+                .iter()
+                .map(|id| current_metrics(&self.nodes[id].raft).current_leader)
+                .collect();
+            if let Some(Some(leader)) = leaders.first() {
+                let agreed = ids.contains(leader) && leaders.iter().all(|l| l == &Some(*leader));
+                if agreed && self.nodes[leader].health.is_healthy() {
+                    return *leader;
+                }
+            }
+            assert!(
+                start.elapsed() < LIVENESS,
+                "no agreed leader among {ids:?} within {LIVENESS:?}: {leaders:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    pub fn leader_now(&self) -> Option<u64> {
+        self.nodes.values().find_map(|n| {
+            let m = current_metrics(&n.raft);
+            (m.current_leader == Some(n.config.node_id)).then_some(n.config.node_id)
+        })
+    }
+
+    pub fn address(&self, id: u64) -> String {
+        self.configs[&id].listen_addr.to_string()
+    }
+
+    pub async fn budget(&self, id: u64) -> BudgetClient<Channel> {
+        BudgetClient::connect(format!("http://{}", self.address(id)))
+            .await
+            .expect("connect")
+    }
+
+    pub async fn admin(&self, id: u64) -> AdminClient<Channel> {
+        AdminClient::connect(format!("http://{}", self.address(id)))
+            .await
+            .expect("connect")
+    }
+
+    /// A crash: tasks aborted and handles dropped, no leadership transfer.
+    pub async fn kill(&mut self, id: u64) {
+        let node = self.nodes.remove(&id).expect("node is running");
+        node.abort().await;
+    }
+
+    pub async fn restart(&mut self, id: u64) {
+        let config = self.configs[&id].clone();
+        self.launch(config).await;
+    }
+
+    /// Waits until every live node has applied through `index`.
+    pub async fn wait_applied(&self, index: u64) {
+        let start = Instant::now();
+        for node in self.nodes.values() {
+            while current_metrics(&node.raft)
+                .last_applied
+                .map_or(0, |l| l.index)
+                < index
+            {
+                assert!(
+                    start.elapsed() < LIVENESS,
+                    "node {} did not apply {index}",
+                    node.config.node_id
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+
+    /// Every live node's state digest, once all have applied the leader's last log index.
+    pub async fn converged_digests(&self) -> BTreeMap<u64, [u8; 32]> {
+        let leader = self.wait_leader().await;
+        let last = current_metrics(&self.nodes[&leader].raft)
+            .last_log_index
+            .unwrap_or(0);
+        self.wait_applied(last).await;
+        let mut digests = BTreeMap::new();
+        for (id, node) in &self.nodes {
+            let digest = node.router.lock().await.digest().await.expect("digest");
+            digests.insert(*id, digest);
+        }
+        digests
+    }
+
+    /// The state digests of `ids`, once each has applied the last log index of the leader
+    /// they agree on.
+    pub async fn converged_digests_of(&self, ids: &[u64]) -> BTreeMap<u64, [u8; 32]> {
+        let leader = self.wait_leader_among(ids).await;
+        let last = current_metrics(&self.nodes[&leader].raft)
+            .last_log_index
+            .unwrap_or(0);
+        let start = Instant::now();
+        for id in ids {
+            while current_metrics(&self.nodes[id].raft)
+                .last_applied
+                .map_or(0, |l| l.index)
+                < last
+            {
+                assert!(start.elapsed() < LIVENESS, "node {id} did not apply {last}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let mut digests = BTreeMap::new();
+        for id in ids {
+            let digest = self.nodes[id]
+                .router
+                .lock()
+                .await
+                .digest()
+                .await
+                .expect("digest");
+            digests.insert(*id, digest);
+        }
+        digests
+    }
+
+    /// Once converged: each node's digest of `family` and its number of families. The whole
+    /// state digest moves with every entry (cluster time, last applied); a family's does not.
+    pub async fn family_state(&self, family: &str) -> BTreeMap<u64, (Option<[u8; 32]>, usize)> {
+        let ids: Vec<u64> = self.nodes.keys().copied().collect();
+        self.converged_digests_of(&ids).await;
+        let family = tally_ledger::FamilyId::from(family);
+        let mut out = BTreeMap::new();
+        for (id, node) in &self.nodes {
+            let router = node.router.lock().await;
+            let digest = router.family_digest(&family).await.expect("family digest");
+            out.insert(*id, (digest, router.family_count()));
+        }
+        out
+    }
+
+    pub async fn shutdown(self) {
+        for (_, node) in self.nodes {
+            node.abort().await;
+        }
+    }
+}
+
+/// Logs to the test output when `RUST_LOG` is set.
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
