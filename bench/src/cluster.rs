@@ -18,8 +18,17 @@ pub struct ProcessCluster {
 impl ProcessCluster {
     /// Starts `nodes` nodes from `binary` with data under `dir`, initializes and waits until
     /// every node is healthy.
-    pub async fn start(binary: &Path, dir: &Path, nodes: u16, base_port: u16) -> anyhow::Result<Self> {
-        let mut cluster = Self { children: Vec::new(), endpoints: Vec::new(), metrics: Vec::new() };
+    pub async fn start(
+        binary: &Path,
+        dir: &Path,
+        nodes: u16,
+        base_port: u16,
+    ) -> anyhow::Result<Self> {
+        let mut cluster = Self {
+            children: Vec::new(),
+            endpoints: Vec::new(),
+            metrics: Vec::new(),
+        };
         for id in 1..=nodes {
             let addr = format!("127.0.0.1:{}", base_port + id);
             let metrics = format!("127.0.0.1:{}", base_port + 100 + id);
@@ -40,8 +49,12 @@ impl ProcessCluster {
             cluster.endpoints.push(addr);
             cluster.metrics.push(metrics);
         }
-        let members: BTreeMap<u64, String> =
-            cluster.endpoints.iter().enumerate().map(|(i, a)| (i as u64 + 1, a.clone())).collect();
+        let members: BTreeMap<u64, String> = cluster
+            .endpoints
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (i as u64 + 1, a.clone()))
+            .collect();
         let mut first = connect_within(&cluster.endpoints[0], Duration::from_secs(15)).await?;
         first.initialize(InitializeRequest { members }).await?;
         cluster.wait_healthy(Duration::from_secs(30)).await?;
@@ -62,7 +75,10 @@ impl ProcessCluster {
             if healthy == self.endpoints.len() {
                 return Ok(());
             }
-            anyhow::ensure!(start.elapsed() < within, "the cluster did not become healthy within {within:?}");
+            anyhow::ensure!(
+                start.elapsed() < within,
+                "the cluster did not become healthy within {within:?}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -81,7 +97,10 @@ impl ProcessCluster {
 }
 
 /// Processes take a moment to listen: retry until `within`.
-async fn connect_within(endpoint: &str, within: Duration) -> anyhow::Result<AdminClient<tonic::transport::Channel>> {
+async fn connect_within(
+    endpoint: &str,
+    within: Duration,
+) -> anyhow::Result<AdminClient<tonic::transport::Channel>> {
     let start = Instant::now();
     loop {
         match connect(endpoint).await {

@@ -8,7 +8,11 @@ use std::time::{Duration, Instant};
 /// Appends 512 bytes and `fdatasync`s, one after another, for `duration`.
 pub fn fdatasync_rate(dir: &Path, duration: Duration) -> std::io::Result<f64> {
     let path = dir.join("fdatasync-probe");
-    let mut file = OpenOptions::new().create(true).truncate(true).write(true).open(&path)?;
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(&path)?;
     let block = [0u8; 512];
     let start = Instant::now();
     let mut syncs = 0u64;

@@ -17,7 +17,10 @@ use tally_client::cli::bench::{drive, BenchArgs, BenchReport};
 use tally_client::{ClientConfig, TallyClient};
 
 #[derive(Debug, Parser)]
-#[command(name = "tally-bench", about = "Cluster load benchmark against the disk's fdatasync rate")]
+#[command(
+    name = "tally-bench",
+    about = "Cluster load benchmark against the disk's fdatasync rate"
+)]
 struct Args {
     /// The tally-node binary (default: next to this one).
     #[arg(long)]
@@ -53,16 +56,32 @@ async fn main() -> anyhow::Result<()> {
         Some(binary) => binary,
         None => std::env::current_exe()?.with_file_name("tally-node"),
     };
-    anyhow::ensure!(binary.exists(), "{} not found: build it (cargo build --release -p tally-authority)", binary.display());
+    anyhow::ensure!(
+        binary.exists(),
+        "{} not found: build it (cargo build --release -p tally-authority)",
+        binary.display()
+    );
     let temp = tempfile::tempdir_in(args.data_dir.clone().unwrap_or_else(std::env::temp_dir))?;
     let fdatasync = fsync::fdatasync_rate(temp.path(), Duration::from_secs(3))?;
-    println!("disk: {fdatasync:.0} sequential fdatasync/s (512 B appends) in {}", temp.path().display());
+    println!(
+        "disk: {fdatasync:.0} sequential fdatasync/s (512 B appends) in {}",
+        temp.path().display()
+    );
 
     let cluster = cluster::ProcessCluster::start(&binary, temp.path(), 3, args.base_port).await?;
-    println!("cluster: 3 tally-node processes on {}", cluster.endpoints.join(", "));
-    let client = Arc::new(TallyClient::new(ClientConfig::new(cluster.endpoints.clone()))?);
+    println!(
+        "cluster: 3 tally-node processes on {}",
+        cluster.endpoints.join(", ")
+    );
+    let client = Arc::new(TallyClient::new(ClientConfig::new(
+        cluster.endpoints.clone(),
+    ))?);
     let mut scenarios = Vec::new();
-    for (name, batch, concurrency) in [("unary", 0, 64), ("batch 64", 64, 256), ("batch 256", 256, 1_024)] {
+    for (name, batch, concurrency) in [
+        ("unary", 0, 64),
+        ("batch 64", 64, 256),
+        ("batch 256", 256, 1_024),
+    ] {
         let before = cluster.leader_last_log().await?;
         let bench = BenchArgs {
             families: args.families,
@@ -73,7 +92,11 @@ async fn main() -> anyhow::Result<()> {
             quiet: true,
         };
         let report = drive(client.clone(), &bench).await;
-        let entries = cluster.leader_last_log().await?.saturating_sub(before).max(1);
+        let entries = cluster
+            .leader_last_log()
+            .await?
+            .saturating_sub(before)
+            .max(1);
         let scenario = Scenario {
             name: name.to_owned(),
             commands_per_entry: report.commands as f64 / entries as f64,

@@ -41,6 +41,8 @@
 
 mod codec;
 mod error;
+#[cfg(feature = "failpoints")]
+pub mod failpoint;
 mod metrics;
 mod open;
 mod reader;

@@ -203,7 +203,8 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C> {
     /// learns the rest from the leader. Every entry it names is already durable in the log.
     async fn save_committed(&mut self, committed: Option<LogIdOf<C>>) -> Result<(), io::Error> {
         let bytes = encode(&committed, || "committed log id".to_string())?;
-        self.write(move |s| txn::put_hint(s, KEY_COMMITTED, &bytes)).await?;
+        self.write(move |s| txn::put_hint(s, KEY_COMMITTED, &bytes))
+            .await?;
         Ok(())
     }
 
@@ -235,6 +236,8 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C> {
             return Err(report_failure(callback, e));
         }
         self.metrics.record_append(count, bytes);
+        #[cfg(feature = "failpoints")]
+        crate::failpoint::abort_if_armed(crate::failpoint::LOG_AFTER_APPEND);
         callback.io_completed(Ok(()));
         Ok(())
     }

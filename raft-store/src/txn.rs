@@ -67,7 +67,12 @@ pub(crate) fn put_hint(shared: &Shared, key: &str, bytes: &[u8]) -> Result<(), S
     put_with(shared, key, bytes, Durability::None)
 }
 
-fn put_with(shared: &Shared, key: &str, bytes: &[u8], durability: Durability) -> Result<(), StoreError> {
+fn put_with(
+    shared: &Shared,
+    key: &str,
+    bytes: &[u8],
+    durability: Durability,
+) -> Result<(), StoreError> {
     let txn = begin_with(shared, durability)?;
     {
         let mut state = txn.open_table(STATE)?;

@@ -17,7 +17,11 @@ struct Dev {
 impl Dev {
     fn start(data_dir: &std::path::Path, base_port: u16) -> Dev {
         let binary = workspace_binary("tally-node");
-        assert!(binary.exists(), "{} is built by `cargo nextest run --workspace`", binary.display());
+        assert!(
+            binary.exists(),
+            "{} is built by `cargo nextest run --workspace`",
+            binary.display()
+        );
         let mut child = Command::new(binary)
             .args(["dev", "--data-dir"])
             .arg(data_dir)
@@ -75,20 +79,38 @@ impl Drop for Dev {
 }
 
 fn tally(base_port: u16, args: &[&str]) -> (i32, String) {
-    let endpoints = (1..=3).map(|i| format!("127.0.0.1:{}", base_port + i)).collect::<Vec<_>>().join(",");
+    let endpoints = (1..=3)
+        .map(|i| format!("127.0.0.1:{}", base_port + i))
+        .collect::<Vec<_>>()
+        .join(",");
     let output = Command::new(workspace_binary("tally"))
         .arg("--endpoints")
         .arg(endpoints)
         .args(args)
         .output()
         .expect("tally runs");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
     (output.status.code().unwrap_or(-1), text)
 }
 
 const AUTHORIZE: &[&str] = &[
-    "hold", "authorize", "--family", "acme", "--capability", "cap-7", "--hold", "h1", "--units", "100",
-    "--max-cost-per-invocation", "100", "--max-total-cost", "1000", "--currency", "USD",
+    "hold",
+    "authorize",
+    "--family",
+    "acme",
+    "--capability",
+    "cap-7",
+    "--hold",
+    "h1",
+    "--units",
+    "100",
+    "--max-cost-per-invocation",
+    "100",
+    "--max-total-cost",
+    "1000",
+    "--currency",
+    "USD",
 ];
 
 #[test]
@@ -98,8 +120,16 @@ fn the_dev_cluster_serves_stops_on_sigterm_and_restarts_with_its_state() {
 
     let dev = Dev::start(dir.path(), base_port);
     let banner = dev.wait_for("Ctrl-C or SIGTERM stops the cluster");
-    assert!(banner.iter().any(|l| l.contains("initialized a new 3-node cluster")), "{banner:#?}");
-    assert!(banner.iter().any(|l| l.contains("grpcurl")), "an example call is printed");
+    assert!(
+        banner
+            .iter()
+            .any(|l| l.contains("initialized a new 3-node cluster")),
+        "{banner:#?}"
+    );
+    assert!(
+        banner.iter().any(|l| l.contains("grpcurl")),
+        "an example call is printed"
+    );
 
     let (code, out) = tally(base_port, AUTHORIZE);
     assert_eq!(code, 0, "{out}");
@@ -107,17 +137,28 @@ fn the_dev_cluster_serves_stops_on_sigterm_and_restarts_with_its_state() {
     let (code, out) = tally(base_port, &["status", "--json"]);
     assert_eq!(code, 0, "{out}");
     let status: serde_json::Value = serde_json::from_str(&out).expect("JSON status");
-    let leaders = status.as_array().expect("one row per node").iter().filter(|n| n["role"] == "leader").count();
+    let leaders = status
+        .as_array()
+        .expect("one row per node")
+        .iter()
+        .filter(|n| n["role"] == "leader")
+        .count();
     assert_eq!(leaders, 1, "{out}");
     dev.stop();
 
     let dev = Dev::start(dir.path(), base_port);
     let banner = dev.wait_for("Ctrl-C or SIGTERM stops the cluster");
-    assert!(banner.iter().any(|l| l.contains("restarting the cluster")), "{banner:#?}");
+    assert!(
+        banner.iter().any(|l| l.contains("restarting the cluster")),
+        "{banner:#?}"
+    );
     let (code, out) = tally(base_port, &["usage", "--family", "acme", "--json"]);
     assert_eq!(code, 0, "{out}");
     let usage: serde_json::Value = serde_json::from_str(&out).expect("JSON usage");
-    assert_eq!(usage[0]["account"]["invocation_count"], 1, "the restarted cluster kept its state: {out}");
+    assert_eq!(
+        usage[0]["account"]["invocation_count"], 1,
+        "the restarted cluster kept its state: {out}"
+    );
     // The same command again is a replay, answered from the stored outcome.
     let (code, out) = tally(base_port, AUTHORIZE);
     assert_eq!(code, 0, "{out}");
