@@ -1,6 +1,7 @@
 //! One budget family: all accounts, holds, events and nonces of a delegation chain, and the
 //! single entry point `Family::apply` that every replica runs in log order.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
@@ -10,10 +11,11 @@ use crate::cluster_time::ClusterParams;
 use crate::command::{ClientCommand, Command, Operation};
 use crate::commit_index::{BudgetCommitIndex, LogPosition};
 use crate::decision::{Decision, Outcome};
+use crate::dedupe::{AppliedRow, DedupeEntry, Retained};
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::{AccountImage, EventRecord};
-use crate::hold::{Hold, HoldSlot};
-use crate::identity::{Identity, StoredIdentity};
+use crate::hold::HoldSlot;
+use crate::identity::Identity;
 use crate::ids::{EventId, FamilyId, HoldId, NonceId};
 use crate::keyed::Keyed;
 use crate::limits::MAX_EVENTS_PER_COMMAND;
@@ -36,28 +38,16 @@ impl ApplyCtx {
     }
 }
 
-/// A dedupe-table row (SPEC.md §5): an applied command's stored answer, or a tombstone.
-/// Boxed, so the table's tree nodes stay small: every command inserts a row in the middle
-/// of a leaf, and the table keeps a row per applied event for ever.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum DedupeEntry {
-    Applied(Box<AppliedRow>),
-    Tombstoned(Box<StoredIdentity>),
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct AppliedRow {
-    pub identity: StoredIdentity,
-    pub decision: Decision,
-}
-
 /// Work that becomes due once cluster time passes a command's `not_after_ms + retention_ms`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub(crate) enum CompactionItem {
-    /// Drop a full event from the journal.
+    /// Drop a cluster event (an expiry) from the journal.
     Journal(BudgetCommitIndex),
-    /// Shrink an applied identity to its digest, or forget a tombstone.
-    Dedupe(Keyed<EventId>),
+    /// Drop an applied command's full identity and its own event; its row keeps the digest.
+    /// The queue entry holds them (a `Retained`).
+    Command(Keyed<EventId>),
+    /// Forget a tombstone. The queue entry holds its full identity until then.
+    Tombstone(Keyed<EventId>),
     /// Replace a terminal hold by its archive record.
     Hold(Keyed<HoldId>),
     /// Forget a nonce whose expiry has passed.
@@ -77,12 +67,15 @@ pub struct Family {
     pub(crate) nonces: BTreeMap<NonceId, u64>,
     /// Authorized holds with an expiry, in `(expires_at_ms, hold_id)` order.
     pub(crate) expiry_index: BTreeSet<(u64, HoldId)>,
-    pub(crate) compaction_queue: BTreeSet<(u64, CompactionItem)>,
+    /// Compaction work by due time; a command's or tombstone's entry retains its identity.
+    pub(crate) compaction_queue: CompactionQueue,
     pub(crate) live_holds: usize,
     /// Node-local guard that commands arrive in log order; not replicated state.
     #[serde(skip)]
     pub(crate) order_guard: OrderGuard,
 }
+
+pub(crate) type CompactionQueue = BTreeMap<(u64, CompactionItem), Option<Box<Retained>>>;
 
 /// The base index of the last command applied here. Excluded from encoding, digest and
 /// equality: a replay must leave the replicated state byte-identical, and a restored family
@@ -103,6 +96,8 @@ pub(crate) struct Step<'c> {
     pub ctx: &'c ApplyCtx,
     base: BudgetCommitIndex,
     appended: usize,
+    /// The client command's own event, once appended: it is compacted with the command.
+    own_event: Option<BudgetCommitIndex>,
 }
 
 impl<'c> Step<'c> {
@@ -111,6 +106,7 @@ impl<'c> Step<'c> {
             ctx,
             base: ctx.base_index(),
             appended: 0,
+            own_event: None,
         }
     }
 
@@ -136,8 +132,106 @@ impl<'c> Step<'c> {
 /// The fields of a new event that vary; `Family::append` fills in the rest.
 pub(crate) struct NewEvent {
     pub record: EventRecord,
-    /// Cluster time after which the event may leave memory (before retention).
-    pub keep_until_ms: u64,
+    pub keep: Keep,
+}
+
+/// How long an event stays in the journal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Keep {
+    /// The client command's own event: it leaves with the command's full identity, once
+    /// cluster time passes the command's `not_after_ms + retention_ms`.
+    WithCommand,
+    /// A cluster event (an expiry): until this cluster time, plus retention.
+    Until(u64),
+}
+
+/// Everything a command writes besides holds and the dedupe table (see `Family::split`).
+pub(crate) struct Books<'f> {
+    pub family_id: &'f FamilyId,
+    pub accounts: &'f mut BTreeMap<AccountKey, Account>,
+    pub journal: &'f mut BTreeMap<BudgetCommitIndex, Box<EventRecord>>,
+    pub expiry_index: &'f mut BTreeSet<(u64, HoldId)>,
+    pub compaction_queue: &'f mut CompactionQueue,
+    pub live_holds: &'f mut usize,
+}
+
+impl Books<'_> {
+    /// Appends an event at the next position of this command and schedules its compaction.
+    pub fn append(&mut self, step: &mut Step<'_>, mut event: NewEvent) -> BudgetCommitIndex {
+        let index = step.next_index();
+        event.record.commit_index = index;
+        event.record.log_id = step.ctx.log_id;
+        event.record.at_ms = step.now_ms();
+        match event.keep {
+            Keep::WithCommand => {
+                assert!(
+                    step.own_event.is_none(),
+                    "a command appended two events of its own"
+                );
+                step.own_event = Some(index);
+            }
+            Keep::Until(keep_until_ms) => {
+                let due = keep_until_ms.max(step.now_ms());
+                self.schedule(due, step.ctx.params, CompactionItem::Journal(index));
+            }
+        }
+        let previous = self.journal.insert(index, Box::new(event.record));
+        assert!(previous.is_none(), "commit index {index:?} used twice");
+        index
+    }
+
+    pub fn schedule(&mut self, keep_until_ms: u64, params: ClusterParams, item: CompactionItem) {
+        let due = keep_until_ms.saturating_add(params.retention_ms);
+        self.compaction_queue.insert((due, item), None);
+    }
+
+    /// The after-images of `keys` changed by `change` and stamped with `index` and `now_ms`;
+    /// nothing is written (see `commit_accounts`), so a failing step changes nothing.
+    pub fn plan_accounts(
+        &self,
+        keys: &[AccountKey],
+        index: BudgetCommitIndex,
+        now_ms: u64,
+        change: impl Fn(&Account) -> Result<Account, LedgerError>,
+    ) -> Result<Vec<AccountImage>, LedgerError> {
+        let mut images = Vec::with_capacity(keys.len());
+        for key in keys {
+            let account = self.accounts.get(key).unwrap_or_else(|| {
+                panic!("family {}: hold account {key:?} has no row", self.family_id)
+            });
+            images.push(stamped(key, change(account)?, index, now_ms));
+        }
+        Ok(images)
+    }
+
+    /// Writes planned rows (creating those that are new).
+    pub fn commit_accounts(&mut self, images: &[AccountImage]) {
+        for image in images {
+            image.account.assert_consistent(&image.key);
+            match self.accounts.get_mut(&image.key) {
+                Some(row) => *row = image.account.clone(),
+                None => {
+                    self.accounts
+                        .insert(image.key.clone(), image.account.clone());
+                }
+            }
+        }
+    }
+}
+
+/// An account's after-image, stamped with the event that changes it.
+pub(crate) fn stamped(
+    key: &AccountKey,
+    mut account: Account,
+    index: BudgetCommitIndex,
+    now_ms: u64,
+) -> AccountImage {
+    account.seq = index;
+    account.updated_at_ms = now_ms;
+    AccountImage {
+        key: key.clone(),
+        account,
+    }
 }
 
 impl Family {
@@ -150,7 +244,7 @@ impl Family {
             journal: BTreeMap::new(),
             nonces: BTreeMap::new(),
             expiry_index: BTreeSet::new(),
-            compaction_queue: BTreeSet::new(),
+            compaction_queue: BTreeMap::new(),
             live_holds: 0,
             order_guard: OrderGuard::default(),
         }
@@ -190,7 +284,7 @@ impl Family {
         if result.is_err() {
             // Only the expiry of a touched hold may have been appended (SPEC.md §4).
             assert!(
-                step.appended() <= 1,
+                step.appended() <= 1 && step.own_event.is_none(),
                 "an erroring command appended more than an expiry"
             );
         }
@@ -207,27 +301,51 @@ impl Family {
         step: &mut Step<'_>,
     ) -> Result<Decision, LedgerError> {
         cmd.validate()?;
-        let identity = Identity::of(cmd);
-        if let Some(entry) = self.dedupe.get(&cmd.header.event_id) {
-            return match entry {
-                DedupeEntry::Tombstoned(stored) => {
-                    stored
-                        .compare(&identity)
-                        .map_err(LedgerError::conflict_fields)?;
-                    Err(LedgerError::precondition(
-                        PreconditionCode::EventAborted,
-                        "event aborted: ResolveEvent made it final that this command never applies",
-                    ))
-                }
-                DedupeEntry::Applied(row) => {
-                    row.identity
-                        .compare(&identity)
-                        .map_err(LedgerError::conflict_fields)?;
-                    let decision = row.decision.clone();
-                    self.replay(cmd, decision, step.now_ms())
-                }
-            };
+        // Moved out while the command runs, so the row's slot, found once here, is filled at
+        // the end without a second search of the family's largest map. No command reads the
+        // table, and it is back before compaction. (After a panic the family is discarded.)
+        let mut dedupe = std::mem::take(&mut self.dedupe);
+        let result = match dedupe.entry(cmd.header.event_id.clone()) {
+            Entry::Occupied(entry) => self.answer_again(entry.get(), cmd, step),
+            Entry::Vacant(slot) => self.apply_fresh(cmd, step).map(|(decision, row)| {
+                slot.insert(row);
+                decision
+            }),
+        };
+        assert!(self.dedupe.is_empty(), "a command wrote the dedupe table");
+        self.dedupe = dedupe;
+        result
+    }
+
+    /// A command whose `event_id` has a row: a replay, or a conflict (SPEC.md §5.2–5.4).
+    fn answer_again(
+        &self,
+        entry: &DedupeEntry,
+        cmd: &ClientCommand,
+        step: &Step<'_>,
+    ) -> Result<Decision, LedgerError> {
+        match entry {
+            DedupeEntry::Tombstoned(stored) => {
+                self.same_command(stored, CompactionItem::Tombstone, cmd)?;
+                Err(LedgerError::precondition(
+                    PreconditionCode::EventAborted,
+                    "event aborted: ResolveEvent made it final that this command never applies",
+                ))
+            }
+            DedupeEntry::Applied(row) => {
+                self.same_command(&row.identity, CompactionItem::Command, cmd)?;
+                let decision = row.decision(&cmd.header.event_id);
+                self.replay(cmd, decision, step.now_ms())
+            }
         }
+    }
+
+    /// A command seen for the first time: its decision, and the dedupe row to store.
+    fn apply_fresh(
+        &mut self,
+        cmd: &ClientCommand,
+        step: &mut Step<'_>,
+    ) -> Result<(Decision, DedupeEntry), LedgerError> {
         self.check_fresh(cmd, step.now_ms())?;
         let decision = match &cmd.op {
             Operation::AuthorizeHold { .. } => self.authorize_hold(cmd, step)?,
@@ -267,8 +385,8 @@ impl Family {
                 expires_at_ms,
             } => self.consume_nonce(cmd, nonce_id, *expires_at_ms, step)?,
         };
-        self.remember(cmd, identity, &decision, step);
-        Ok(decision)
+        let row = self.remember(cmd, &decision, step);
+        Ok((decision, row))
     }
 
     /// A new command must still be in time, and must not ask to stay in memory for ever.
@@ -294,94 +412,53 @@ impl Family {
         Ok(())
     }
 
+    /// The row of a command that applied; queues the compaction of its full identity and
+    /// own event.
     fn remember(
         &mut self,
         cmd: &ClientCommand,
-        identity: Identity,
         decision: &Decision,
         step: &Step<'_>,
-    ) {
-        let key = Keyed::new(cmd.header.event_id.clone());
-        let due = cmd.header.not_after_ms.max(step.now_ms());
-        self.schedule(due, step.ctx.params, CompactionItem::Dedupe(key.clone()));
-        let entry = DedupeEntry::Applied(Box::new(AppliedRow {
-            identity: StoredIdentity::Full(Box::new(identity)),
-            decision: decision.clone(),
-        }));
-        let previous = self.dedupe.insert(key.id().clone(), entry);
-        assert!(previous.is_none(), "an event id was applied twice");
+    ) -> DedupeEntry {
+        let due = cmd
+            .header
+            .not_after_ms
+            .max(step.now_ms())
+            .saturating_add(step.ctx.params.retention_ms);
+        let retained = Retained {
+            identity: Identity::of(cmd),
+            event: step.own_event,
+        };
+        let identity = self.retain(cmd, due, CompactionItem::Command, retained);
+        DedupeEntry::Applied(Box::new(AppliedRow {
+            identity,
+            outcome: decision.outcome.clone(),
+            commit_index: decision.commit_index,
+            log_id: decision.log_id,
+        }))
+    }
+
+    /// The holds, and everything else a command writes, borrowed apart: a hold command looks
+    /// its hold up once and changes it in place while it writes accounts and the journal.
+    pub(crate) fn split(&mut self) -> (&mut BTreeMap<HoldId, HoldSlot>, Books<'_>) {
+        let books = Books {
+            family_id: &self.family_id,
+            accounts: &mut self.accounts,
+            journal: &mut self.journal,
+            expiry_index: &mut self.expiry_index,
+            compaction_queue: &mut self.compaction_queue,
+            live_holds: &mut self.live_holds,
+        };
+        (&mut self.holds, books)
+    }
+
+    pub(crate) fn books(&mut self) -> Books<'_> {
+        self.split().1
     }
 
     /// Appends an event at the next position of this command and schedules its compaction.
-    pub(crate) fn append(&mut self, step: &mut Step<'_>, mut event: NewEvent) -> BudgetCommitIndex {
-        let index = step.next_index();
-        event.record.commit_index = index;
-        event.record.log_id = step.ctx.log_id;
-        event.record.at_ms = step.now_ms();
-        let due = event.keep_until_ms.max(step.now_ms());
-        self.schedule(due, step.ctx.params, CompactionItem::Journal(index));
-        let previous = self.journal.insert(index, Box::new(event.record));
-        assert!(previous.is_none(), "commit index {index:?} used twice");
-        index
-    }
-
-    pub(crate) fn schedule(
-        &mut self,
-        keep_until_ms: u64,
-        params: ClusterParams,
-        item: CompactionItem,
-    ) {
-        let due = keep_until_ms.saturating_add(params.retention_ms);
-        self.compaction_queue.insert((due, item));
-    }
-
-    /// Writes planned account rows, stamping `seq` and time, and returns their after-images.
-    pub(crate) fn commit_accounts(
-        &mut self,
-        planned: Vec<(AccountKey, Account)>,
-        index: BudgetCommitIndex,
-        now_ms: u64,
-    ) -> Vec<AccountImage> {
-        planned
-            .into_iter()
-            .map(|(key, mut account)| {
-                account.seq = index;
-                account.updated_at_ms = now_ms;
-                account.assert_consistent(&key);
-                self.accounts.insert(key.clone(), account.clone());
-                AccountImage { key, account }
-            })
-            .collect()
-    }
-
-    /// Computes the new rows of `keys` with `change`; nothing is written if any step fails.
-    pub(crate) fn plan_accounts(
-        &self,
-        keys: &[AccountKey],
-        change: impl Fn(&Account) -> Result<Account, LedgerError>,
-    ) -> Result<Vec<(AccountKey, Account)>, LedgerError> {
-        keys.iter()
-            .map(|key| {
-                let account = self.accounts.get(key).unwrap_or_else(|| {
-                    panic!("family {}: hold account {key:?} has no row", self.family_id)
-                });
-                Ok((key.clone(), change(account)?))
-            })
-            .collect()
-    }
-
-    pub(crate) fn live_hold(&self, hold_id: &HoldId) -> &Hold {
-        match self.holds.get(hold_id) {
-            Some(HoldSlot::Live(hold)) => hold,
-            other => panic!("hold {hold_id} expected live, found {other:?}"),
-        }
-    }
-
-    pub(crate) fn live_hold_mut(&mut self, hold_id: &HoldId) -> &mut Hold {
-        match self.holds.get_mut(hold_id) {
-            Some(HoldSlot::Live(hold)) => hold,
-            other => panic!("hold {hold_id} expected live, found {other:?}"),
-        }
+    pub(crate) fn append(&mut self, step: &mut Step<'_>, event: NewEvent) -> BudgetCommitIndex {
+        self.books().append(step, event)
     }
 
     /// A blank decision for `event_id` at `index`.

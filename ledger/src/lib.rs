@@ -9,6 +9,7 @@ pub mod command;
 pub mod commit_index;
 mod compaction;
 pub mod decision;
+mod dedupe;
 pub mod error;
 pub mod event;
 pub mod family;

@@ -2,8 +2,9 @@
 
 use crate::account::{AccountKey, UsageRecord};
 use crate::commit_index::BudgetCommitIndex;
+use crate::dedupe::DedupeEntry;
 use crate::event::{EventLookup, EventRecord};
-use crate::family::{DedupeEntry, Family};
+use crate::family::Family;
 use crate::hold::{Hold, HoldSlot, HoldView, InvocationState};
 use crate::ids::{CapabilityId, EventId, HoldId};
 use crate::limits::MAX_LIST_LIMIT;
@@ -66,16 +67,13 @@ impl Family {
     pub fn get_event(&self, event_id: &EventId) -> EventLookup {
         match self.dedupe.get(event_id) {
             Some(DedupeEntry::Applied(row)) => {
-                let decision = &row.decision;
+                let decision = row.decision(event_id);
                 let record = decision
                     .commit_index
                     .and_then(|index| self.journal.get(&index))
                     .filter(|record| &record.event_id == event_id)
                     .map(|record| (**record).clone());
-                EventLookup::Applied {
-                    decision: decision.clone(),
-                    record,
-                }
+                EventLookup::Applied { decision, record }
             }
             Some(DedupeEntry::Tombstoned(_)) => EventLookup::Tombstoned,
             None if event_id.is_reserved() => self.cluster_event(event_id),

@@ -1,11 +1,14 @@
 //! `AuthorizeHold`: reserve on the grant account and every ancestor account, atomically.
 
-use crate::account::{Account, AccountKey};
+use std::borrow::Cow;
+use std::collections::btree_map::Entry;
+
+use crate::account::{Account, AccountKey, GrantLimits};
 use crate::command::{ClientCommand, Operation};
 use crate::decision::{Decision, Outcome};
 use crate::error::{checked_add, ConflictReason, LedgerError, PreconditionCode};
 use crate::event::{EventKind, EventRecord};
-use crate::family::{Family, NewEvent, Step};
+use crate::family::{stamped, Family, Keep, NewEvent, Step};
 use crate::hold::{Hold, HoldSlot, HoldTransition, InvocationState, MonetaryState};
 use crate::limits::MAX_LIVE_HOLDS_PER_FAMILY;
 
@@ -26,12 +29,16 @@ impl Family {
             unreachable!("authorize_hold called with {}", cmd.op.name());
         };
         let requested = *requested_exposure_units;
-        if self.holds.contains_key(hold_id) {
-            return Err(LedgerError::Conflict(ConflictReason::HoldReused {
-                hold_id: hold_id.to_string(),
-            }));
-        }
-        if self.live_holds >= MAX_LIVE_HOLDS_PER_FAMILY {
+        let (holds, mut books) = self.split();
+        let slot = match holds.entry(hold_id.clone()) {
+            Entry::Occupied(_) => {
+                return Err(LedgerError::Conflict(ConflictReason::HoldReused {
+                    hold_id: hold_id.to_string(),
+                }))
+            }
+            Entry::Vacant(slot) => slot,
+        };
+        if *books.live_holds >= MAX_LIVE_HOLDS_PER_FAMILY {
             return Err(LedgerError::precondition(
                 PreconditionCode::FamilyFull,
                 format!("family holds {MAX_LIVE_HOLDS_PER_FAMILY} live holds; finish some first"),
@@ -42,37 +49,39 @@ impl Family {
             Some(timeout) => Some(checked_add(now_ms, *timeout, "hold expiry")?),
             None => None,
         };
-        let mut targets: Vec<(AccountKey, &crate::account::GrantLimits)> =
-            vec![(cmd.header.account(), limits)];
-        targets.extend(ancestors.iter().map(|a| (a.account.clone(), &a.limits)));
+        let grant = cmd.header.account();
+        // The grant account, then each ancestor account, with the limits the command names.
+        let targets = || {
+            std::iter::once((&grant, limits))
+                .chain(ancestors.iter().map(|a| (&a.account, &a.limits)))
+        };
 
         // Pinned limits first: a mismatch is an error, not a denial.
-        let mut current = Vec::with_capacity(targets.len());
-        for (key, limits) in &targets {
-            let account = match self.accounts.get(key) {
-                Some(account) => {
-                    account.check_pinned(limits)?;
-                    account.clone()
-                }
-                None => Account::new((*limits).clone()),
-            };
-            current.push(account);
+        for (key, limits) in targets() {
+            if let Some(account) = books.accounts.get(key) {
+                account.check_pinned(limits)?;
+            }
         }
+        let current = |key: &AccountKey, limits: &GrantLimits| match books.accounts.get(key) {
+            Some(account) => Cow::Borrowed(account),
+            None => Cow::Owned(Account::new(limits.clone())),
+        };
         let mut denial = None;
-        for ((key, _), account) in targets.iter().zip(&current) {
-            if let Some(reason) = account.admit(key, requested, true)? {
+        for (key, limits) in targets() {
+            if let Some(reason) = current(key, limits).admit(key, requested, true)? {
                 denial = Some(reason);
                 break;
             }
         }
-        let planned = match denial {
-            Some(_) => Vec::new(),
-            None => targets
-                .iter()
-                .zip(&current)
-                .map(|((key, _), account)| Ok((key.clone(), account.admitted(requested, false)?)))
-                .collect::<Result<Vec<_>, LedgerError>>()?,
-        };
+        let index = step.ctx.base_index();
+        let mut after_images = Vec::new();
+        if denial.is_none() {
+            after_images.reserve_exact(1 + ancestors.len());
+            for (key, limits) in targets() {
+                let next = current(key, limits).admitted(requested, false)?;
+                after_images.push(stamped(key, next, index, now_ms));
+            }
+        }
 
         let kind = if limits.max_invocations.is_some() {
             EventKind::ReserveInvocation
@@ -106,19 +115,16 @@ impl Family {
             after_images: Vec::new(),
         };
         if let Some(reason) = denial {
-            let index = self.append(
+            let index = books.append(
                 step,
                 NewEvent {
                     record,
-                    keep_until_ms: cmd.header.not_after_ms,
+                    keep: Keep::WithCommand,
                 },
             );
-            self.holds.insert(
-                hold_id.clone(),
-                HoldSlot::Denied {
-                    event_id: cmd.header.event_id.clone(),
-                },
-            );
+            slot.insert(HoldSlot::Denied {
+                event_id: cmd.header.event_id.clone(),
+            });
             return Ok(Family::decided(
                 &cmd.header.event_id,
                 Outcome::Denied { reason },
@@ -127,8 +133,8 @@ impl Family {
             ));
         }
 
-        let accounts: Vec<AccountKey> = planned.iter().map(|(key, _)| key.clone()).collect();
-        let index_preview = step.ctx.base_index();
+        let accounts: Vec<AccountKey> =
+            after_images.iter().map(|image| image.key.clone()).collect();
         let hold = Hold {
             hold_id: hold_id.clone(),
             capability_id: cmd.header.capability_id.clone(),
@@ -147,32 +153,32 @@ impl Family {
             capture_attempt_id: None,
             authorized: HoldTransition {
                 event_id: cmd.header.event_id.clone(),
-                commit_index: index_preview,
+                commit_index: index,
             },
             captured: None,
             last_release: None,
             terminal: None,
             terminal_at_ms: None,
         };
+        books.commit_accounts(&after_images);
         record.hold_after = Some(hold.states());
-        record.after_images = self.commit_accounts(planned, index_preview, now_ms);
-        let index = self.append(
+        record.after_images = after_images;
+        let appended = books.append(
             step,
             NewEvent {
                 record,
-                keep_until_ms: cmd.header.not_after_ms,
+                keep: Keep::WithCommand,
             },
         );
         assert_eq!(
-            index, index_preview,
+            appended, index,
             "the authorize event must be the command's first"
         );
         if let Some(at) = expires_at_ms {
-            self.expiry_index.insert((at, hold_id.clone()));
+            books.expiry_index.insert((at, hold_id.clone()));
         }
-        self.holds
-            .insert(hold_id.clone(), HoldSlot::Live(Box::new(hold)));
-        self.live_holds += 1;
+        slot.insert(HoldSlot::Live(Box::new(hold)));
+        *books.live_holds += 1;
         let outcome = Outcome::Authorized {
             hold_id: hold_id.clone(),
             exposure_units: requested,

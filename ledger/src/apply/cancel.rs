@@ -5,11 +5,11 @@ use crate::command::ClientCommand;
 use crate::decision::{Decision, Outcome};
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::EventKind;
-use crate::family::{Family, Step};
+use crate::family::{Family, Keep, Step};
 use crate::hold::{InvocationState, MonetaryState};
 use crate::ids::HoldId;
 
-use super::hold_lookup::{hold_expired, Found, SlotHeld};
+use super::hold_lookup::{end_hold, hold_expired, touch_hold, Found, SlotHeld};
 
 impl Family {
     pub(crate) fn cancel_captured(
@@ -18,17 +18,17 @@ impl Family {
         hold_id: &HoldId,
         step: &mut Step<'_>,
     ) -> Result<Decision, LedgerError> {
-        match self.touch_hold(hold_id, cmd, step)? {
-            Found::JustExpired(_) => return Err(hold_expired(hold_id)),
-            Found::Archived => {
+        let (holds, mut books) = self.split();
+        let hold = match touch_hold(holds, &mut books, hold_id, cmd, step)? {
+            Found::JustExpired(..) => return Err(hold_expired(hold_id)),
+            Found::Archived(_) => {
                 return Err(LedgerError::precondition(
                     PreconditionCode::HoldArchived,
                     format!("hold {hold_id} is past retention; it can no longer be cancelled"),
                 ))
             }
-            Found::Live => {}
-        }
-        let hold = self.live_hold(hold_id);
+            Found::Live(hold) => hold,
+        };
         if hold.invocation_state != InvocationState::Captured {
             return Err(LedgerError::precondition(
                 PreconditionCode::HoldNotCaptured,
@@ -51,11 +51,12 @@ impl Family {
             ));
         }
         let exposure_units = hold.remaining_exposure_units;
-        let index = self.end_hold(
-            hold_id,
+        let index = end_hold(
+            hold,
+            &mut books,
             EventKind::CancelCapturedBeforeDispatch,
             &cmd.header.event_id,
-            cmd.header.not_after_ms,
+            Keep::WithCommand,
             SlotHeld::Captured,
             step,
         )?;

@@ -5,11 +5,12 @@ use crate::command::ClientCommand;
 use crate::decision::{Decision, Outcome};
 use crate::error::{checked_add_u32, checked_sub_u32, LedgerError, PreconditionCode};
 use crate::event::{EventKind, EventRecord};
-use crate::family::{Family, NewEvent, Step};
+use crate::family::{CompactionItem, Family, Keep, NewEvent, Step};
 use crate::hold::{HoldTransition, InvocationState};
 use crate::ids::{AttemptId, HoldId};
+use crate::keyed::Keyed;
 
-use super::hold_lookup::{hold_expired, Found};
+use super::hold_lookup::{hold_event, hold_expired, touch_hold, Found};
 
 impl Family {
     pub(crate) fn capture(
@@ -19,12 +20,12 @@ impl Family {
         attempt_id: &AttemptId,
         step: &mut Step<'_>,
     ) -> Result<Decision, LedgerError> {
-        match self.touch_hold(hold_id, cmd, step)? {
-            Found::JustExpired(_) => return Err(hold_expired(hold_id)),
-            Found::Archived => return Err(not_authorized(hold_id, "terminal")),
-            Found::Live => {}
-        }
-        let hold = self.live_hold(hold_id);
+        let (holds, mut books) = self.split();
+        let hold = match touch_hold(holds, &mut books, hold_id, cmd, step)? {
+            Found::JustExpired(..) => return Err(hold_expired(hold_id)),
+            Found::Archived(_) => return Err(not_authorized(hold_id, "terminal")),
+            Found::Live(hold) => hold,
+        };
         if hold.invocation_state != InvocationState::Authorized {
             return Err(not_authorized(
                 hold_id,
@@ -38,7 +39,9 @@ impl Family {
             ));
         }
         let before = hold.states();
-        let planned = self.plan_accounts(&hold.accounts, |account| {
+        let now_ms = step.now_ms();
+        let index = step.ctx.base_index();
+        let after_images = books.plan_accounts(&hold.accounts, index, now_ms, |account| {
             let mut next = account.clone();
             next.reserved_invocations =
                 checked_sub_u32(next.reserved_invocations, 1, "reserved_invocations")?;
@@ -46,58 +49,45 @@ impl Family {
                 checked_add_u32(next.captured_invocations, 1, "captured_invocations")?;
             Ok(next)
         })?;
-        let now_ms = step.now_ms();
-        let index = step.ctx.base_index();
-        let after_images = self.commit_accounts(planned, index, now_ms);
-        let hold = self.live_hold_mut(hold_id);
+        books.commit_accounts(&after_images);
         hold.invocation_state = InvocationState::Captured;
         hold.capture_attempt_id = Some(attempt_id.clone());
         hold.captured = Some(HoldTransition {
             event_id: cmd.header.event_id.clone(),
             commit_index: index,
         });
-        let zero_exposure = hold.authorized_exposure_units == 0;
         let record = EventRecord {
-            event_id: cmd.header.event_id.clone(),
-            kind: EventKind::CaptureInvocation,
-            commit_index: index,
-            log_id: step.ctx.log_id,
-            at_ms: now_ms,
-            capability_id: cmd.header.capability_id.clone(),
-            grant_index: cmd.header.grant_index,
-            hold_id: Some(hold_id.clone()),
-            attempt_id: Some(attempt_id.clone()),
-            nonce_id: None,
-            allowed: true,
-            deny_reason: None,
             exposure_units: hold.remaining_exposure_units,
-            realized_units: 0,
-            limits: None,
             hold_before: Some(before),
-            hold_after: Some(hold.states()),
             after_images,
+            ..hold_event(
+                hold,
+                EventKind::CaptureInvocation,
+                &cmd.header.event_id,
+                step,
+            )
         };
         if let Some(at) = hold.expires_at_ms {
             // Captured holds never expire: the tool may have run.
-            self.expiry_index.remove(&(at, hold_id.clone()));
+            books.expiry_index.remove(&(at, hold_id.clone()));
         }
-        let appended = self.append(
+        let appended = books.append(
             step,
             NewEvent {
                 record,
-                keep_until_ms: cmd.header.not_after_ms,
+                keep: Keep::WithCommand,
             },
         );
         assert_eq!(
             appended, index,
             "the capture event must be the command's first"
         );
-        if zero_exposure {
+        if hold.authorized_exposure_units == 0 {
             // Final once captured; archived after retention like a terminal hold.
-            self.schedule(
+            books.schedule(
                 now_ms,
                 step.ctx.params,
-                crate::family::CompactionItem::Hold(crate::keyed::Keyed::new(hold_id.clone())),
+                CompactionItem::Hold(Keyed::new(hold_id.clone())),
             );
         }
         let outcome = Outcome::Captured {

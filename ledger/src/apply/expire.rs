@@ -3,8 +3,11 @@
 
 use crate::decision::{Decision, Outcome};
 use crate::family::{Family, Step};
+use crate::hold::HoldSlot;
 use crate::ids::EventId;
 use crate::limits::MAX_EXPIRED_PER_COMMAND;
+
+use super::hold_lookup::expire_hold;
 
 impl Family {
     pub(crate) fn expire_due(&mut self, up_to_ms: u64, step: &mut Step<'_>) -> Decision {
@@ -20,7 +23,12 @@ impl Family {
         let mut first_index = None;
         let mut hold_ids = Vec::new();
         for (_, hold_id) in due.into_iter().take(MAX_EXPIRED_PER_COMMAND) {
-            let index = self.expire_hold(&hold_id, step);
+            let (holds, mut books) = self.split();
+            let hold = match holds.get_mut(&hold_id) {
+                Some(HoldSlot::Live(hold)) => hold,
+                other => panic!("expiry index names hold {hold_id}, found {other:?}"),
+            };
+            let index = expire_hold(hold, &mut books, step);
             first_index.get_or_insert(index);
             hold_ids.push(hold_id);
         }
@@ -41,7 +49,7 @@ impl Family {
     /// The earliest time compaction has work: an idle family needs a command by then.
     pub fn next_compaction_ms(&self) -> Option<u64> {
         self.compaction_queue
-            .first()
-            .map(|(due, _)| due.saturating_add(1))
+            .first_key_value()
+            .map(|((due, _), _)| due.saturating_add(1))
     }
 }

@@ -6,7 +6,7 @@ use crate::command::{ClientCommand, Operation};
 use crate::decision::{Decision, Outcome};
 use crate::error::{checked_add, checked_sub, checked_sub_u32, LedgerError, PreconditionCode};
 use crate::event::{EventKind, EventRecord};
-use crate::family::{Family, NewEvent, Step};
+use crate::family::{stamped, Family, Keep, NewEvent, Step};
 
 impl Family {
     pub(crate) fn legacy(
@@ -86,13 +86,16 @@ impl Family {
         };
         let index = record.commit_index;
         if let Some(next) = next {
-            record.after_images = self.commit_accounts(vec![(key, next)], index, step.now_ms());
+            let image = stamped(&key, next, index, step.now_ms());
+            let mut books = self.books();
+            books.commit_accounts(std::slice::from_ref(&image));
+            record.after_images = vec![image];
         }
         let appended = self.append(
             step,
             NewEvent {
                 record,
-                keep_until_ms: cmd.header.not_after_ms,
+                keep: Keep::WithCommand,
             },
         );
         assert_eq!(

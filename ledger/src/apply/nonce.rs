@@ -5,7 +5,7 @@ use crate::command::ClientCommand;
 use crate::decision::{Decision, Outcome};
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::{EventKind, EventRecord};
-use crate::family::{CompactionItem, Family, NewEvent, Step};
+use crate::family::{CompactionItem, Family, Keep, NewEvent, Step};
 use crate::ids::NonceId;
 use crate::limits::MAX_NONCE_TTL_MS;
 
@@ -60,13 +60,15 @@ impl Family {
             step,
             NewEvent {
                 record,
-                keep_until_ms: cmd.header.not_after_ms,
+                keep: Keep::WithCommand,
             },
         );
         self.nonces.insert(nonce_id.clone(), expires_at_ms);
         // Forgotten once expired: a late copy is refused as expired, not as fresh.
-        self.compaction_queue
-            .insert((expires_at_ms, CompactionItem::Nonce(nonce_id.clone())));
+        self.compaction_queue.insert(
+            (expires_at_ms, CompactionItem::Nonce(nonce_id.clone())),
+            None,
+        );
         let outcome = Outcome::NonceConsumed {
             nonce_id: nonce_id.clone(),
         };

@@ -3,12 +3,13 @@
 use crate::command::ClientCommand;
 use crate::decision::{Decision, Outcome};
 use crate::error::{LedgerError, PreconditionCode};
-use crate::event::EventKind;
-use crate::family::{CompactionItem, Family, NewEvent, Step};
+use crate::event::{EventKind, EventRecord};
+use crate::family::{CompactionItem, Family, Keep, NewEvent, Step};
 use crate::hold::{HoldTransition, InvocationState, MonetaryState};
 use crate::ids::HoldId;
+use crate::keyed::Keyed;
 
-use super::hold_lookup::{hold_expired, Found};
+use super::hold_lookup::{hold_event, hold_expired, plan_exposure_change, touch_hold, Found};
 
 impl Family {
     pub(crate) fn reconcile_hold(
@@ -25,12 +26,12 @@ impl Family {
                 format!("hold {hold_id} is {state}, not Captured"),
             )
         };
-        match self.touch_hold(hold_id, cmd, step)? {
-            Found::JustExpired(_) => return Err(hold_expired(hold_id)),
-            Found::Archived => return Err(not_captured("terminal")),
-            Found::Live => {}
-        }
-        let hold = self.live_hold(hold_id);
+        let (holds, mut books) = self.split();
+        let hold = match touch_hold(holds, &mut books, hold_id, cmd, step)? {
+            Found::JustExpired(..) => return Err(hold_expired(hold_id)),
+            Found::Archived(_) => return Err(not_captured("terminal")),
+            Found::Live(hold) => hold,
+        };
         if hold.invocation_state != InvocationState::Captured {
             return Err(not_captured(&format!("{:?}", hold.invocation_state)));
         }
@@ -49,15 +50,12 @@ impl Family {
                 ),
             ));
         }
-        let planned = self.plan_exposure_change(hold_id, exposed_units, realized_units)?;
-        let mut record = self.hold_event(cmd, hold_id, EventKind::ReconcileSpend, step);
-        let index = record.commit_index;
+        let after_images = plan_exposure_change(&books, hold, exposed_units, realized_units, step)?;
+        books.commit_accounts(&after_images);
+        let index = step.ctx.base_index();
         let now_ms = step.now_ms();
-        record.exposure_units = exposed_units;
-        record.realized_units = realized_units;
-        record.after_images = self.commit_accounts(planned, index, now_ms);
+        let before = hold.states();
         let unspent_units = exposed_units - realized_units;
-        let hold = self.live_hold_mut(hold_id);
         hold.remaining_exposure_units = 0;
         hold.realized_units = realized_units;
         hold.unspent_units = unspent_units;
@@ -68,22 +66,28 @@ impl Family {
         });
         hold.terminal_at_ms = Some(now_ms);
         hold.assert_conserved();
-        record.hold_after = Some(hold.states());
-        let appended = self.append(
+        let record = EventRecord {
+            exposure_units: exposed_units,
+            realized_units,
+            hold_before: Some(before),
+            after_images,
+            ..hold_event(hold, EventKind::ReconcileSpend, &cmd.header.event_id, step)
+        };
+        let appended = books.append(
             step,
             NewEvent {
                 record,
-                keep_until_ms: cmd.header.not_after_ms,
+                keep: Keep::WithCommand,
             },
         );
         assert_eq!(
             appended, index,
             "the reconcile event must be the command's first"
         );
-        self.schedule(
+        books.schedule(
             now_ms,
             step.ctx.params,
-            CompactionItem::Hold(crate::keyed::Keyed::new(hold_id.clone())),
+            CompactionItem::Hold(Keyed::new(hold_id.clone())),
         );
         let outcome = Outcome::Reconciled {
             hold_id: hold_id.clone(),

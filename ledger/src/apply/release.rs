@@ -3,12 +3,12 @@
 use crate::command::ClientCommand;
 use crate::decision::{Decision, Outcome};
 use crate::error::{LedgerError, PreconditionCode};
-use crate::event::EventKind;
-use crate::family::{Family, NewEvent, Step};
+use crate::event::{EventKind, EventRecord};
+use crate::family::{Family, Keep, NewEvent, Step};
 use crate::hold::{HoldTransition, InvocationState, MonetaryState};
 use crate::ids::HoldId;
 
-use super::hold_lookup::{hold_expired, Found};
+use super::hold_lookup::{hold_event, hold_expired, plan_exposure_change, touch_hold, Found};
 
 impl Family {
     pub(crate) fn release_hold(
@@ -18,12 +18,12 @@ impl Family {
         released_units: u64,
         step: &mut Step<'_>,
     ) -> Result<Decision, LedgerError> {
-        match self.touch_hold(hold_id, cmd, step)? {
-            Found::JustExpired(_) => return Err(hold_expired(hold_id)),
-            Found::Archived => return Err(terminal(hold_id)),
-            Found::Live => {}
-        }
-        let hold = self.live_hold(hold_id);
+        let (holds, mut books) = self.split();
+        let hold = match touch_hold(holds, &mut books, hold_id, cmd, step)? {
+            Found::JustExpired(..) => return Err(hold_expired(hold_id)),
+            Found::Archived(_) => return Err(terminal(hold_id)),
+            Found::Live(hold) => hold,
+        };
         match hold.invocation_state {
             InvocationState::Authorized => {}
             InvocationState::Captured => {
@@ -43,12 +43,10 @@ impl Family {
                 ),
             ));
         }
-        let planned = self.plan_exposure_change(hold_id, released_units, 0)?;
-        let mut record = self.hold_event(cmd, hold_id, EventKind::ReleaseExposure, step);
-        let index = record.commit_index;
-        record.exposure_units = released_units;
-        record.after_images = self.commit_accounts(planned, index, step.now_ms());
-        let hold = self.live_hold_mut(hold_id);
+        let after_images = plan_exposure_change(&books, hold, released_units, 0, step)?;
+        books.commit_accounts(&after_images);
+        let index = step.ctx.base_index();
+        let before = hold.states();
         hold.remaining_exposure_units -= released_units;
         hold.released_units += released_units;
         if hold.remaining_exposure_units == 0 {
@@ -59,13 +57,18 @@ impl Family {
             commit_index: index,
         });
         hold.assert_conserved();
-        record.hold_after = Some(hold.states());
         let remaining_units = hold.remaining_exposure_units;
-        let appended = self.append(
+        let record = EventRecord {
+            exposure_units: released_units,
+            hold_before: Some(before),
+            after_images,
+            ..hold_event(hold, EventKind::ReleaseExposure, &cmd.header.event_id, step)
+        };
+        let appended = books.append(
             step,
             NewEvent {
                 record,
-                keep_until_ms: cmd.header.not_after_ms,
+                keep: Keep::WithCommand,
             },
         );
         assert_eq!(

@@ -3,9 +3,10 @@
 
 use crate::command::ClientCommand;
 use crate::decision::{Decision, Outcome, Resolution};
+use crate::dedupe::{DedupeEntry, Retained};
 use crate::error::LedgerError;
-use crate::family::{CompactionItem, DedupeEntry, Family, Step};
-use crate::identity::{Identity, StoredIdentity};
+use crate::family::{CompactionItem, Family, Step};
+use crate::identity::Identity;
 
 impl Family {
     pub(crate) fn resolve(
@@ -14,34 +15,32 @@ impl Family {
         step: &mut Step<'_>,
     ) -> Result<Decision, LedgerError> {
         original.validate()?;
-        let identity = Identity::of(original);
         let event_id = &original.header.event_id;
         let resolution = match self.dedupe.get(event_id) {
             Some(DedupeEntry::Tombstoned(stored)) => {
-                stored
-                    .compare(&identity)
-                    .map_err(LedgerError::conflict_fields)?;
+                self.same_command(stored, CompactionItem::Tombstone, original)?;
                 Resolution::NotApplied
             }
             Some(DedupeEntry::Applied(row)) => {
-                row.identity
-                    .compare(&identity)
-                    .map_err(LedgerError::conflict_fields)?;
-                Resolution::Applied(Box::new(row.decision.replay_of()))
+                self.same_command(&row.identity, CompactionItem::Command, original)?;
+                Resolution::Applied(Box::new(row.decision(event_id).replay_of()))
             }
             None => {
-                let params = step.ctx.params;
+                let retention_ms = step.ctx.params.retention_ms;
                 let keep_until_ms = original.header.not_after_ms;
                 // Past not_after + retention no copy can apply any more: nothing to remember.
-                if keep_until_ms.saturating_add(params.retention_ms) >= step.now_ms() {
-                    let entry =
-                        DedupeEntry::Tombstoned(Box::new(StoredIdentity::Full(Box::new(identity))));
-                    self.dedupe.insert(event_id.clone(), entry);
-                    self.schedule(
-                        keep_until_ms.max(step.now_ms()),
-                        params,
-                        CompactionItem::Dedupe(crate::keyed::Keyed::new(event_id.clone())),
-                    );
+                if keep_until_ms.saturating_add(retention_ms) >= step.now_ms() {
+                    let due = keep_until_ms
+                        .max(step.now_ms())
+                        .saturating_add(retention_ms);
+                    let retained = Retained {
+                        identity: Identity::of(original),
+                        event: None,
+                    };
+                    let identity = self.retain(original, due, CompactionItem::Tombstone, retained);
+                    let tombstone = DedupeEntry::Tombstoned(Box::new(identity));
+                    let previous = self.dedupe.insert(event_id.clone(), tombstone);
+                    assert!(previous.is_none(), "event {event_id} was resolved twice");
                 }
                 Resolution::NotApplied
             }

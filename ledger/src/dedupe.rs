@@ -1,0 +1,110 @@
+//! The dedupe table's rows (SPEC.md §5): an applied command's stored answer, or a tombstone,
+//! under its `event_id`. A row keeps only its command's identity digest. The full identity,
+//! which names the differing fields of a conflict while the command is retained, waits in the
+//! compaction queue: compacting a command is popping that queue item, with no lookup here.
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::ClientCommand;
+use crate::commit_index::{BudgetCommitIndex, LogPosition};
+use crate::decision::{Decision, Outcome};
+use crate::error::LedgerError;
+use crate::family::{CompactionItem, Family};
+use crate::identity::{digest_of, Identity};
+use crate::ids::EventId;
+use crate::keyed::Keyed;
+
+/// Boxed, so the table's tree nodes stay small: every command inserts a row in the middle of
+/// a leaf, and the table keeps a row per applied event for ever.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum DedupeEntry {
+    Applied(Box<AppliedRow>),
+    Tombstoned(Box<RowIdentity>),
+}
+
+/// What a row keeps of its command's identity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct RowIdentity {
+    #[serde(with = "crate::identity::serde_bytes_array")]
+    pub digest: [u8; 32],
+    /// When the queue item with the full identity falls due: part of that item's key.
+    pub retained_due: u64,
+}
+
+/// An applied command's stored answer (its `Decision` less the id, which is the row's key).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct AppliedRow {
+    pub identity: RowIdentity,
+    pub outcome: Outcome,
+    pub commit_index: Option<BudgetCommitIndex>,
+    pub log_id: Option<LogPosition>,
+}
+
+impl AppliedRow {
+    /// The answer as it was first given.
+    pub fn decision(&self, event_id: &EventId) -> Decision {
+        Decision {
+            event_id: event_id.clone(),
+            outcome: self.outcome.clone(),
+            commit_index: self.commit_index,
+            log_id: self.log_id,
+            replayed: false,
+        }
+    }
+}
+
+/// A retained command's full identity, and its own event, which leaves the journal with it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Retained {
+    pub identity: Identity,
+    pub event: Option<BudgetCommitIndex>,
+}
+
+impl Family {
+    /// `Ok` when `candidate` is the command stored as `stored` under its id, else a conflict
+    /// naming every differing field while the full identity is retained, `identity` after.
+    /// `item` makes the queue item (`Command` or `Tombstone`) that retains it.
+    pub(crate) fn same_command(
+        &self,
+        stored: &RowIdentity,
+        item: fn(Keyed<EventId>) -> CompactionItem,
+        candidate: &ClientCommand,
+    ) -> Result<(), LedgerError> {
+        if stored.digest == digest_of(candidate) {
+            return Ok(());
+        }
+        let key = (
+            stored.retained_due,
+            item(Keyed::new(candidate.header.event_id.clone())),
+        );
+        let mut differing = match self.compaction_queue.get(&key) {
+            Some(Some(retained)) => retained.identity.differing_fields(&Identity::of(candidate)),
+            _ => Vec::new(),
+        };
+        if differing.is_empty() {
+            differing.push("identity".to_owned());
+        }
+        Err(LedgerError::conflict_fields(differing))
+    }
+
+    /// Queues `candidate`'s full identity until `retained_due` and returns what its row
+    /// keeps of it.
+    pub(crate) fn retain(
+        &mut self,
+        candidate: &ClientCommand,
+        retained_due: u64,
+        item: fn(Keyed<EventId>) -> CompactionItem,
+        retained: Retained,
+    ) -> RowIdentity {
+        let event_id = &candidate.header.event_id;
+        let previous = self.compaction_queue.insert(
+            (retained_due, item(Keyed::new(event_id.clone()))),
+            Some(Box::new(retained)),
+        );
+        assert!(previous.is_none(), "event {event_id} was queued twice");
+        RowIdentity {
+            digest: digest_of(candidate),
+            retained_due,
+        }
+    }
+}
