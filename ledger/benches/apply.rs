@@ -133,6 +133,19 @@ fn apply(c: &mut Criterion) {
     );
 }
 
+/// Fixed work from a fresh family: 20,000 calls (60,000 commands) per iteration. Unlike the
+/// steady-state bench above, every sample measures the same state sizes, so runs compare.
+fn fresh_family(c: &mut Criterion) {
+    const CALLS: u64 = 20_000;
+    let mut group = c.benchmark_group("ledger fresh family");
+    group.throughput(Throughput::Elements(3 * CALLS));
+    group.sample_size(10);
+    group.bench_function("20k calls (authorize+capture+reconcile)", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| Driver::new().run(CALLS)).sum())
+    });
+    group.finish();
+}
+
 fn snapshot(c: &mut Criterion) {
     let mut driver = Driver::new();
     driver.run(10_000);
@@ -148,5 +161,5 @@ fn snapshot(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, apply, snapshot);
+criterion_group!(benches, apply, fresh_family, snapshot);
 criterion_main!(benches);
