@@ -2,7 +2,10 @@
 //! system `protoc`) into prost messages and a tonic client/server, so several kernel nodes
 //! can share one rail process.
 
-const PROTOS: &[&str] = &["proto/tally/rail/v1/rail.proto"];
+const PROTOS: &[&str] = &[
+    "proto/tally/rail/v1/rail.proto",
+    "proto/tally/kernel/v1/kernel.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");

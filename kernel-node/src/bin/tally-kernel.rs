@@ -1,0 +1,227 @@
+//! `tally-kernel`: a stateless kernel node (`serve`), and the operator's tools for keys,
+//! capability tokens and receipt logs. See `tally-kernel --help`.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context as _};
+use clap::{Parser, Subcommand};
+use tally_kernel::config::KernelNodeConfig;
+use tally_kernel::money::Money;
+use tally_kernel::pipeline::wall_clock_ms;
+use tally_kernel::receipt::read_receipts;
+use tally_kernel::{verify_receipt, CapabilityToken, Grant, KeyPair, PublicKey, TrustList};
+
+#[derive(Parser)]
+#[command(
+    name = "tally-kernel",
+    version,
+    about = "Tally kernel node and its operator tools"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve `tally.kernel.v1.Kernel` (config: TOML file, then TALLY_KERNEL_* variables).
+    Serve {
+        #[arg(long, env = "TALLY_KERNEL_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Print a fresh key: its base64 seed (secret) and public key.
+    Keygen,
+    /// Capability tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Receipt logs.
+    Receipts {
+        #[command(subcommand)]
+        command: ReceiptsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Issue a root token; prints its text form.
+    Issue {
+        /// The issuer's base64 key seed.
+        #[arg(long, env = "TALLY_ISSUER_SEED", hide_env_values = true)]
+        issuer_seed: String,
+        /// The holder's base64 public key.
+        #[arg(long)]
+        subject: String,
+        /// `server:tool`, or `server:tool:per_call:total:currency[:max_invocations]`.
+        #[arg(long = "grant", required = true)]
+        grants: Vec<String>,
+        #[arg(long, default_value_t = 3600)]
+        ttl_secs: u64,
+    },
+    /// Print a token's contents as JSON (no verification).
+    Inspect { token: String },
+    /// Verify a token's chain against trusted root issuers, now.
+    Verify {
+        token: String,
+        #[arg(long = "trust", required = true)]
+        trusted: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReceiptsCommand {
+    /// Check every receipt's signature in a JSON-lines receipt log.
+    Verify {
+        file: PathBuf,
+        #[arg(long = "kernel-key", required = true)]
+        kernel_keys: Vec<String>,
+    },
+}
+
+fn parse_grant(spec: &str) -> anyhow::Result<Grant> {
+    let parts: Vec<&str> = spec.split(':').collect();
+    match parts.as_slice() {
+        [server, tool] => Ok(Grant::tool(server, tool)),
+        [server, tool, per_call, total, currency, rest @ ..] if rest.len() <= 1 => {
+            let per_call: u64 = per_call.parse().context("per_call")?;
+            let total: u64 = total.parse().context("total")?;
+            let mut grant = Grant::tool(server, tool)
+                .with_max_cost_per_invocation(Money::new(per_call, currency))
+                .with_max_total_cost(Money::new(total, currency));
+            if let [max] = rest {
+                grant = grant.with_max_invocations(max.parse().context("max_invocations")?);
+            }
+            Ok(grant)
+        }
+        _ => bail!(
+            "grant {spec:?}: expected server:tool[:per_call:total:currency[:max_invocations]]"
+        ),
+    }
+}
+
+fn trust_list(keys: &[String]) -> anyhow::Result<TrustList> {
+    let keys = keys
+        .iter()
+        .map(|k| PublicKey::from_base64(k).with_context(|| format!("key {k:?}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(TrustList::new(keys))
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
+    let config = KernelNodeConfig::load(config.as_deref())?;
+    init_logging(config.log_format == "json");
+    tracing::info!(config = ?config.redacted(), "configuration");
+    tally_kernel::server::run(config, async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await?;
+    Ok(())
+}
+
+fn token(command: TokenCommand) -> anyhow::Result<()> {
+    match command {
+        TokenCommand::Issue {
+            issuer_seed,
+            subject,
+            grants,
+            ttl_secs,
+        } => {
+            let issuer = KeyPair::from_seed_base64(issuer_seed.trim()).context("issuer seed")?;
+            let subject = PublicKey::from_base64(&subject).context("subject")?;
+            let grants = grants
+                .iter()
+                .map(|g| parse_grant(g))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let now = wall_clock_ms();
+            let token = CapabilityToken::issue(
+                &issuer,
+                subject,
+                grants,
+                now,
+                now.saturating_add(ttl_secs.saturating_mul(1_000)),
+            )?;
+            println!("{}", token.to_text()?);
+        }
+        TokenCommand::Inspect { token } => {
+            let token = CapabilityToken::from_text(&token)?;
+            let view = serde_json::json!({
+                "id": token.id().as_str(),
+                "family_id": token.family_id().as_str(),
+                "depth": token.depth(),
+                "body": token.body,
+            });
+            println!("{}", serde_json::to_string_pretty(&view)?);
+        }
+        TokenCommand::Verify { token, trusted } => {
+            let token = CapabilityToken::from_text(&token)?;
+            let verified =
+                tally_kernel::token::verify(&token, &trust_list(&trusted)?, wall_clock_ms(), None)?;
+            println!(
+                "ok: capability {} in family {}, {} grant(s), expires at {} ms",
+                verified.capability_id(),
+                verified.family_id(),
+                verified.grants().len(),
+                verified.expires_at_ms()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn receipts(command: ReceiptsCommand) -> anyhow::Result<()> {
+    let ReceiptsCommand::Verify { file, kernel_keys } = command;
+    let trusted = trust_list(&kernel_keys)?;
+    let read = read_receipts(&file)?;
+    for receipt in &read.receipts {
+        verify_receipt(receipt, &trusted)
+            .with_context(|| format!("receipt {}", receipt.receipt_id))?;
+    }
+    println!(
+        "ok: {} receipt(s) verified{}",
+        read.receipts.len(),
+        if read.torn_tail {
+            " (torn last line skipped)"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve { config } => serve(config).await,
+        Command::Keygen => {
+            let key = KeyPair::generate();
+            println!(
+                "seed: {}\npublic_key: {}",
+                key.seed_base64(),
+                key.public_key().to_base64()
+            );
+            Ok(())
+        }
+        Command::Token { command } => token(command),
+        Command::Receipts { command } => receipts(command),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tally-kernel: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! A kernel node's configuration: defaults, then a TOML file, then `TALLY_KERNEL_*`
+//! environment variables (nested keys with `__`, e.g. `TALLY_KERNEL_RECONCILER__ENABLED`);
+//! validated into typed parts and printed once at start-up (without the key seed).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+use crate::keys::{KeyPair, PublicKey};
+use crate::pipeline::KernelConfig;
+use crate::reconciler::ReconcilerConfig;
+use crate::token::TrustList;
+use crate::tool::MAX_TOOL_SERVERS;
+
+/// Trusted keys of each kind one node accepts.
+pub const MAX_TRUSTED_KEYS: usize = 1_024;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelNodeConfig {
+    /// Where the gRPC `tally.kernel.v1.Kernel` service (and health) listens.
+    pub listen_addr: SocketAddr,
+    /// Where `/metrics` (Prometheus text) listens; none disables it.
+    pub metrics_addr: Option<SocketAddr>,
+    /// The node's signing key as a base64 seed, or a file holding one (`key_file` wins).
+    pub key_seed: Option<String>,
+    pub key_file: Option<PathBuf>,
+    /// Root issuers of capability tokens (base64 public keys).
+    pub trusted_issuers: Vec<String>,
+    /// Peer kernel nodes whose nonces and tickets this node accepts (its own is implied).
+    pub trusted_kernel_keys: Vec<String>,
+    /// Tally cluster endpoints (`host:port`).
+    pub cluster_endpoints: Vec<String>,
+    pub rail: RailSettings,
+    pub tool_servers: Vec<ToolServerSettings>,
+    pub dispatch_deadline_ms: u64,
+    pub command_lifetime_ms: u64,
+    pub hold_timeout_ms: u64,
+    pub preflight_hold_timeout_ms: u64,
+    pub require_nonce: bool,
+    pub nonce_ttl_ms: u64,
+    pub client_attempt_timeout_ms: u64,
+    pub client_retry_for_ms: u64,
+    pub client_resolve_for_ms: u64,
+    pub reconciler: ReconcilerSettings,
+    /// JSON-lines receipt log; none keeps receipts only in replies.
+    pub receipt_log: Option<PathBuf>,
+    /// `pretty` or `json`.
+    pub log_format: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RailSettings {
+    /// `memory` (a demo rail in this process) or `remote` (a `tally.rail.v1` server).
+    pub kind: String,
+    pub endpoint: Option<String>,
+    pub call_timeout_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolServerSettings {
+    pub id: String,
+    /// `http://host:port/path`.
+    pub url: String,
+    pub tools: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcilerSettings {
+    pub enabled: bool,
+    pub interval_ms: u64,
+    pub stale_after_ms: u64,
+    pub batch_limit: u32,
+}
+
+impl Default for KernelNodeConfig {
+    fn default() -> Self {
+        let pipeline = KernelConfig::default();
+        let reconciler = ReconcilerConfig::default();
+        Self {
+            listen_addr: SocketAddr::from(([127, 0, 0, 1], 7501)),
+            metrics_addr: None,
+            key_seed: None,
+            key_file: None,
+            trusted_issuers: Vec::new(),
+            trusted_kernel_keys: Vec::new(),
+            cluster_endpoints: vec!["127.0.0.1:7401".to_owned()],
+            rail: RailSettings {
+                kind: "memory".to_owned(),
+                endpoint: None,
+                call_timeout_ms: 5_000,
+            },
+            tool_servers: Vec::new(),
+            dispatch_deadline_ms: u64::try_from(pipeline.dispatch_deadline.as_millis())
+                .unwrap_or(u64::MAX),
+            command_lifetime_ms: pipeline.command_lifetime_ms,
+            hold_timeout_ms: pipeline.hold_timeout_ms,
+            preflight_hold_timeout_ms: pipeline.preflight_hold_timeout_ms,
+            require_nonce: pipeline.require_nonce,
+            nonce_ttl_ms: pipeline.nonce_ttl_ms,
+            client_attempt_timeout_ms: 5_000,
+            client_retry_for_ms: 10_000,
+            client_resolve_for_ms: 10_000,
+            reconciler: ReconcilerSettings {
+                enabled: true,
+                interval_ms: u64::try_from(reconciler.interval.as_millis()).unwrap_or(u64::MAX),
+                stale_after_ms: reconciler.stale_after_ms,
+                batch_limit: reconciler.batch_limit,
+            },
+            receipt_log: None,
+            log_format: "pretty".to_owned(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration could not be read: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+fn invalid<T>(reason: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError::Invalid(reason.into()))
+}
+
+fn keys(what: &str, texts: &[String]) -> Result<Vec<PublicKey>, ConfigError> {
+    if texts.len() > MAX_TRUSTED_KEYS {
+        return invalid(format!("{what}: at most {MAX_TRUSTED_KEYS} keys"));
+    }
+    texts
+        .iter()
+        .map(|text| {
+            PublicKey::from_base64(text)
+                .map_err(|e| ConfigError::Invalid(format!("{what}: {text:?}: {e}")))
+        })
+        .collect()
+}
+
+impl KernelNodeConfig {
+    /// Defaults, then `file` (if given), then `TALLY_KERNEL_*` variables.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Self::default()));
+        if let Some(file) = file {
+            if !file.exists() {
+                return invalid(format!("config file {} does not exist", file.display()));
+            }
+            figment = figment.merge(Toml::file(file));
+        }
+        let config: Self = figment
+            .merge(Env::prefixed("TALLY_KERNEL_").split("__"))
+            .extract()
+            .map_err(Box::new)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.cluster_endpoints.is_empty() {
+            return invalid("cluster_endpoints must name at least one node");
+        }
+        if self.tool_servers.len() > MAX_TOOL_SERVERS {
+            return invalid(format!("at most {MAX_TOOL_SERVERS} tool servers"));
+        }
+        for server in &self.tool_servers {
+            crate::tool::HttpToolServer::new(&server.id, server.tools.clone(), &server.url)
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        }
+        match (self.rail.kind.as_str(), &self.rail.endpoint) {
+            ("memory", _) | ("remote", Some(_)) => {}
+            ("remote", None) => return invalid("rail.kind = remote needs rail.endpoint"),
+            (other, _) => return invalid(format!("rail.kind {other:?}: memory or remote")),
+        }
+        if !matches!(self.log_format.as_str(), "pretty" | "json") {
+            return invalid("log_format must be pretty or json");
+        }
+        if self.dispatch_deadline_ms == 0 || self.command_lifetime_ms == 0 {
+            return invalid("dispatch_deadline_ms and command_lifetime_ms must be positive");
+        }
+        if self.hold_timeout_ms == 0
+            || self.hold_timeout_ms > tally_ledger::limits::MAX_HOLD_TIMEOUT_MS
+            || self.preflight_hold_timeout_ms == 0
+            || self.preflight_hold_timeout_ms > tally_ledger::limits::MAX_HOLD_TIMEOUT_MS
+        {
+            return invalid("hold timeouts must be 1 ms to the ledger's maximum");
+        }
+        if self.nonce_ttl_ms == 0 || self.nonce_ttl_ms > crate::nonce::MAX_NONCE_TTL_MS {
+            return invalid("nonce_ttl_ms must be 1 ms to the ledger's maximum nonce lifetime");
+        }
+        // A reconciler must never finish a hold whose owner may still be running the call:
+        // a hold is captured within its timeout, then dispatched within the deadline.
+        let busy_for = self
+            .hold_timeout_ms
+            .saturating_add(self.dispatch_deadline_ms)
+            .saturating_add(self.command_lifetime_ms);
+        if self.reconciler.enabled && self.reconciler.stale_after_ms <= busy_for {
+            return invalid(format!(
+                "reconciler.stale_after_ms must exceed hold_timeout_ms + dispatch_deadline_ms + command_lifetime_ms ({busy_for})"
+            ));
+        }
+        keys("trusted_issuers", &self.trusted_issuers)?;
+        keys("trusted_kernel_keys", &self.trusted_kernel_keys)?;
+        self.keypair()?;
+        Ok(())
+    }
+
+    /// The node's key: `key_file`, else `key_seed`; a node without one cannot sign.
+    pub fn keypair(&self) -> Result<KeyPair, ConfigError> {
+        let seed = match (&self.key_file, &self.key_seed) {
+            (Some(path), _) => std::fs::read_to_string(path)
+                .map_err(|e| ConfigError::Invalid(format!("key_file {}: {e}", path.display())))?,
+            (None, Some(seed)) => seed.clone(),
+            (None, None) => return invalid("key_seed or key_file is required"),
+        };
+        KeyPair::from_seed_base64(seed.trim())
+            .map_err(|e| ConfigError::Invalid(format!("node key: {e}")))
+    }
+
+    pub fn token_issuers(&self) -> Result<TrustList, ConfigError> {
+        Ok(TrustList::new(keys(
+            "trusted_issuers",
+            &self.trusted_issuers,
+        )?))
+    }
+
+    pub fn kernel_keys(&self) -> Result<Vec<PublicKey>, ConfigError> {
+        keys("trusted_kernel_keys", &self.trusted_kernel_keys)
+    }
+
+    pub fn pipeline(&self) -> KernelConfig {
+        KernelConfig {
+            dispatch_deadline: Duration::from_millis(self.dispatch_deadline_ms),
+            command_lifetime_ms: self.command_lifetime_ms,
+            hold_timeout_ms: self.hold_timeout_ms,
+            preflight_hold_timeout_ms: self.preflight_hold_timeout_ms,
+            require_nonce: self.require_nonce,
+            nonce_ttl_ms: self.nonce_ttl_ms,
+        }
+    }
+
+    pub fn client(&self) -> tally_client::ClientConfig {
+        let mut client = tally_client::ClientConfig::new(self.cluster_endpoints.clone());
+        client.attempt_timeout = Duration::from_millis(self.client_attempt_timeout_ms);
+        client.retry_for = Duration::from_millis(self.client_retry_for_ms);
+        client.resolve_for = Duration::from_millis(self.client_resolve_for_ms);
+        client
+    }
+
+    pub fn reconciler(&self) -> ReconcilerConfig {
+        ReconcilerConfig {
+            stale_after_ms: self.reconciler.stale_after_ms,
+            batch_limit: self.reconciler.batch_limit,
+            interval: Duration::from_millis(self.reconciler.interval_ms),
+            command_lifetime_ms: self.command_lifetime_ms,
+        }
+    }
+
+    /// What is printed at start-up: everything but the key seed.
+    pub fn redacted(&self) -> Self {
+        Self {
+            key_seed: self.key_seed.as_ref().map(|_| "<redacted>".to_owned()),
+            ..self.clone()
+        }
+    }
+}
+
+#[cfg(test)]
+// figment's `Jail::expect_with` fixes the closure's error type.
+#[allow(clippy::result_large_err)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_then_env_override_defaults() {
+        figment::Jail::expect_with(|jail| {
+            let seed = KeyPair::from_seed(&[7; 32]).seed_base64();
+            jail.create_file(
+                "kernel.toml",
+                &format!(
+                    "key_seed = \"{seed}\"\nrequire_nonce = true\n[[tool_servers]]\nid = \"srv\"\nurl = \"http://127.0.0.1:9/x\"\ntools = [\"t\"]\n"
+                ),
+            )?;
+            jail.set_env("TALLY_KERNEL_DISPATCH_DEADLINE_MS", "1234");
+            jail.set_env("TALLY_KERNEL_RECONCILER__ENABLED", "false");
+            let config = KernelNodeConfig::load(Some(Path::new("kernel.toml")))
+                .map_err(|e| figment::Error::from(e.to_string()))?;
+            assert!(config.require_nonce);
+            assert_eq!(config.dispatch_deadline_ms, 1234);
+            assert!(!config.reconciler.enabled);
+            assert_eq!(config.tool_servers.len(), 1);
+            assert_eq!(config.redacted().key_seed.as_deref(), Some("<redacted>"));
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn invalid_configs_are_refused() {
+        let mut config = KernelNodeConfig::default();
+        assert!(config.validate().is_err(), "no key");
+        config.key_seed = Some(KeyPair::from_seed(&[1; 32]).seed_base64());
+        assert!(config.validate().is_ok());
+        config.rail.kind = "remote".into();
+        assert!(config.validate().is_err());
+        config.rail.kind = "memory".into();
+        config.reconciler.stale_after_ms = config.hold_timeout_ms;
+        assert!(
+            config.validate().is_err(),
+            "reconciler would race live owners"
+        );
+        config.reconciler.stale_after_ms = KernelNodeConfig::default().reconciler.stale_after_ms;
+        config.trusted_issuers = vec!["not a key".into()];
+        assert!(config.validate().is_err());
+    }
+}

@@ -1,0 +1,55 @@
+//! What the pipeline needs from the cluster, as a trait so a test can put a fault between the
+//! kernel and a real cluster. [`TallyClient`] is the production implementation: its
+//! `Outcome::Unknown` (no quorum before the deadline) is the only path to the seed's
+//! fail-closed ambiguity.
+
+use async_trait::async_trait;
+use tally_client::{ClientError, Outcome, TallyClient};
+use tally_ledger::{ClientCommand, FamilyId, Hold, HoldFilter, HoldId, HoldView};
+
+#[async_trait]
+pub trait BudgetLedger: Send + Sync {
+    /// Same-id retries, then `ResolveEvent`; `Unknown` only without a quorum.
+    async fn submit(&self, command: ClientCommand) -> Outcome;
+    /// `ResolveEvent` for `command`: its committed answer, or a tombstone.
+    async fn resolve(&self, command: ClientCommand) -> Outcome;
+    async fn list_holds(
+        &self,
+        family: Option<&FamilyId>,
+        filter: &HoldFilter,
+        limit: u32,
+    ) -> Result<Vec<Hold>, ClientError>;
+    async fn get_hold(
+        &self,
+        family: &FamilyId,
+        hold_id: &HoldId,
+    ) -> Result<Option<HoldView>, ClientError>;
+}
+
+#[async_trait]
+impl BudgetLedger for TallyClient {
+    async fn submit(&self, command: ClientCommand) -> Outcome {
+        TallyClient::submit(self, command).await
+    }
+
+    async fn resolve(&self, command: ClientCommand) -> Outcome {
+        TallyClient::resolve(self, command).await
+    }
+
+    async fn list_holds(
+        &self,
+        family: Option<&FamilyId>,
+        filter: &HoldFilter,
+        limit: u32,
+    ) -> Result<Vec<Hold>, ClientError> {
+        TallyClient::list_holds(self, family, filter, limit).await
+    }
+
+    async fn get_hold(
+        &self,
+        family: &FamilyId,
+        hold_id: &HoldId,
+    ) -> Result<Option<HoldView>, ClientError> {
+        TallyClient::get_hold(self, family, hold_id).await
+    }
+}

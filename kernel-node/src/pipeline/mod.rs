@@ -1,0 +1,34 @@
+//! The evaluation pipeline of SPEC.md §9, pure of transport: a tool call comes in, a verdict
+//! and a signed receipt go out. Budgets live in the cluster (through a [`BudgetLedger`]),
+//! money on the rail (a [`PaymentAdapter`]), so a kernel node keeps nothing that matters:
+//! any node can evaluate any request, and two nodes evaluating the same one race only in the
+//! cluster, where exactly one attempt owns the capture.
+
+mod authorize;
+mod capture;
+mod cleanup;
+mod dispatch;
+mod evaluation;
+mod kernel;
+mod ledger;
+mod nonce_step;
+mod payment;
+pub mod reasons;
+mod request;
+mod ticket;
+mod two_phase;
+
+pub use kernel::{Kernel, KernelConfig};
+pub use ledger::BudgetLedger;
+pub use request::{KernelError, Response, ToolCallRequest};
+pub use ticket::{AdmissionTicket, SignedTicket, TicketError, MAX_TICKET_BYTES};
+pub use two_phase::Admission;
+
+/// The node's wall clock in milliseconds since the epoch: used for token windows, nonce
+/// lifetimes and command deadlines (`not_after_ms`); the cluster judges those on its own clock.
+pub fn wall_clock_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}

@@ -1,0 +1,162 @@
+//! Bringing a kernel node up from its config: the cluster client, the rail, the tool servers,
+//! the receipt log, the gRPC service with health, `/metrics`, and the reconciler; and taking
+//! it down on shutdown. `main` stays thin: parse, load, `run(config, ctrl_c)`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use super::metrics::{self, Metrics};
+use super::service::KernelService;
+use crate::config::{ConfigError, KernelNodeConfig};
+use crate::payment::{InMemoryRail, PaymentAdapter, RemoteRail};
+use crate::pipeline::{BudgetLedger, Kernel};
+use crate::receipt::ReceiptLog;
+use crate::reconciler::Reconciler;
+use crate::tool::{HttpToolServer, ToolRegistry};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cluster client: {0}")]
+    Client(#[from] tally_client::ClientError),
+    #[error("payment rail: {0}")]
+    Rail(String),
+    #[error("receipt log: {0}")]
+    ReceiptLog(String),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// A node that is serving.
+pub struct RunningKernel {
+    pub local_addr: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
+    pub metrics: Arc<Metrics>,
+    shutdown: oneshot::Sender<()>,
+    stop_reconciler: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl RunningKernel {
+    /// Stops accepting calls, lets in-flight ones finish, and stops the background tasks.
+    pub async fn shutdown(self) -> Result<(), ServerError> {
+        let _ = self.shutdown.send(());
+        let _ = self.stop_reconciler.send(true);
+        let served = self.server.await;
+        for task in self.tasks {
+            task.abort();
+        }
+        match served {
+            Ok(result) => Ok(result?),
+            Err(join) => Err(ServerError::Io(std::io::Error::other(join.to_string()))),
+        }
+    }
+}
+
+/// The kernel, its ledger and its rail, as configured.
+pub fn build_kernel(
+    config: &KernelNodeConfig,
+) -> Result<(Kernel, Arc<dyn BudgetLedger>, Arc<dyn PaymentAdapter>), ServerError> {
+    let ledger: Arc<dyn BudgetLedger> = Arc::new(tally_client::TallyClient::new(config.client())?);
+    let rail: Arc<dyn PaymentAdapter> = match config.rail.kind.as_str() {
+        "remote" => {
+            let endpoint = config.rail.endpoint.clone().unwrap_or_default();
+            Arc::new(
+                RemoteRail::connect(
+                    &endpoint,
+                    Duration::from_millis(config.rail.call_timeout_ms),
+                )
+                .map_err(|e| ServerError::Rail(e.to_string()))?,
+            )
+        }
+        _ => Arc::new(InMemoryRail::new()),
+    };
+    let mut tools = ToolRegistry::new();
+    for server in &config.tool_servers {
+        let http = HttpToolServer::new(&server.id, server.tools.clone(), &server.url)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        tools.register(Arc::new(http));
+    }
+    let mut kernel = Kernel::new(
+        config.keypair()?,
+        config.token_issuers()?,
+        Arc::clone(&ledger),
+        Arc::clone(&rail),
+    )
+    .with_config(config.pipeline())
+    .with_tools(tools);
+    for key in config.kernel_keys()? {
+        kernel = kernel.trust_kernel_key(key);
+    }
+    if let Some(path) = &config.receipt_log {
+        let log = ReceiptLog::open(path).map_err(|e| ServerError::ReceiptLog(e.to_string()))?;
+        kernel = kernel.with_receipt_log(Arc::new(log));
+    }
+    Ok((kernel, ledger, rail))
+}
+
+/// Starts serving; returns once the sockets are bound.
+pub async fn start(config: KernelNodeConfig) -> Result<RunningKernel, ServerError> {
+    config.validate()?;
+    let (kernel, ledger, rail) = build_kernel(&config)?;
+    let metrics = Arc::new(Metrics::default());
+    let mut tasks = Vec::new();
+    let (stop_reconciler, stopped) = watch::channel(false);
+    if config.reconciler.enabled {
+        let reconciler = Reconciler::new(ledger, rail, config.reconciler());
+        tasks.push(tokio::spawn(async move { reconciler.run(stopped).await }));
+    }
+    let mut metrics_addr = None;
+    if let Some(address) = config.metrics_addr {
+        let listener = metrics::bind(address).await?;
+        metrics_addr = Some(listener.local_addr()?);
+        tasks.push(tokio::spawn(metrics::serve(listener, Arc::clone(&metrics))));
+    }
+    let listener = TcpListener::bind(config.listen_addr).await?;
+    let local_addr = listener.local_addr()?;
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let service = KernelService::new(Arc::new(kernel), Arc::clone(&metrics)).into_server();
+    health_reporter
+        .set_serving::<super::pb::kernel_server::KernelServer<KernelService>>()
+        .await;
+    let (shutdown, stop) = oneshot::channel::<()>();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(service)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                let _ = stop.await;
+            }),
+    );
+    tracing::info!(%local_addr, ?metrics_addr, "tally-kernel serving");
+    Ok(RunningKernel {
+        local_addr,
+        metrics_addr,
+        metrics,
+        shutdown,
+        stop_reconciler,
+        tasks,
+        server,
+    })
+}
+
+/// Serves until `shutdown` completes.
+pub async fn run(
+    config: KernelNodeConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    let running = start(config).await?;
+    shutdown.await;
+    running.shutdown().await
+}
