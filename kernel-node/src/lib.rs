@@ -18,6 +18,7 @@ pub use payment::{
 pub use receipt::{verify_receipt, Receipt, ReceiptError, ReceiptLog, Verdict};
 pub use token::{CapabilityToken, Grant, TokenBody, TokenError, TrustList, VerifiedCapability};
 pub mod config;
+pub mod demo;
 pub mod nonce;
 pub mod pipeline;
 pub mod reconciler;

@@ -29,6 +29,22 @@ enum Command {
         #[arg(long, env = "TALLY_KERNEL_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Evaluate one monetary tool call end to end in front of a running cluster (start one
+    /// with `tally-node dev`): issues a token, starts a tool server and a payment rail
+    /// in-process, and prints the verdicts, the signed receipts and the cluster's journal.
+    Demo {
+        /// Cluster endpoints, comma separated.
+        #[arg(
+            long,
+            env = "TALLY_ENDPOINTS",
+            value_delimiter = ',',
+            default_value = "127.0.0.1:7401,127.0.0.1:7402,127.0.0.1:7403"
+        )]
+        endpoints: Vec<String>,
+        /// What the tool reports the call cost, in cents (at most the $1.00 charged).
+        #[arg(long, default_value_t = 37)]
+        cost_units: u64,
+    },
     /// Print a fresh key: its base64 seed (secret) and public key.
     Keygen,
     /// Capability tokens.
@@ -205,6 +221,12 @@ async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve { config } => serve(config).await,
+        Command::Demo {
+            endpoints,
+            cost_units,
+        } => tally_kernel::demo::run(endpoints, cost_units)
+            .await
+            .map_err(anyhow::Error::from),
         Command::Keygen => {
             let key = KeyPair::generate();
             println!(
