@@ -125,6 +125,7 @@ impl TallyClient {
             created_before_ms: filter.created_before_ms,
             limit,
             consistency: 0,
+            with_remaining_exposure: filter.with_remaining_exposure,
         };
         let reply = self
             .read(|mut c| {

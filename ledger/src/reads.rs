@@ -14,6 +14,9 @@ use crate::limits::MAX_LIST_LIMIT;
 pub struct HoldFilter {
     pub state: Option<InvocationState>,
     pub created_before_ms: Option<u64>,
+    /// Only holds that still expose funds (remaining exposure > 0): the ones a reconciler can
+    /// finish. Captured calls without exposure are final and would otherwise crowd them out.
+    pub with_remaining_exposure: bool,
 }
 
 impl Family {
@@ -126,6 +129,7 @@ impl Family {
             })
             .filter(|h| filter.state.is_none_or(|s| h.invocation_state == s))
             .filter(|h| filter.created_before_ms.is_none_or(|t| h.created_at_ms < t))
+            .filter(|h| !filter.with_remaining_exposure || h.remaining_exposure_units > 0)
             .collect();
         holds.sort_by(|a, b| (a.created_at_ms, &a.hold_id).cmp(&(b.created_at_ms, &b.hold_id)));
         holds

@@ -230,6 +230,7 @@ impl TryFrom<&pb::ListHoldsRequest> for HoldFilter {
         Ok(Self {
             state,
             created_before_ms: request.created_before_ms,
+            with_remaining_exposure: request.with_remaining_exposure,
         })
     }
 }

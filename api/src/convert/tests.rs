@@ -596,7 +596,8 @@ fn list_holds_filter_treats_unset_and_unspecified_as_any_state() {
         HoldFilter::try_from(&request),
         Ok(HoldFilter {
             state: Option::None,
-            created_before_ms: Some(9)
+            created_before_ms: Some(9),
+            with_remaining_exposure: false,
         })
     );
     request.state = Some(0);

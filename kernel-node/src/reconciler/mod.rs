@@ -115,6 +115,8 @@ impl Reconciler {
         let filter = HoldFilter {
             state: Some(InvocationState::Captured),
             created_before_ms: Some(now.saturating_sub(self.config.stale_after_ms)),
+            // Captured calls without exposure are final: they must not fill the batch.
+            with_remaining_exposure: true,
         };
         let holds = self
             .ledger
