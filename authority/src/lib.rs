@@ -3,6 +3,8 @@
 //! services.
 
 pub mod cli;
+#[cfg(feature = "failpoints")]
+pub mod failpoints;
 pub mod node;
 pub mod raft;
 pub mod service;

@@ -670,3 +670,76 @@ async fn metrics_are_served_and_move_with_writes() {
     }
     cluster.shutdown().await;
 }
+
+/// SPEC.md §6: a node whose clock is off from a majority of its peers by more than
+/// `max_clock_offset_ms` hands leadership away, does not campaign, and reports unhealthy; once
+/// its clock agrees again it is healthy again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_clock_is_off_refuses_to_lead_and_reports_unhealthy() {
+    let cluster = TestCluster::start(3).await;
+    let skewed = cluster.wait_leader().await;
+    cluster.nodes[&skewed].clock.set_offset_ms(5_000);
+    let started = std::time::Instant::now();
+    loop {
+        let leader = cluster.leader_now();
+        let unhealthy = !cluster.nodes[&skewed].health.is_healthy();
+        if unhealthy && leader.is_some() && leader != Some(skewed) {
+            break;
+        }
+        assert!(
+            started.elapsed() < LIVENESS,
+            "the skewed leader kept leading or stayed healthy"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    println!(
+        "the skewed leader stepped down after {} ms",
+        started.elapsed().as_millis()
+    );
+    let status = cluster
+        .admin(skewed)
+        .await
+        .status(pb::StatusRequest {})
+        .await
+        .expect("status")
+        .into_inner();
+    assert!(!status.healthy, "Status reports the skewed node unhealthy");
+    assert!(
+        status.clock_offset_ms.abs() > 500,
+        "Status reports the offset: {}",
+        status.clock_offset_ms
+    );
+    // It does not win an election while skewed, even after a few election timeouts.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_ne!(
+        cluster.leader_now(),
+        Some(skewed),
+        "a skewed node must not lead"
+    );
+    // The cluster still serves writes.
+    let leader = cluster
+        .wait_leader_among(
+            &cluster
+                .nodes
+                .keys()
+                .copied()
+                .filter(|id| *id != skewed)
+                .collect::<Vec<_>>(),
+        )
+        .await;
+    let mut client = cluster.budget(leader).await;
+    client
+        .authorize_hold(authorize("fam", "after-skew", 10))
+        .await
+        .expect("writes go on");
+    cluster.nodes[&skewed].clock.set_offset_ms(0);
+    let started = std::time::Instant::now();
+    while !cluster.nodes[&skewed].health.is_healthy() {
+        assert!(
+            started.elapsed() < LIVENESS,
+            "the node never became healthy again"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    cluster.shutdown().await;
+}

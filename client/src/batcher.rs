@@ -107,6 +107,7 @@ async fn send(client: Arc<TallyClient>, batch: Vec<Job>) {
     for ((command, answer), result) in batch.into_iter().zip(results) {
         let outcome = match result.result {
             Some(pb::batch_result::Result::Decision(decision)) => {
+                client.note_stamp(&decision);
                 match Decision::try_from(decision) {
                     Ok(decision) => Some(Outcome::Decided(decision)),
                     Err(_) => None,

@@ -21,6 +21,8 @@ use crate::outcome::Outcome;
 pub struct TallyClient {
     pub(crate) nodes: Nodes,
     pub(crate) config: ClientConfig,
+    /// The cluster id the authority stamps on its decisions (SPEC.md §6), once seen.
+    cluster_id: std::sync::Mutex<Option<String>>,
 }
 
 /// One attempt's result, classified.
@@ -40,11 +42,32 @@ enum Attempt {
 impl TallyClient {
     pub fn new(config: ClientConfig) -> Result<Self, ClientError> {
         let nodes = Nodes::new(config.endpoints.clone(), config.attempt_timeout)?;
-        Ok(Self { nodes, config })
+        Ok(Self {
+            nodes,
+            config,
+            cluster_id: std::sync::Mutex::new(None),
+        })
     }
 
     pub fn config(&self) -> &ClientConfig {
         &self.config
+    }
+
+    /// The id of the cluster that answered, from the stamp on its decisions.
+    pub fn cluster_id(&self) -> Option<String> {
+        self.cluster_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn note_stamp(&self, decision: &pb::Decision) {
+        if let Some(stamp) = &decision.cluster {
+            let mut known = self.cluster_id.lock().unwrap_or_else(|p| p.into_inner());
+            if known.as_deref() != Some(stamp.cluster_id.as_str()) {
+                *known = Some(stamp.cluster_id.clone());
+            }
+        }
     }
 
     /// Submits one client command and returns what is known of it.
@@ -139,6 +162,7 @@ impl TallyClient {
         self.nodes.note_leader(Some(target.clone()));
         match reply.results.into_iter().next().and_then(|r| r.result) {
             Some(pb::batch_result::Result::Decision(decision)) => {
+                self.note_stamp(&decision);
                 match Decision::try_from(decision) {
                     Ok(decision) => Attempt::Decided(decision),
                     Err(error) => Attempt::Indefinite {

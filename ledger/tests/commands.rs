@@ -837,7 +837,13 @@ fn reads_order_usages_and_page_events() {
     assert_eq!(old.len(), 1);
     // A hold whose exposure is all released is not one a reconciler can finish.
     h.ok(h.release("h1", "h1:release-all", 10));
-    let exposed = h.family.list_holds(&HoldFilter { with_remaining_exposure: true, ..HoldFilter::default() }, 10);
+    let exposed = h.family.list_holds(
+        &HoldFilter {
+            with_remaining_exposure: true,
+            ..HoldFilter::default()
+        },
+        10,
+    );
     assert_eq!(exposed.len(), 1);
     assert_eq!(exposed[0].hold_id.as_str(), "x");
 }

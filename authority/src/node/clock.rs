@@ -2,6 +2,7 @@
 //! clock differs from a majority of its peers by more than `max_clock_offset_ms` refuses to
 //! lead and reports itself unhealthy (CockroachDB's rule).
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the Unix epoch; a clock before 1970 reads as 0.
@@ -9,6 +10,30 @@ pub fn wall_clock_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// This node's clock: the wall clock plus a configured offset. The offset is 0 in production;
+/// tests set it to make one node's clock disagree with its peers' (SPEC.md §6).
+#[derive(Debug, Default)]
+pub struct NodeClock {
+    offset_ms: AtomicI64,
+}
+
+impl NodeClock {
+    pub fn new(offset_ms: i64) -> Self {
+        Self {
+            offset_ms: AtomicI64::new(offset_ms),
+        }
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        let now = wall_clock_ms() as i64 + self.offset_ms.load(Ordering::Relaxed);
+        now.max(0) as u64
+    }
+
+    pub fn set_offset_ms(&self, offset_ms: i64) {
+        self.offset_ms.store(offset_ms, Ordering::Relaxed);
+    }
 }
 
 /// One peer's clock as probed: the offset estimate is the peer's reading minus the midpoint of

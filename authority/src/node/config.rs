@@ -42,6 +42,10 @@ pub struct NodeConfig {
     pub max_live_families: usize,
     /// `pretty` or `json`.
     pub log_format: LogFormat,
+    /// Shifts this node's clock by this many ms. Always 0 in production; tests use it to make
+    /// one node's clock disagree with its peers' (SPEC.md §6's clock-offset rule).
+    #[serde(default)]
+    pub clock_offset_ms: i64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,6 +74,7 @@ impl Default for NodeConfig {
             expiry_interval_ms: 1_000,
             max_live_families: 10_000,
             log_format: LogFormat::Pretty,
+            clock_offset_ms: 0,
         }
     }
 }

@@ -10,7 +10,6 @@ use tally_ledger::limits::MAX_COMMANDS_PER_ENTRY;
 use tally_ledger::Command;
 use tokio::sync::watch;
 
-use super::clock::wall_clock_ms;
 use super::proposer::Proposer;
 use crate::raft::state_machine::SharedRouter;
 use crate::raft::types::Raft;
@@ -37,7 +36,7 @@ pub async fn run(
         }
         // The router's cluster time trails the leader's clock; holds due by the wall clock
         // become due in cluster time once this entry is stamped.
-        let now_ms = wall_clock_ms();
+        let now_ms = proposer.now_ms();
         let due = router.lock().await.due_families(now_ms, FAMILIES_PER_TICK);
         if due.is_empty() {
             continue;

@@ -14,22 +14,29 @@ use tally_api::pb::ClockProbeRequest;
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 
-use super::clock::{wall_clock_ms, within_majority, ClockSample};
+use super::clock::{within_majority, ClockSample, NodeClock};
 use crate::raft::types::{NodeId, Raft};
 
 pub struct Health {
+    clock: Arc<NodeClock>,
     clock_ok: AtomicBool,
     clock_offset_ms: AtomicI64,
     raft: Raft,
 }
 
 impl Health {
-    pub fn new(raft: Raft) -> Self {
+    pub fn new(raft: Raft, clock: Arc<NodeClock>) -> Self {
         Self {
+            clock,
             clock_ok: AtomicBool::new(true),
             clock_offset_ms: AtomicI64::new(0),
             raft,
         }
+    }
+
+    /// This node's clock (wall clock plus its configured offset).
+    pub fn clock(&self) -> &NodeClock {
+        &self.clock
     }
 
     pub fn clock_ok(&self) -> bool {
@@ -83,7 +90,7 @@ pub async fn monitor_clock(
             .collect();
         let mut samples = Vec::with_capacity(peers.len());
         for address in &peers {
-            samples.push(probe(&mut clients, address, interval).await);
+            samples.push(probe(&mut clients, address, interval, health.clock()).await);
         }
         let mut offsets: Vec<i64> = samples
             .iter()
@@ -124,6 +131,7 @@ async fn probe(
     clients: &mut BTreeMap<String, AdminClient<Channel>>,
     address: &str,
     timeout: Duration,
+    clock: &NodeClock,
 ) -> Option<ClockSample> {
     if !clients.contains_key(address) {
         let endpoint = Endpoint::from_shared(format!("http://{address}"))
@@ -133,7 +141,7 @@ async fn probe(
         clients.insert(address.to_owned(), AdminClient::new(channel));
     }
     let client = clients.get_mut(address)?;
-    let sent_ms = wall_clock_ms();
+    let sent_ms = clock.now_ms();
     let reply = tokio::time::timeout(
         timeout,
         client.clock_probe(ClockProbeRequest {
@@ -141,7 +149,7 @@ async fn probe(
         }),
     )
     .await;
-    let received_ms = wall_clock_ms();
+    let received_ms = clock.now_ms();
     match reply {
         Ok(Ok(reply)) => Some(ClockSample {
             sent_ms,

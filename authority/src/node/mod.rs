@@ -24,6 +24,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
+use self::clock::NodeClock;
 use self::config::NodeConfig;
 use self::health::Health;
 use self::metrics::NodeMetrics;
@@ -64,6 +65,8 @@ pub struct NodeHandle {
     pub proposer: Arc<Proposer>,
     pub health: Arc<Health>,
     pub faults: Arc<NetworkFaults>,
+    /// This node's clock; tests shift it to exercise the clock-offset rule.
+    pub clock: Arc<NodeClock>,
     /// Client-facing fault injection (lost requests and replies), for tests.
     pub service_faults: Arc<ServiceFaults>,
     pub store_metrics: Arc<StoreMetrics>,
@@ -127,11 +130,13 @@ pub async fn start(
 
     let timeout = Duration::from_millis(config.propose_timeout_ms);
     let metrics = Arc::new(NodeMetrics::default());
+    let clock = Arc::new(NodeClock::new(config.clock_offset_ms));
     let proposer = Arc::new(Proposer::new(
         raft.clone(),
         config.node_id,
         timeout,
         metrics.clone(),
+        clock.clone(),
     ));
     let reads = Arc::new(ReadGate::new(
         raft.clone(),
@@ -139,7 +144,7 @@ pub async fn start(
         applied.clone(),
         timeout,
     ));
-    let health = Arc::new(Health::new(raft.clone()));
+    let health = Arc::new(Health::new(raft.clone(), clock.clone()));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
 
     let listener = TcpListener::bind(config.listen_addr)
@@ -276,6 +281,7 @@ pub async fn start(
         proposer,
         health,
         faults,
+        clock,
         service_faults,
         store_metrics,
         metrics,

@@ -15,7 +15,7 @@ use tally_ledger::limits::MAX_COMMANDS_PER_ENTRY;
 use tally_ledger::{ClusterParams, Command, Decision, LedgerError};
 use tonic::transport::{Channel, Endpoint};
 
-use super::clock::wall_clock_ms;
+use super::clock::NodeClock;
 use super::metrics::NodeMetrics;
 use super::write_error::WriteError;
 use crate::raft::types::{NodeId, Proposal, ProposalReply, Raft};
@@ -43,17 +43,30 @@ pub struct Proposer {
     timeout: Duration,
     peers: Mutex<BTreeMap<String, RaftClient<Channel>>>,
     metrics: Arc<NodeMetrics>,
+    clock: Arc<NodeClock>,
 }
 
 impl Proposer {
-    pub fn new(raft: Raft, node_id: NodeId, timeout: Duration, metrics: Arc<NodeMetrics>) -> Self {
+    pub fn new(
+        raft: Raft,
+        node_id: NodeId,
+        timeout: Duration,
+        metrics: Arc<NodeMetrics>,
+        clock: Arc<NodeClock>,
+    ) -> Self {
         Self {
+            clock,
             raft,
             node_id,
             timeout,
             peers: Mutex::new(BTreeMap::new()),
             metrics,
         }
+    }
+
+    /// This node's clock: what it stamps entries with.
+    pub fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
     }
 
     /// The leader as this node knows it: id and address.
@@ -96,7 +109,7 @@ impl Proposer {
         }
         let count = commands.len();
         let reply = self
-            .write_local(Proposal::commands(wall_clock_ms(), commands))
+            .write_local(Proposal::commands(self.clock.now_ms(), commands))
             .await?;
         assert_eq!(
             reply.results.len(),
@@ -114,7 +127,7 @@ impl Proposer {
                 reason: "parameters change on the leader".to_owned(),
             });
         }
-        self.write_local(Proposal::set_params(wall_clock_ms(), params))
+        self.write_local(Proposal::set_params(self.clock.now_ms(), params))
             .await
     }
 

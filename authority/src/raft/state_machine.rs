@@ -102,6 +102,14 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
         if inputs.is_empty() {
             return Ok(());
         }
+        #[cfg(feature = "failpoints")]
+        let kinds =
+            crate::failpoints::kinds(inputs.iter().flat_map(|input| match &input.payload {
+                EntryPayload::Commands(commands) => commands.as_slice(),
+                _ => &[],
+            }));
+        #[cfg(feature = "failpoints")]
+        crate::failpoints::hit_kinds("apply.before", &kinds);
         let outputs = self
             .router
             .lock()
@@ -116,6 +124,8 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
         );
         self.applied = last;
         self.applied_tx.send_replace(last);
+        #[cfg(feature = "failpoints")]
+        crate::failpoints::hit_kinds("apply.after", &kinds);
         for (output, responder) in outputs.into_iter().zip(responders) {
             if let Some(responder) = responder {
                 responder.send(ProposalReply {

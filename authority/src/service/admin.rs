@@ -10,7 +10,6 @@ use tally_api::pb::{self, NodeRole};
 use tonic::{Request, Response, Status};
 
 use super::outcome::{definite, failure_status, Failure};
-use crate::node::clock::wall_clock_ms;
 use crate::node::health::Health;
 use crate::node::proposer::Proposer;
 use crate::node::write_error::WriteError;
@@ -252,13 +251,60 @@ impl Admin for AdminService {
         }))
     }
 
+    /// Taken under the router lock, so the digest and the index are of the same state.
+    async fn state_digest(
+        &self,
+        _request: Request<pb::StateDigestRequest>,
+    ) -> Result<Response<pb::StateDigestReply>, Status> {
+        let router = self.router.lock().await;
+        let applied_index = router.last_applied().map_or(0, |id| id.index);
+        let digest = router
+            .digest()
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(pb::StateDigestReply {
+            node_id: self.node_id,
+            applied_index,
+            digest: digest.to_vec(),
+        }))
+    }
+
+    async fn set_failpoints(
+        &self,
+        request: Request<pb::SetFailpointsRequest>,
+    ) -> Result<Response<pb::AdminReply>, Status> {
+        let spec = request.into_inner().spec;
+        if spec.len() > 4_096 {
+            return Err(Status::invalid_argument(
+                "a failpoint spec is at most 4 KiB",
+            ));
+        }
+        #[cfg(feature = "failpoints")]
+        {
+            let armed = crate::failpoints::configure(&spec)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            tracing::warn!(?armed, "failpoints armed");
+            Ok(admin_reply(
+                None,
+                format!("armed {} failpoint(s)", armed.len()),
+            ))
+        }
+        #[cfg(not(feature = "failpoints"))]
+        {
+            let _ = spec;
+            Err(Status::unimplemented(
+                "this node was built without the failpoints feature",
+            ))
+        }
+    }
+
     async fn clock_probe(
         &self,
         _request: Request<pb::ClockProbeRequest>,
     ) -> Result<Response<pb::ClockProbeReply>, Status> {
         Ok(Response::new(pb::ClockProbeReply {
             node_id: self.node_id,
-            wall_clock_ms: wall_clock_ms(),
+            wall_clock_ms: self.health.clock().now_ms(),
         }))
     }
 }

@@ -61,6 +61,8 @@ impl BudgetService {
             ));
         }
         let ids = self.faults.drops_reply(&commands).then_some(());
+        #[cfg(feature = "failpoints")]
+        let kinds = crate::failpoints::kinds(commands.iter());
         let reply = self
             .proposer
             .propose(commands)
@@ -69,6 +71,8 @@ impl BudgetService {
         if ids.is_some() {
             return Err(Status::unknown("reply lost after commit (fault injection)"));
         }
+        #[cfg(feature = "failpoints")]
+        crate::failpoints::hit_kinds("reply.before_send", &kinds);
         Ok(reply)
     }
 

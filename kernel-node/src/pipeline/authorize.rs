@@ -83,6 +83,11 @@ impl Evaluation<'_> {
                     if let Some(index) = decision.commit_index {
                         budget.committed(BudgetStep::Authorize, decision.event_id.clone(), index);
                     }
+                    if let (Some(cluster_id), Some(log_id)) =
+                        (self.kernel.ledger.cluster_id(), decision.log_id)
+                    {
+                        budget.cluster(&cluster_id, log_id.term, tally_api::GUARANTEE_LEVEL);
+                    }
                     match decision.outcome {
                         LedgerOutcome::Authorized { exposure_units, .. } => {
                             let Some(authorize_index) = decision.commit_index else {

@@ -24,6 +24,10 @@ pub trait BudgetLedger: Send + Sync {
         family: &FamilyId,
         hold_id: &HoldId,
     ) -> Result<Option<HoldView>, ClientError>;
+    /// The id of the cluster that answers, once known (receipts name it).
+    fn cluster_id(&self) -> Option<String> {
+        None
+    }
 }
 
 #[async_trait]
@@ -51,5 +55,9 @@ impl BudgetLedger for TallyClient {
         hold_id: &HoldId,
     ) -> Result<Option<HoldView>, ClientError> {
         TallyClient::get_hold(self, family, hold_id).await
+    }
+
+    fn cluster_id(&self) -> Option<String> {
+        TallyClient::cluster_id(self)
     }
 }

@@ -270,6 +270,10 @@ impl BudgetLedger for LossyLedger {
     ) -> Result<Option<HoldView>, ClientError> {
         self.inner.get_hold(family, hold_id).await
     }
+
+    fn cluster_id(&self) -> Option<String> {
+        self.inner.cluster_id()
+    }
 }
 
 pub fn is_capture(event_id: &EventId) -> bool {

@@ -1,0 +1,16 @@
+//! `chaos-node`: `tally-node` with the failpoints compiled in (`FAILPOINTS=...` arms them at
+//! start-up). Only the chaos harness runs it.
+
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = tally_authority::cli::Cli::parse();
+    match tally_authority::cli::run(cli).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("chaos-node: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! The `tally-chaos` command line: `tally-chaos run --profile ci|soak [--seed N]
+//! [--duration-s S] [--out DIR] [--node-binary PATH]`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::profile::{Profile, ProfileName};
+use crate::run::RunOptions;
+
+/// Tally's chaos harness: a 3-node cluster of real processes behind fault-injecting proxies,
+/// a seeded workload and seeded nemeses, then a check of SPEC.md §11 against the history.
+#[derive(Debug, Parser)]
+#[command(name = "tally-chaos", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: CliCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CliCommand {
+    /// One run; exits 0 when every invariant held, 1 on a violation, 2 when the run failed.
+    Run {
+        #[arg(long, value_enum, default_value = "ci")]
+        profile: ProfileName,
+        /// Seeds the workload and the fault schedule (default: from the clock; printed).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Seconds of workload and faults (ci: 90, soak: 1800).
+        #[arg(long)]
+        duration_s: Option<u64>,
+        /// Where data dirs, node logs and reports go (default target/chaos/<profile>-<seed>).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// The node binary (default: chaos-node next to this binary).
+        #[arg(long)]
+        node_binary: Option<PathBuf>,
+    },
+}
+
+impl CliCommand {
+    pub fn into_options(self) -> anyhow::Result<RunOptions> {
+        let CliCommand::Run {
+            profile,
+            seed,
+            duration_s,
+            out,
+            node_binary,
+        } = self;
+        let seed = seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_007)
+        });
+        let node_binary = match node_binary {
+            Some(path) => path,
+            None => std::env::current_exe()?
+                .parent()
+                .map(|dir| dir.join("chaos-node"))
+                .ok_or_else(|| anyhow::anyhow!("cannot locate chaos-node"))?,
+        };
+        anyhow::ensure!(
+            node_binary.exists(),
+            "node binary {} not found (cargo build -p tally-chaos builds it)",
+            node_binary.display()
+        );
+        let out = out.unwrap_or_else(|| {
+            PathBuf::from("target/chaos").join(format!("{}-{seed}", profile.as_str()))
+        });
+        Ok(RunOptions {
+            profile: Profile::new(profile, duration_s),
+            seed,
+            out,
+            node_binary,
+        })
+    }
+}

@@ -1,0 +1,318 @@
+//! The cluster under test: 3 chaos-node processes on 127.0.0.1, each behind its proxy. The
+//! harness's own control calls (status, digests, final reads) go to the nodes' listen
+//! addresses directly, so a partition never blinds the harness; the workload's clients and
+//! the peers go through the proxies.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tally_api::pb::admin_client::AdminClient;
+use tally_api::pb::budget_client::BudgetClient;
+use tally_api::pb::{self, NodeRole};
+use tally_api::MAX_MESSAGE_BYTES;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::checker::{FamilyState, ReplicaState};
+use crate::process::{NodeProcess, NodeSpec};
+use crate::proxy::Network;
+
+/// One control call's timeout.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Rows per final-state read page, and pages per family.
+const PAGE: u32 = 5_000;
+const MAX_PAGES: usize = 200;
+/// `ListEvents` consistency LOCAL: this node's applied state.
+const LOCAL: i32 = pb::Consistency::Local as i32;
+
+pub struct ChaosCluster {
+    pub nodes: BTreeMap<u64, NodeProcess>,
+    pub net: Network,
+    /// Node id → the proxy address everyone else uses.
+    pub proxies: BTreeMap<u64, String>,
+    proxy_tasks: Vec<JoinHandle<()>>,
+}
+
+/// A free port on 127.0.0.1 (released for the node to take).
+fn free_addr() -> anyhow::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("bind a free port")?;
+    Ok(listener.local_addr()?)
+}
+
+impl ChaosCluster {
+    /// Starts `count` nodes from `binary` under `dir`, each behind a proxy, initializes the
+    /// cluster and waits for a leader.
+    pub async fn start(
+        binary: &Path,
+        dir: &Path,
+        count: u64,
+        snapshot_every_entries: u64,
+    ) -> anyhow::Result<Self> {
+        let net = Network::new();
+        let mut cluster = Self {
+            nodes: BTreeMap::new(),
+            net: net.clone(),
+            proxies: BTreeMap::new(),
+            proxy_tasks: Vec::new(),
+        };
+        for id in 1..=count {
+            let listen = free_addr()?;
+            let front = TcpListener::bind("127.0.0.1:0").await?;
+            let front_addr = front.local_addr()?;
+            cluster.proxy_tasks.push(net.spawn_proxy(id, front, listen));
+            let data_dir: PathBuf = dir.join(format!("node-{id}"));
+            std::fs::create_dir_all(&data_dir)?;
+            let spec = NodeSpec {
+                id,
+                binary: binary.to_owned(),
+                listen: listen.to_string(),
+                advertise: front_addr.to_string(),
+                data_dir,
+                log_file: dir.join(format!("node-{id}.log")),
+                cluster_id: "tally-chaos".to_owned(),
+                snapshot_every_entries,
+            };
+            cluster.proxies.insert(id, front_addr.to_string());
+            cluster.nodes.insert(id, NodeProcess::new(spec));
+            cluster.start_node(id, None)?;
+        }
+        let members: BTreeMap<u64, String> = cluster.proxies.clone();
+        let start = Instant::now();
+        loop {
+            let result = async {
+                let mut admin = cluster.admin(1).await?;
+                admin
+                    .initialize(pb::InitializeRequest {
+                        members: members.clone(),
+                    })
+                    .await?;
+                anyhow::Ok(())
+            }
+            .await;
+            match result {
+                Ok(()) => break,
+                Err(error) if start.elapsed() > Duration::from_secs(30) => {
+                    return Err(error.context("initialize the cluster"))
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        cluster
+            .wait_leader(Duration::from_secs(30))
+            .await
+            .context("no leader after initialize")?;
+        Ok(cluster)
+    }
+
+    pub fn ids(&self) -> Vec<u64> {
+        self.nodes.keys().copied().collect()
+    }
+
+    pub fn client_endpoints(&self) -> Vec<String> {
+        self.proxies.values().cloned().collect()
+    }
+
+    /// (Re)starts node `id` from its data dir with `failpoints` armed, if any.
+    pub fn start_node(&mut self, id: u64, failpoints: Option<&str>) -> anyhow::Result<()> {
+        let node = self.nodes.get_mut(&id).context("no such node")?;
+        let pid = node.start(failpoints)?;
+        self.net.set_pid(id, Some(pid));
+        Ok(())
+    }
+
+    pub fn kill(&mut self, id: u64) {
+        if let Some(node) = self.nodes.get_mut(&id) {
+            node.kill();
+        }
+        self.net.set_pid(id, None);
+    }
+
+    pub fn pause(&mut self, id: u64) {
+        if let Some(node) = self.nodes.get_mut(&id) {
+            node.pause();
+        }
+    }
+
+    pub fn resume(&mut self, id: u64) {
+        if let Some(node) = self.nodes.get_mut(&id) {
+            node.resume();
+        }
+    }
+
+    pub fn is_running(&mut self, id: u64) -> bool {
+        self.nodes.get_mut(&id).is_some_and(NodeProcess::is_running)
+    }
+
+    async fn channel(&self, id: u64) -> anyhow::Result<Channel> {
+        let node = self.nodes.get(&id).context("no such node")?;
+        let endpoint = Endpoint::from_shared(format!("http://{}", node.spec.listen))?
+            .connect_timeout(CONTROL_TIMEOUT)
+            .timeout(CONTROL_TIMEOUT);
+        Ok(tokio::time::timeout(CONTROL_TIMEOUT, endpoint.connect())
+            .await
+            .context("connect timed out")??)
+    }
+
+    pub async fn admin(&self, id: u64) -> anyhow::Result<AdminClient<Channel>> {
+        Ok(AdminClient::new(self.channel(id).await?))
+    }
+
+    async fn budget(&self, id: u64) -> anyhow::Result<BudgetClient<Channel>> {
+        Ok(BudgetClient::new(self.channel(id).await?)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES))
+    }
+
+    pub async fn status(&self, id: u64) -> Option<pb::StatusReply> {
+        if self.nodes.get(&id).is_none_or(NodeProcess::is_paused) {
+            return None;
+        }
+        let mut admin = self.admin(id).await.ok()?;
+        let call = admin.status(pb::StatusRequest {});
+        match tokio::time::timeout(CONTROL_TIMEOUT, call).await {
+            Ok(Ok(reply)) => Some(reply.into_inner()),
+            _ => None,
+        }
+    }
+
+    /// The node that says it leads, at the highest term among those that answer.
+    pub async fn leader(&self) -> Option<(u64, u64)> {
+        let mut best: Option<(u64, u64)> = None;
+        for id in self.ids() {
+            if let Some(status) = self.status(id).await {
+                if status.role == NodeRole::Leader as i32
+                    && best.is_none_or(|(_, term)| status.term > term)
+                {
+                    best = Some((id, status.term));
+                }
+            }
+        }
+        best
+    }
+
+    pub async fn wait_leader(&self, within: Duration) -> anyhow::Result<(u64, u64)> {
+        let start = Instant::now();
+        loop {
+            if let Some(leader) = self.leader().await {
+                return Ok(leader);
+            }
+            anyhow::ensure!(start.elapsed() < within, "no leader within {within:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until every node has applied the leader's last log index, and returns it.
+    pub async fn wait_converged(&self, within: Duration) -> anyhow::Result<u64> {
+        let start = Instant::now();
+        loop {
+            let mut applied = Vec::new();
+            let mut last = None;
+            for id in self.ids() {
+                if let Some(status) = self.status(id).await {
+                    applied.push(status.applied_index.unwrap_or(0));
+                    if status.role == NodeRole::Leader as i32 {
+                        last = status.last_log_index;
+                    }
+                }
+            }
+            if let Some(last) = last {
+                if applied.len() == self.nodes.len() && applied.iter().all(|a| *a == last) {
+                    return Ok(last);
+                }
+            }
+            anyhow::ensure!(
+                start.elapsed() < within,
+                "replicas did not converge within {within:?}: applied {applied:?}, leader's last {last:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Node `id`'s state digest and the applied index it was taken at.
+    pub async fn digest(&self, id: u64) -> anyhow::Result<(u64, String)> {
+        let mut admin = self.admin(id).await?;
+        let reply = admin
+            .state_digest(pb::StateDigestRequest {})
+            .await?
+            .into_inner();
+        let hex: String = reply.digest.iter().map(|b| format!("{b:02x}")).collect();
+        Ok((reply.applied_index, hex))
+    }
+
+    /// Node `id`'s final state of `families`, read LOCAL from that node alone.
+    pub async fn read_state(&self, id: u64, families: &[String]) -> anyhow::Result<ReplicaState> {
+        let (applied_index, digest) = self.digest(id).await?;
+        let mut budget = self.budget(id).await?;
+        let mut out = ReplicaState {
+            node_id: id,
+            applied_index,
+            digest,
+            families: BTreeMap::new(),
+        };
+        for family in families {
+            let mut state = FamilyState {
+                family: family.clone(),
+                ..FamilyState::default()
+            };
+            let mut after = None;
+            for _ in 0..MAX_PAGES {
+                let page = budget
+                    .list_events(pb::ListEventsRequest {
+                        family_id: family.clone(),
+                        capability_id: None,
+                        grant_index: None,
+                        after_commit_index: after,
+                        limit: PAGE,
+                        consistency: LOCAL,
+                    })
+                    .await?
+                    .into_inner()
+                    .into_records()?;
+                let full = page.len() == PAGE as usize;
+                after = page.last().map(|e| e.commit_index.0).or(after);
+                state.events.extend(page);
+                if !full {
+                    break;
+                }
+            }
+            state.usages = budget
+                .list_usages(pb::ListUsagesRequest {
+                    family_id: Some(family.clone()),
+                    capability_id: None,
+                    limit: 10_000,
+                    consistency: LOCAL,
+                })
+                .await?
+                .into_inner()
+                .into_records()?;
+            state.usages.sort_by(|a, b| a.key.cmp(&b.key));
+            state.holds = budget
+                .list_holds(pb::ListHoldsRequest {
+                    family_id: Some(family.clone()),
+                    state: None,
+                    created_before_ms: None,
+                    limit: 10_000,
+                    consistency: LOCAL,
+                    with_remaining_exposure: false,
+                })
+                .await?
+                .into_inner()
+                .into_holds()?;
+            out.families.insert(family.clone(), state);
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for ChaosCluster {
+    fn drop(&mut self) {
+        for task in &self.proxy_tasks {
+            task.abort();
+        }
+        // Each NodeProcess kills its process on drop.
+    }
+}

@@ -1,0 +1,64 @@
+//! Run profiles: `ci` (about two minutes, every nemesis incl. leader kills mid-capture) and
+//! `soak` (as long as asked).
+
+use clap::ValueEnum;
+use serde::Serialize;
+
+use crate::workload::WorkloadConfig;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProfileName {
+    Ci,
+    Soak,
+}
+
+impl ProfileName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ci => "ci",
+            Self::Soak => "soak",
+        }
+    }
+}
+
+/// The longest run accepted (a soak of a day).
+pub const MAX_DURATION_S: u64 = 24 * 3_600;
+
+#[derive(Clone, Debug)]
+pub struct Profile {
+    pub name: ProfileName,
+    /// Workload-and-faults phase; healing, resolving and checking come after.
+    pub duration_s: u64,
+    pub workload: WorkloadConfig,
+    pub nodes: u64,
+    pub snapshot_every_entries: u64,
+}
+
+impl Profile {
+    pub fn new(name: ProfileName, duration_s: Option<u64>) -> Self {
+        let default_s = match name {
+            ProfileName::Ci => 90,
+            ProfileName::Soak => 1_800,
+        };
+        Self {
+            name,
+            duration_s: duration_s.unwrap_or(default_s).clamp(5, MAX_DURATION_S),
+            workload: WorkloadConfig {
+                families: 8,
+                hot_share: 0.5,
+                children: 2,
+                workers: 6,
+                twin_pairs: 2,
+                think_ms: 20,
+            },
+            nodes: 3,
+            snapshot_every_entries: 200,
+        }
+    }
+
+    /// Faults to plan: one per ~5 s of the run is more than can happen, the deadline stops it.
+    pub fn planned_faults(&self) -> usize {
+        (self.duration_s / 3).clamp(4, 1_000) as usize
+    }
+}

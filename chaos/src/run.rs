@@ -1,0 +1,247 @@
+//! One chaos run, start to verdict: cluster up, workload and nemeses for the profile's
+//! duration, heal, liveness (resolve every unknown), convergence, final reads from every
+//! replica, the checker, and the reports. Every phase is bounded in time.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tally_client::TallyClient;
+
+use crate::checker::{self, CheckInput, ReplicaState};
+use crate::cluster::ChaosCluster;
+use crate::history::{OpResult, Recorder, Resolution, Settlement};
+use crate::leader_watch::{leader_changes, LeaderWatch};
+use crate::nemesis::{self, Nemesis};
+use crate::profile::Profile;
+use crate::report::{self, RunReport};
+use crate::workload;
+
+/// How long in-flight requests get to finish once the workload is told to stop.
+const DRAIN: Duration = Duration::from_secs(60);
+/// How long the healed cluster gets for a leader, for resolving, for converging.
+const LIVENESS: Duration = Duration::from_secs(60);
+/// Unknowns resolved at once.
+const RESOLVE_CONCURRENCY: usize = 8;
+/// Final-read rounds until every replica is read at one applied index.
+const READ_ROUNDS: usize = 30;
+
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub profile: Profile,
+    pub seed: u64,
+    pub out: PathBuf,
+    pub node_binary: PathBuf,
+}
+
+impl RunOptions {
+    /// The command line that replays this run.
+    pub fn repro(&self) -> String {
+        format!(
+            "cargo run -p tally-chaos --bin tally-chaos -- run --profile {} --seed {} --duration-s {}",
+            self.profile.name.as_str(),
+            self.seed,
+            self.profile.duration_s
+        )
+    }
+}
+
+/// Runs the whole thing; the report says whether every invariant held.
+pub async fn run(options: &RunOptions) -> anyhow::Result<RunReport> {
+    let started = Instant::now();
+    let out = &options.out;
+    prepare_dir(out)?;
+    let profile = &options.profile;
+    let mut cluster = ChaosCluster::start(
+        &options.node_binary,
+        &out.join("data"),
+        profile.nodes,
+        profile.snapshot_every_entries,
+    )
+    .await
+    .context("start the cluster")?;
+    let start = Instant::now();
+    let recorder = Recorder::new(start);
+    let stop_watch = Arc::new(AtomicBool::new(false));
+    let watch = LeaderWatch::default();
+    let direct: Vec<(u64, String)> = cluster
+        .nodes
+        .iter()
+        .map(|(id, n)| (*id, n.spec.listen.clone()))
+        .collect();
+    let watcher = watch.spawn(direct, start, stop_watch.clone());
+
+    // Workload and nemeses, side by side, until the deadline.
+    let stop = Arc::new(AtomicBool::new(false));
+    let workload = tokio::spawn(workload::run(
+        profile.workload.clone(),
+        options.seed,
+        cluster.client_endpoints(),
+        recorder.clone(),
+        stop.clone(),
+    ));
+    let deadline = Instant::now() + Duration::from_secs(profile.duration_s);
+    let mut nemesis = Nemesis::new(options.seed, start);
+    let steps = nemesis::schedule(options.seed, profile.planned_faults());
+    nemesis.run(&mut cluster, &steps, deadline).await;
+    tokio::time::sleep(deadline.saturating_duration_since(Instant::now())).await;
+    nemesis::heal(&mut cluster).await;
+    stop.store(true, Ordering::Relaxed);
+    match tokio::time::timeout(DRAIN, workload).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(error))) => tracing::warn!(%error, "workload ended with an error"),
+        Ok(Err(error)) => tracing::warn!(%error, "workload task failed"),
+        Err(_) => tracing::warn!("workload did not drain in time"),
+    }
+
+    // Liveness: a leader, every unknown resolved, replicas converged.
+    nemesis::heal(&mut cluster).await;
+    let liveness = match cluster.wait_leader(LIVENESS).await {
+        Ok((leader, term)) => format!("leader {leader} at term {term} after healing"),
+        Err(error) => format!("FAILED: {error:#}"),
+    };
+    let history = recorder.snapshot();
+    let resolutions = resolve_unknowns(&cluster, &history).await?;
+    // Abandoned holds expire 1.5 s after they were opened; let the leader's expiry run.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (replicas, converged) = read_replicas(&cluster, &profile.workload).await;
+    stop_watch.store(true, Ordering::Relaxed);
+    let _ = tokio::time::timeout(Duration::from_secs(5), watcher).await;
+
+    let check = checker::check(&CheckInput {
+        history: history.clone(),
+        resolutions: resolutions.clone(),
+        replicas: replicas.clone(),
+    });
+    let samples = watch.samples();
+    let report = RunReport {
+        seed: options.seed,
+        profile: profile.name.as_str().to_owned(),
+        duration_s: profile.duration_s,
+        wall_s: started.elapsed().as_secs_f64(),
+        repro: options.repro(),
+        ops: report::count_ops(&history),
+        failpoints_fired: nemesis
+            .faults
+            .iter()
+            .filter(|f| f.detail.contains("aborted at the failpoint"))
+            .count(),
+        faults: nemesis.faults.clone(),
+        leader_changes: leader_changes(&samples),
+        unknowns: report::count_unknowns(&resolutions),
+        liveness,
+        converged_at_index: converged,
+        digests: replicas
+            .iter()
+            .map(|r| (r.node_id, r.digest.clone()))
+            .collect(),
+        check,
+        out_dir: out.display().to_string(),
+        leader_samples: samples,
+    };
+    report::write_files(out, &report, &history, &resolutions)
+        .with_context(|| format!("write the reports into {}", out.display()))?;
+    if let Err(error) = crate::timeline::draw(&out.join("timeline.png"), &report, &history) {
+        tracing::warn!(%error, "could not draw the timeline");
+    }
+    drop(cluster);
+    Ok(report)
+}
+
+fn prepare_dir(out: &Path) -> anyhow::Result<()> {
+    let data = out.join("data");
+    if data.exists() {
+        std::fs::remove_dir_all(&data).with_context(|| format!("clear {}", data.display()))?;
+    }
+    for log in 1..=7 {
+        let _ = std::fs::remove_file(out.join(format!("node-{log}.log")));
+    }
+    std::fs::create_dir_all(&data).with_context(|| format!("create {}", data.display()))?;
+    Ok(())
+}
+
+/// `ResolveEvent` for every unknown in the history, a few at a time.
+async fn resolve_unknowns(
+    cluster: &ChaosCluster,
+    history: &[crate::history::Op],
+) -> anyhow::Result<Vec<Resolution>> {
+    let mut config = workload::client_config(cluster.client_endpoints());
+    config.resolve_for = LIVENESS / 2;
+    let client = Arc::new(TallyClient::new(config)?);
+    let unknowns: Vec<_> = history
+        .iter()
+        .filter(|op| matches!(op.result, OpResult::Info { .. }))
+        .cloned()
+        .collect();
+    let mut out = Vec::with_capacity(unknowns.len());
+    for chunk in unknowns.chunks(RESOLVE_CONCURRENCY) {
+        let mut tasks = tokio::task::JoinSet::new();
+        for op in chunk {
+            let (client, op) = (client.clone(), op.clone());
+            tasks.spawn(async move {
+                let outcome = client.resolve(op.command.clone()).await;
+                Resolution {
+                    op_index: op.index,
+                    event_id: op.event_id.clone(),
+                    family: op.family.clone(),
+                    settlement: Settlement::from_outcome(&outcome),
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            out.push(done?);
+        }
+    }
+    out.sort_by_key(|r| r.op_index);
+    Ok(out)
+}
+
+/// Every replica's final state, read at one applied index: all nodes at once, retried while
+/// entries still land (leader maintenance may propose a few after the workload stops).
+async fn read_replicas(
+    cluster: &ChaosCluster,
+    workload: &workload::WorkloadConfig,
+) -> (Vec<ReplicaState>, Option<u64>) {
+    let families = workload::family_ids(workload);
+    let mut replicas = Vec::new();
+    let mut converged = None;
+    for _ in 0..READ_ROUNDS {
+        converged = cluster.wait_converged(LIVENESS).await.ok();
+        let reads = cluster
+            .ids()
+            .into_iter()
+            .map(|id| {
+                let families = &families;
+                async move { (id, cluster.read_state(id, families).await) }
+            })
+            .collect::<Vec<_>>();
+        replicas.clear();
+        for (id, read) in futures_util::future::join_all(reads).await {
+            match read {
+                Ok(state) => replicas.push(state),
+                Err(error) => tracing::warn!(%error, id, "final read failed"),
+            }
+        }
+        let mut after = BTreeMap::new();
+        for id in cluster.ids() {
+            if let Ok((index, _)) = cluster.digest(id).await {
+                after.insert(id, index);
+            }
+        }
+        let stable = replicas.len() == cluster.ids().len()
+            && replicas
+                .iter()
+                .all(|r| after.get(&r.node_id) == Some(&r.applied_index))
+            && replicas
+                .windows(2)
+                .all(|w| w[0].applied_index == w[1].applied_index);
+        if stable {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    (replicas, converged)
+}
