@@ -1,5 +1,5 @@
 //! The `tally-chaos` command line: `tally-chaos run --profile ci|soak [--seed N]
-//! [--duration-s S] [--out DIR] [--node-binary PATH]`.
+//! [--duration-s S] [--out DIR] [--node-binary PATH] [--kernel-binary PATH | --no-kernels]`.
 
 use std::path::PathBuf;
 
@@ -35,6 +35,12 @@ pub enum CliCommand {
         /// The node binary (default: chaos-node next to this binary).
         #[arg(long)]
         node_binary: Option<PathBuf>,
+        /// The kernel binary (default: chaos-kernel next to this binary).
+        #[arg(long)]
+        kernel_binary: Option<PathBuf>,
+        /// Run without the kernel layer (cluster workload only).
+        #[arg(long)]
+        no_kernels: bool,
     },
 }
 
@@ -46,6 +52,8 @@ impl CliCommand {
             duration_s,
             out,
             node_binary,
+            kernel_binary,
+            no_kernels,
         } = self;
         let seed = seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
@@ -64,6 +72,23 @@ impl CliCommand {
             "node binary {} not found (cargo build -p tally-chaos builds it)",
             node_binary.display()
         );
+        let kernel_binary = if no_kernels {
+            None
+        } else {
+            let path = match kernel_binary {
+                Some(path) => path,
+                None => std::env::current_exe()?
+                    .parent()
+                    .map(|dir| dir.join("chaos-kernel"))
+                    .ok_or_else(|| anyhow::anyhow!("cannot locate chaos-kernel"))?,
+            };
+            anyhow::ensure!(
+                path.exists(),
+                "kernel binary {} not found (cargo build -p tally-chaos --bins builds it)",
+                path.display()
+            );
+            Some(path)
+        };
         let out = out.unwrap_or_else(|| {
             PathBuf::from("target/chaos").join(format!("{}-{seed}", profile.as_str()))
         });
@@ -72,6 +97,7 @@ impl CliCommand {
             seed,
             out,
             node_binary,
+            kernel_binary,
         })
     }
 }

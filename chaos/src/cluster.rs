@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::checker::{FamilyState, ReplicaState};
+use crate::kernel::KernelProcess;
 use crate::process::{NodeProcess, NodeSpec};
 use crate::proxy::Network;
 
@@ -35,6 +36,8 @@ pub struct ChaosCluster {
     /// Node id → the proxy address everyone else uses.
     pub proxies: BTreeMap<u64, String>,
     proxy_tasks: Vec<JoinHandle<()>>,
+    /// Kernel node processes in front of the cluster (none without a kernel layer).
+    pub kernels: BTreeMap<u64, KernelProcess>,
 }
 
 /// A free port on 127.0.0.1 (released for the node to take).
@@ -58,6 +61,7 @@ impl ChaosCluster {
             net: net.clone(),
             proxies: BTreeMap::new(),
             proxy_tasks: Vec::new(),
+            kernels: BTreeMap::new(),
         };
         for id in 1..=count {
             let listen = free_addr()?;

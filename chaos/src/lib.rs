@@ -13,6 +13,7 @@
 //! | `proxy` | the fault-injecting TCP proxy in front of each node |
 //! | `process`, `cluster` | node processes (kill, pause, restart) and the cluster under test |
 //! | `workload` | the seeded, kernel-like request flows through tally-client |
+//! | `kernel`, `kernel_workload` | kernel processes, shared rail and tool server, `EvaluateToolCall` flows |
 //! | `nemesis` | the seeded fault schedule, incl. failpoint kills of the leader |
 //! | `history`, `checker` | the recorded history and the pure SPEC.md §11 checker |
 //! | `leader_watch`, `report`, `timeline` | who led, the summary/JSON, the PNG |
@@ -22,6 +23,8 @@ pub mod checker;
 pub mod cli;
 pub mod cluster;
 pub mod history;
+pub mod kernel;
+pub mod kernel_workload;
 pub mod leader_watch;
 pub mod nemesis;
 pub mod process;

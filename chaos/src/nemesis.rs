@@ -51,6 +51,8 @@ pub enum FaultKind {
     /// Kill a follower, snapshot the leader while it is down, restart it: it installs the
     /// snapshot when the log it needs was purged.
     SnapshotInstall,
+    /// SIGKILL a kernel node process mid-workload, restart it after the hold.
+    KillKernel,
 }
 
 /// The failpoints the `FailpointKill` nemesis arms on the leader, in turn.
@@ -107,6 +109,7 @@ pub fn schedule(seed: u64, count: usize) -> Vec<Step> {
         FaultKind::SlowLinks,
         FaultKind::SnapshotInstall,
         FaultKind::Membership,
+        FaultKind::KillKernel,
     ];
     let mut out = Vec::new();
     while out.len() < count.min(MAX_FAULTS) {
@@ -114,6 +117,11 @@ pub fn schedule(seed: u64, count: usize) -> Vec<Step> {
         // A failpoint kill first in every round, so even a short run has one.
         if let Some(at) = kinds.iter().position(|k| *k == FaultKind::FailpointKill) {
             kinds.swap(0, at);
+        }
+        // A kernel kill early in every round, so even a short run has one.
+        if let Some(at) = kinds.iter().position(|k| *k == FaultKind::KillKernel) {
+            let to = rng.random_range(1..5);
+            kinds.swap(to, at);
         }
         for kind in &kinds {
             out.push(Step {
@@ -186,6 +194,9 @@ impl Nemesis {
         step: &Step,
     ) -> anyhow::Result<(Vec<u64>, String)> {
         let hold = Duration::from_millis(step.hold_ms);
+        if step.kind == FaultKind::KillKernel {
+            return self.kill_kernel(cluster, hold).await;
+        }
         let (leader, term) = cluster.wait_leader(Duration::from_secs(15)).await?;
         let others: Vec<u64> = cluster.ids().into_iter().filter(|n| *n != leader).collect();
         match step.kind {
@@ -269,6 +280,7 @@ impl Nemesis {
                 self.snapshot_install(cluster, leader, &others, hold).await
             }
             FaultKind::Membership => self.membership(cluster, leader, &others, hold).await,
+            FaultKind::KillKernel => self.kill_kernel(cluster, hold).await,
         }
     }
 
@@ -344,6 +356,29 @@ impl Nemesis {
                 "{point}: {} aborted at the failpoint after {after:?}, down {hold:?}",
                 roles.join(" and ")
             ),
+        ))
+    }
+
+    /// SIGKILLs one kernel process (in-flight calls die with it), restarts it after `hold`.
+    async fn kill_kernel(
+        &mut self,
+        cluster: &mut ChaosCluster,
+        hold: Duration,
+    ) -> anyhow::Result<(Vec<u64>, String)> {
+        let ids: Vec<u64> = cluster.kernels.keys().copied().collect();
+        anyhow::ensure!(!ids.is_empty(), "no kernel processes in this run");
+        let target = ids[self.rng.random_range(0..ids.len())];
+        let kernel = cluster
+            .kernels
+            .get_mut(&target)
+            .ok_or_else(|| anyhow::anyhow!("no kernel {target}"))?;
+        kernel.kill();
+        tokio::time::sleep(hold).await;
+        kernel.start()?;
+        kernel.wait_listening(Duration::from_secs(15)).await?;
+        Ok((
+            vec![target],
+            format!("kernel {target}: SIGKILL, restarted after {hold:?}"),
         ))
     }
 
@@ -503,6 +538,13 @@ pub async fn heal(cluster: &mut ChaosCluster) {
         if !cluster.is_running(id) {
             if let Err(error) = cluster.start_node(id, None) {
                 tracing::warn!(%error, id, "could not restart node");
+            }
+        }
+    }
+    for (id, kernel) in &mut cluster.kernels {
+        if !kernel.is_running() {
+            if let Err(error) = kernel.start() {
+                tracing::warn!(%error, id, "could not restart kernel");
             }
         }
     }

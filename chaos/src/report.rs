@@ -31,6 +31,27 @@ pub struct UnknownCounts {
     pub unresolved: usize,
 }
 
+/// What the kernel layer did: evaluations as the harness saw them, and what the shared tool
+/// server and rail counted.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct KernelFigures {
+    pub kernels: usize,
+    pub evaluations: usize,
+    pub allows: usize,
+    pub denies: usize,
+    /// No answer (a killed kernel, a deadline).
+    pub errors: usize,
+    /// Evaluations sent to every kernel at once with one request id.
+    pub twin_evaluations: usize,
+    pub request_ids: usize,
+    pub dispatches: u64,
+    pub payment_authorizations: u64,
+    pub payment_captures: u64,
+    pub receipts: usize,
+    pub kernel_kills: usize,
+    pub rail_faults: Vec<String>,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct RunReport {
     pub seed: u64,
@@ -49,6 +70,7 @@ pub struct RunReport {
     pub check: CheckReport,
     pub out_dir: String,
     pub leader_samples: Vec<LeaderSample>,
+    pub kernel: Option<KernelFigures>,
 }
 
 impl RunReport {
@@ -134,6 +156,18 @@ pub fn summary(report: &RunReport) -> String {
         report.failpoints_fired
     );
     let _ = writeln!(s, "leader changes: {}", report.leader_changes);
+    if let Some(k) = &report.kernel {
+        let _ = writeln!(
+            s,
+            "kernels: {} processes, {} evaluations ({} allow, {} deny, {} no answer; {} twins) over {} request ids; {} kills",
+            k.kernels, k.evaluations, k.allows, k.denies, k.errors, k.twin_evaluations, k.request_ids, k.kernel_kills
+        );
+        let _ = writeln!(
+            s,
+            "  tool dispatches {}, payments authorized {}, captured {}, receipts {}",
+            k.dispatches, k.payment_authorizations, k.payment_captures, k.receipts
+        );
+    }
     let u = &report.unknowns;
     let _ = writeln!(
         s,
@@ -155,6 +189,13 @@ pub fn summary(report: &RunReport) -> String {
         "checked: {} ops, {} events, {} holds, {} accounts, {} replicas",
         c.ops_checked, c.events_checked, c.holds_checked, c.accounts_checked, c.replicas_compared
     );
+    if let Some(k) = &c.kernel {
+        let _ = writeln!(
+            s,
+            "  kernel receipts {} (signatures verified), {} events cross-checked with the journal, {} ambiguous left to the reconciler",
+            k.receipts_checked, k.events_cross_checked, k.ambiguous_unresolved
+        );
+    }
     if c.violations.is_empty() {
         let _ = writeln!(s, "violations: none (SPEC.md §11 invariants 1-10 hold)");
     } else {

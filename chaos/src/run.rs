@@ -1,4 +1,5 @@
-//! One chaos run, start to verdict: cluster up, workload and nemeses for the profile's
+//! One chaos run, start to verdict: cluster up (and, unless disabled, two kernel processes
+//! with a shared rail and tool server), workloads and nemeses for the profile's
 //! duration, heal, liveness (resolve every unknown), convergence, final reads from every
 //! replica, the checker, and the reports. Every phase is bounded in time.
 
@@ -14,10 +15,12 @@ use tally_client::TallyClient;
 use crate::checker::{self, CheckInput, ReplicaState};
 use crate::cluster::ChaosCluster;
 use crate::history::{OpResult, Recorder, Resolution, Settlement};
+use crate::kernel::KernelFleet;
+use crate::kernel_workload::{self, KernelHistory, KernelOp, KernelWorkloadConfig};
 use crate::leader_watch::{leader_changes, LeaderWatch};
-use crate::nemesis::{self, Nemesis};
+use crate::nemesis::{self, FaultKind, Nemesis};
 use crate::profile::Profile;
-use crate::report::{self, RunReport};
+use crate::report::{self, KernelFigures, RunReport};
 use crate::workload;
 
 /// How long in-flight requests get to finish once the workload is told to stop.
@@ -28,6 +31,11 @@ const LIVENESS: Duration = Duration::from_secs(60);
 const RESOLVE_CONCURRENCY: usize = 8;
 /// Final-read rounds until every replica is read at one applied index.
 const READ_ROUNDS: usize = 30;
+/// Kernel node processes in a run with the kernel layer.
+const KERNELS: u64 = 2;
+/// `GetEvent` lookups at once when cross-checking receipts, and tries per event.
+const LOOKUP_CONCURRENCY: usize = 8;
+const LOOKUP_TRIES: usize = 3;
 
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -35,6 +43,8 @@ pub struct RunOptions {
     pub seed: u64,
     pub out: PathBuf,
     pub node_binary: PathBuf,
+    /// The kernel binary (`chaos-kernel`); none runs without the kernel layer.
+    pub kernel_binary: Option<PathBuf>,
 }
 
 impl RunOptions {
@@ -73,6 +83,22 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<RunReport> {
         .map(|(id, n)| (*id, n.spec.listen.clone()))
         .collect();
     let watcher = watch.spawn(direct, start, stop_watch.clone());
+    let fleet = match &options.kernel_binary {
+        Some(binary) => {
+            let (fleet, processes) = KernelFleet::start(
+                binary,
+                &out.join("kernels"),
+                KERNELS,
+                cluster.client_endpoints(),
+                options.seed,
+            )
+            .await
+            .context("start the kernel layer")?;
+            cluster.kernels = processes;
+            Some(fleet)
+        }
+        None => None,
+    };
 
     // Workload and nemeses, side by side, until the deadline.
     let stop = Arc::new(AtomicBool::new(false));
@@ -83,6 +109,19 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<RunReport> {
         recorder.clone(),
         stop.clone(),
     ));
+    let kernel_history = KernelHistory::default();
+    let kernel_task = match &fleet {
+        Some(fleet) => Some(tokio::spawn(kernel_workload::run(
+            KernelWorkloadConfig::default(),
+            options.seed,
+            fleet.endpoints.clone(),
+            kernel_workload::capabilities(&fleet.issuer, &fleet.agent, options.seed)?,
+            kernel_history.clone(),
+            start,
+            stop.clone(),
+        ))),
+        None => None,
+    };
     let deadline = Instant::now() + Duration::from_secs(profile.duration_s);
     let mut nemesis = Nemesis::new(options.seed, start);
     let steps = nemesis::schedule(options.seed, profile.planned_faults());
@@ -95,6 +134,14 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<RunReport> {
         Ok(Ok(Err(error))) => tracing::warn!(%error, "workload ended with an error"),
         Ok(Err(error)) => tracing::warn!(%error, "workload task failed"),
         Err(_) => tracing::warn!("workload did not drain in time"),
+    }
+    if let Some(task) = kernel_task {
+        match tokio::time::timeout(DRAIN, task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(error))) => tracing::warn!(%error, "kernel workload ended with an error"),
+            Ok(Err(error)) => tracing::warn!(%error, "kernel workload task failed"),
+            Err(_) => tracing::warn!("kernel workload did not drain in time"),
+        }
     }
 
     // Liveness: a leader, every unknown resolved, replicas converged.
@@ -111,11 +158,21 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<RunReport> {
     stop_watch.store(true, Ordering::Relaxed);
     let _ = tokio::time::timeout(Duration::from_secs(5), watcher).await;
 
+    let kernel_ops = kernel_history.snapshot();
+    let kernel_input = match &fleet {
+        Some(fleet) => Some(collect_kernel_input(&mut cluster, fleet, &kernel_ops).await?),
+        None => None,
+    };
     let check = checker::check(&CheckInput {
         history: history.clone(),
         resolutions: resolutions.clone(),
         replicas: replicas.clone(),
+        kernels: kernel_input.clone(),
     });
+    let kernel = match (&fleet, &kernel_input) {
+        (Some(fleet), Some(input)) => Some(kernel_figures(fleet, input, &kernel_ops, &nemesis)),
+        _ => None,
+    };
     let samples = watch.samples();
     let report = RunReport {
         seed: options.seed,
@@ -141,13 +198,23 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<RunReport> {
         check,
         out_dir: out.display().to_string(),
         leader_samples: samples,
+        kernel,
     };
     report::write_files(out, &report, &history, &resolutions)
         .with_context(|| format!("write the reports into {}", out.display()))?;
+    if !kernel_ops.is_empty() {
+        std::fs::write(
+            out.join("kernel-history.json"),
+            serde_json::to_vec(&kernel_ops)?,
+        )?;
+    }
     if let Err(error) = crate::timeline::draw(&out.join("timeline.png"), &report, &history) {
         tracing::warn!(%error, "could not draw the timeline");
     }
     drop(cluster);
+    if let Some(fleet) = fleet {
+        fleet.shutdown().await;
+    }
     Ok(report)
 }
 
@@ -244,4 +311,106 @@ async fn read_replicas(
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     (replicas, converged)
+}
+
+/// Stops the kernels, then gathers what the kernel checks need: every receipt of every log,
+/// the tool server's and the rail's counts per request id, and the journal's answer for every
+/// event a receipt names.
+async fn collect_kernel_input(
+    cluster: &mut ChaosCluster,
+    fleet: &KernelFleet,
+    ops: &[KernelOp],
+) -> anyhow::Result<checker::KernelCheckInput> {
+    for kernel in cluster.kernels.values_mut() {
+        kernel.kill();
+    }
+    let mut receipts = Vec::new();
+    for log in &fleet.receipt_logs {
+        if !log.exists() {
+            continue;
+        }
+        let read = tally_kernel::receipt::read_receipts(log)
+            .with_context(|| format!("read {}", log.display()))?;
+        receipts.extend(read.receipts);
+    }
+    let dispatches = fleet.tools.snapshot();
+    let mut ids: std::collections::BTreeSet<String> =
+        ops.iter().map(|op| op.request_id.clone()).collect();
+    ids.extend(receipts.iter().map(|r| r.request_id.clone()));
+    ids.extend(dispatches.keys().cloned());
+    let payments = fleet.payments(&ids);
+    let mut wanted = std::collections::BTreeSet::new();
+    for receipt in &receipts {
+        let (Some(family), Ok(refs)) = (
+            &receipt.family_id,
+            tally_kernel::receipt::event_refs(&receipt.metadata),
+        ) else {
+            continue;
+        };
+        for event in refs {
+            wanted.insert((family.clone(), event.event_id));
+        }
+    }
+    let client = Arc::new(TallyClient::new(workload::client_config(
+        cluster.client_endpoints(),
+    ))?);
+    let wanted: Vec<_> = wanted.into_iter().collect();
+    let mut journal = BTreeMap::new();
+    for chunk in wanted.chunks(LOOKUP_CONCURRENCY) {
+        let lookups = chunk.iter().map(|(family, event_id)| {
+            let client = client.clone();
+            async move {
+                for _ in 0..LOOKUP_TRIES {
+                    if let Ok(found) = client.get_event(family, event_id).await {
+                        return Some((event_id.clone(), found));
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                None
+            }
+        });
+        journal.extend(
+            futures_util::future::join_all(lookups)
+                .await
+                .into_iter()
+                .flatten(),
+        );
+    }
+    Ok(checker::KernelCheckInput {
+        receipts,
+        kernel_keys: fleet.kernel_keys.clone(),
+        dispatches,
+        payments,
+        journal,
+    })
+}
+
+fn kernel_figures(
+    fleet: &KernelFleet,
+    input: &checker::KernelCheckInput,
+    ops: &[KernelOp],
+    nemesis: &Nemesis,
+) -> KernelFigures {
+    let count = |outcome: &str| ops.iter().filter(|op| op.outcome == outcome).count();
+    let ids: std::collections::BTreeSet<&str> =
+        ops.iter().map(|op| op.request_id.as_str()).collect();
+    KernelFigures {
+        kernels: fleet.kernel_keys.len(),
+        evaluations: ops.len(),
+        allows: count("allow"),
+        denies: count("deny"),
+        errors: count("error"),
+        twin_evaluations: ops.iter().filter(|op| op.twin).count(),
+        request_ids: ids.len(),
+        dispatches: input.dispatches.values().sum(),
+        payment_authorizations: input.payments.values().map(|(a, _)| u64::from(*a)).sum(),
+        payment_captures: input.payments.values().map(|(_, c)| u64::from(*c)).sum(),
+        receipts: input.receipts.len(),
+        kernel_kills: nemesis
+            .faults
+            .iter()
+            .filter(|f| f.kind == FaultKind::KillKernel && !f.detail.starts_with("skipped"))
+            .count(),
+        rail_faults: fleet.rail_faults.clone(),
+    }
 }

@@ -15,6 +15,7 @@ async fn chaos_cluster_smoke_run_passes_the_checker() {
         seed: 20_261_130,
         out: dir.path().to_owned(),
         node_binary: env!("CARGO_BIN_EXE_chaos-node").into(),
+        kernel_binary: Some(env!("CARGO_BIN_EXE_chaos-kernel").into()),
     };
     let report = tokio::time::timeout(Duration::from_secs(240), run(&options))
         .await
@@ -27,6 +28,10 @@ async fn chaos_cluster_smoke_run_passes_the_checker() {
     assert!(report.failpoints_fired >= 1, "{summary}");
     assert_eq!(report.unknowns.unresolved, 0, "{summary}");
     assert_eq!(report.check.replicas_compared, 3, "{summary}");
+    let kernel = report.kernel.as_ref().expect("the kernel layer ran");
+    assert!(kernel.evaluations > 20 && kernel.allows > 0, "{summary}");
+    let checked = report.check.kernel.as_ref().expect("the kernel checks ran");
+    assert!(checked.receipts_checked > 0, "{summary}");
     for file in ["report.json", "summary.txt", "history.json", "timeline.png"] {
         assert!(dir.path().join(file).exists(), "{file} written");
     }

@@ -16,6 +16,8 @@ struct Dev {
 
 impl Dev {
     fn start(data_dir: &std::path::Path, base_port: u16) -> Dev {
+        std::fs::create_dir_all(data_dir).expect("data dir");
+        let stderr = std::fs::File::create(data_dir.with_extension("stderr")).expect("stderr file");
         let binary = workspace_binary("tally-node");
         assert!(
             binary.exists(),
@@ -28,7 +30,7 @@ impl Dev {
             .args(["--base-port", &base_port.to_string()])
             .env("RUST_LOG", "error")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::from(stderr))
             .spawn()
             .expect("tally-node dev starts");
         let stdout = child.stdout.take().expect("piped stdout");
@@ -43,8 +45,9 @@ impl Dev {
         Dev { child, lines }
     }
 
-    /// Waits (bounded) for a stdout line containing `needle`; returns every line seen.
-    fn wait_for(&self, needle: &str) -> Vec<String> {
+    /// Waits (bounded) for a stdout line containing `needle`; returns every line seen, or
+    /// why not (the process exited, or 60 s passed).
+    fn wait_for(&self, needle: &str) -> Result<Vec<String>, String> {
         let mut seen = Vec::new();
         loop {
             match self.lines.recv_timeout(Duration::from_secs(60)) {
@@ -52,10 +55,17 @@ impl Dev {
                     let found = line.contains(needle);
                     seen.push(line);
                     if found {
-                        return seen;
+                        return Ok(seen);
                     }
                 }
-                Err(_) => panic!("no line containing {needle:?} within 60 s; saw {seen:#?}"),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(format!(
+                        "dev exited before printing {needle:?}; saw {seen:#?}"
+                    ))
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("no line containing {needle:?} within 60 s; saw {seen:#?}")
+                }
             }
         }
     }
@@ -116,10 +126,25 @@ const AUTHORIZE: &[&str] = &[
 #[test]
 fn the_dev_cluster_serves_stops_on_sigterm_and_restarts_with_its_state() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let base_port = 31_000 + (std::process::id() % 500) as u16 * 10;
-
-    let dev = Dev::start(dir.path(), base_port);
-    let banner = dev.wait_for("Ctrl-C or SIGTERM stops the cluster");
+    // Other tests may hold ports: try a few bases, each with its own data dir, until one
+    // serves (a dev cluster that cannot bind exits at once and says why on stderr).
+    let mut failures = Vec::new();
+    let (dev, base_port, data_dir, banner) = (0..8u16)
+        .find_map(|attempt| {
+            let base_port = 31_000 + ((std::process::id() as u16 % 400) + attempt * 53) % 400 * 10;
+            let data_dir = dir.path().join(format!("attempt-{attempt}"));
+            let dev = Dev::start(&data_dir, base_port);
+            match dev.wait_for("Ctrl-C or SIGTERM stops the cluster") {
+                Ok(banner) => Some((dev, base_port, data_dir, banner)),
+                Err(why) => {
+                    let stderr = std::fs::read_to_string(data_dir.with_extension("stderr"))
+                        .unwrap_or_default();
+                    failures.push(format!("{why}\n{stderr}"));
+                    None
+                }
+            }
+        })
+        .unwrap_or_else(|| panic!("no dev cluster started: {failures:#?}"));
     assert!(
         banner
             .iter()
@@ -146,8 +171,10 @@ fn the_dev_cluster_serves_stops_on_sigterm_and_restarts_with_its_state() {
     assert_eq!(leaders, 1, "{out}");
     dev.stop();
 
-    let dev = Dev::start(dir.path(), base_port);
-    let banner = dev.wait_for("Ctrl-C or SIGTERM stops the cluster");
+    let dev = Dev::start(&data_dir, base_port);
+    let banner = dev
+        .wait_for("Ctrl-C or SIGTERM stops the cluster")
+        .expect("the restart serves");
     assert!(
         banner.iter().any(|l| l.contains("restarting the cluster")),
         "{banner:#?}"

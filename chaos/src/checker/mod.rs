@@ -4,6 +4,7 @@
 
 mod acks;
 mod holds;
+mod kernels;
 mod limits;
 mod replicas;
 mod state;
@@ -13,6 +14,7 @@ mod tests;
 use serde::Serialize;
 
 use crate::history::{Op, Resolution};
+pub use kernels::{check_kernels, KernelCheckInput, KernelCheckStats};
 pub use state::{FamilyState, ReplicaState};
 
 /// Violations reported per invariant; beyond it they are counted, not listed.
@@ -38,6 +40,8 @@ pub struct CheckReport {
     pub holds_checked: usize,
     pub accounts_checked: usize,
     pub replicas_compared: usize,
+    /// The kernel layer's checks, when the run had kernels.
+    pub kernel: Option<KernelCheckStats>,
 }
 
 impl CheckReport {
@@ -78,6 +82,8 @@ pub struct CheckInput {
     pub resolutions: Vec<Resolution>,
     /// Every replica's final state, read after healing and convergence.
     pub replicas: Vec<ReplicaState>,
+    /// The kernels' receipts, the rail's and the tool server's counts, the journal answers.
+    pub kernels: Option<KernelCheckInput>,
 }
 
 /// Checks SPEC.md §11 invariants 1–10. The first replica is the reference for the
@@ -100,5 +106,8 @@ pub fn check(input: &CheckInput) -> CheckReport {
         holds::check_holds(family, &input.history, &mut report);
     }
     acks::check_acknowledged(reference, &input.history, &input.resolutions, &mut report);
+    if let Some(kernels) = &input.kernels {
+        report.kernel = Some(kernels::check_kernels(kernels, &mut report));
+    }
     report
 }

@@ -161,6 +161,7 @@ fn input(sim: &Sim, replicas: Vec<ReplicaState>) -> CheckInput {
         history: sim.history.clone(),
         resolutions: Vec::new(),
         replicas,
+        kernels: None,
     }
 }
 
