@@ -83,18 +83,7 @@ impl BudgetService {
     ) -> Result<Response<pb::Decision>, Status> {
         let command = command.map_err(|e| failure_status(e.into(), None))?;
         let event_id = command.event_id().cloned();
-        if let Command::ExpireHolds { .. } = command {
-            return Err(failure_status(
-                Failure::Ledger(tally_ledger::LedgerError::invalid(
-                    "command",
-                    "ExpireHolds is proposed by the leader only",
-                )),
-                None,
-            ));
-        }
-        command
-            .validate()
-            .map_err(|e| failure_status(e.into(), event_id.as_ref()))?;
+        let command = accepted(command).map_err(|f| failure_status(f, event_id.as_ref()))?;
         let reply = self.propose(vec![command], event_id.as_ref()).await?;
         let stamp = Stamp {
             cluster_id: self.cluster_id.clone(),
@@ -136,10 +125,29 @@ fn router_status(error: RouterError) -> Status {
     )
 }
 
-fn family(value: &str) -> Result<FamilyId, Status> {
-    let id = FamilyId::from(value);
-    id.validate().map_err(|e| failure_status(e.into(), None))?;
+/// What a client may propose: a valid client command. `ExpireHolds` is the leader's alone.
+fn accepted(command: Command) -> Result<Command, Failure> {
+    if let Command::ExpireHolds { .. } = command {
+        return Err(Failure::Ledger(tally_ledger::LedgerError::invalid(
+            "command",
+            "ExpireHolds is proposed by the leader only",
+        )));
+    }
+    command.validate()?;
+    Ok(command)
+}
+
+/// An id from a read request, refused (INVALID_ARGUMENT) before any read if malformed.
+fn valid_id<I>(
+    id: I,
+    validate: impl FnOnce(&I) -> Result<(), tally_ledger::LedgerError>,
+) -> Result<I, Status> {
+    validate(&id).map_err(|e| failure_status(e.into(), None))?;
     Ok(id)
+}
+
+fn family(value: &str) -> Result<FamilyId, Status> {
+    valid_id(FamilyId::from(value), FamilyId::validate)
 }
 
 fn limit(value: u32) -> usize {
@@ -279,17 +287,7 @@ impl Budget for BudgetService {
         let mut to_propose = Vec::new();
         let mut positions = Vec::new();
         for (position, command) in parsed.into_iter().enumerate() {
-            let checked = command
-                .map_err(Failure::from)
-                .and_then(|command| match command {
-                    Command::ExpireHolds { .. } => {
-                        Err(Failure::Ledger(tally_ledger::LedgerError::invalid(
-                            "command",
-                            "ExpireHolds is proposed by the leader only",
-                        )))
-                    }
-                    command => command.validate().map(|_| command).map_err(Failure::from),
-                });
+            let checked = command.map_err(Failure::from).and_then(accepted);
             match checked {
                 Ok(command) => {
                     positions.push(position);
@@ -404,10 +402,7 @@ impl Budget for BudgetService {
     ) -> Result<Response<pb::EventLookup>, Status> {
         let request = request.into_inner();
         let family_id = family(&request.family_id)?;
-        let event_id = EventId::from(request.event_id);
-        event_id
-            .validate()
-            .map_err(|e| failure_status(e.into(), None))?;
+        let event_id = valid_id(EventId::from(request.event_id), EventId::validate)?;
         self.read_barrier(request.consistency).await?;
         let lookup = self
             .router
@@ -425,10 +420,7 @@ impl Budget for BudgetService {
     ) -> Result<Response<pb::GetHoldReply>, Status> {
         let request = request.into_inner();
         let family_id = family(&request.family_id)?;
-        let hold_id = HoldId::from(request.hold_id);
-        hold_id
-            .validate()
-            .map_err(|e| failure_status(e.into(), None))?;
+        let hold_id = valid_id(HoldId::from(request.hold_id), HoldId::validate)?;
         self.read_barrier(request.consistency).await?;
         let view = self
             .router
