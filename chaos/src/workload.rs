@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -105,11 +105,7 @@ pub fn impatient_config(endpoints: Vec<String>) -> ClientConfig {
     }
 }
 
-fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+use tally_client::wall_clock_ms as wall_ms;
 
 /// One client instance and the history it writes to.
 struct Caller {

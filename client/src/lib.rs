@@ -4,6 +4,7 @@
 pub mod batcher;
 pub mod cli;
 pub mod client;
+pub mod clock;
 pub mod config;
 pub mod error;
 pub mod ids;
@@ -13,6 +14,7 @@ pub mod reads;
 
 pub use batcher::BatchingClient;
 pub use client::TallyClient;
+pub use clock::wall_clock_ms;
 pub use config::{BatchConfig, ClientConfig};
 pub use error::ClientError;
 pub use outcome::Outcome;

@@ -177,9 +177,7 @@ pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
 
 /// Authorize, capture and reconcile of one call; ids unique to this run, worker and call.
 fn tool_call(run_id: u64, worker: usize, n: u64, family: u64) -> [ClientCommand; 3] {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let now_ms = crate::wall_clock_ms();
     let hold = format!("bench-{run_id:x}-{worker}-{n}");
     let header = |verb: &str| CommandHeader {
         family_id: format!("bench-family-{family}").into(),

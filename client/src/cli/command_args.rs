@@ -149,9 +149,7 @@ impl HoldCommand {
         let event_id = target
             .event_id
             .unwrap_or_else(|| format!("{}:{verb}", target.hold));
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now_ms = crate::wall_clock_ms();
         let command = ClientCommand {
             header: CommandHeader {
                 family_id: target.family.into(),

@@ -24,11 +24,6 @@ pub use request::{KernelError, Response, ToolCallRequest};
 pub use ticket::{AdmissionTicket, SignedTicket, TicketError, MAX_TICKET_BYTES};
 pub use two_phase::Admission;
 
-/// The node's wall clock in milliseconds since the epoch: used for token windows, nonce
-/// lifetimes and command deadlines (`not_after_ms`); the cluster judges those on its own clock.
-pub fn wall_clock_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
+/// The node's wall clock: token windows, nonce lifetimes and command deadlines
+/// (`not_after_ms`); the cluster judges those on its own clock.
+pub use tally_client::wall_clock_ms;
