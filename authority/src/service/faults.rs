@@ -4,12 +4,15 @@
 //! exactly as a reset connection would: indefinite.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use tally_ledger::{Command, EventId};
 
 #[derive(Debug, Default)]
 pub struct ServiceFaults {
+    /// Set while any fault is armed, so the request path takes no lock in production.
+    armed: AtomicBool,
     state: Mutex<FaultState>,
 }
 
@@ -31,18 +34,24 @@ impl ServiceFaults {
 
     pub fn drop_requests_for(&self, event_id: EventId) {
         self.with(|s| s.drop_requests.insert(event_id));
+        self.armed.store(true, Ordering::Release);
     }
 
     pub fn drop_reply_after_commit(&self, event_id: EventId) {
         self.with(|s| s.drop_replies.insert(event_id));
+        self.armed.store(true, Ordering::Release);
     }
 
     pub fn heal(&self) {
         self.with(|s| *s = FaultState::default());
+        self.armed.store(false, Ordering::Release);
     }
 
     /// Whether this request is lost before proposing (resolves are never dropped).
     pub fn drops_request(&self, commands: &[Command]) -> bool {
+        if !self.armed.load(Ordering::Acquire) {
+            return false;
+        }
         self.with(|s| {
             !s.drop_requests.is_empty()
                 && commands.iter().any(|c| matches!(c, Command::Apply(cmd) if s.drop_requests.contains(&cmd.header.event_id)))
@@ -51,6 +60,9 @@ impl ServiceFaults {
 
     /// Whether this reply is lost after commit; consumes the fault.
     pub fn drops_reply(&self, commands: &[Command]) -> bool {
+        if !self.armed.load(Ordering::Acquire) {
+            return false;
+        }
         self.with(|s| {
             let hit: Vec<EventId> = commands
                 .iter()
