@@ -743,3 +743,36 @@ async fn a_node_whose_clock_is_off_refuses_to_lead_and_reports_unhealthy() {
     }
     cluster.shutdown().await;
 }
+
+/// SPEC.md §10: with no leader, a write is refused before proposing: UNAVAILABLE, definite
+/// (not applied), with no leader hint to follow; nothing is appended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_with_no_leader_is_unavailable_and_definite() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let faults = std::sync::Arc::new(tally_authority::raft::faults::NetworkFaults::default());
+    // Never initialized: this node knows no leader and never will on its own.
+    let node = tally_authority::node::start(config(dir.path(), 1), faults)
+        .await
+        .expect("starts");
+    let mut client =
+        tally_api::pb::budget_client::BudgetClient::connect(format!("http://{}", node.local_addr))
+            .await
+            .expect("connect");
+    let status = client
+        .authorize_hold(authorize("fam", "h1", 10))
+        .await
+        .expect_err("no leader");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert_eq!(
+        definiteness(&status),
+        Some(tally_api::status::Definiteness::Definite)
+    );
+    assert_eq!(detail(&status).kind, pb::ErrorKind::Unavailable as i32);
+    assert!(
+        tally_api::status::leader_hint(&status).is_none(),
+        "no leader to point at"
+    );
+    let last = tally_authority::raft::types::current_metrics(&node.raft).last_log_index;
+    assert_eq!(last, None, "nothing was appended");
+    node.abort().await;
+}
