@@ -31,7 +31,7 @@ pub async fn run(
             _ = ticker.tick() => {}
             _ = shutdown.changed() => return,
         }
-        if crate::raft::types::current_metrics(&raft).state != ServerState::Leader {
+        if crate::raft::types::with_metrics(&raft, |m| m.state) != ServerState::Leader {
             continue;
         }
         // The router's cluster time trails the leader's clock; holds due by the wall clock

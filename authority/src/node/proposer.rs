@@ -71,20 +71,22 @@ impl Proposer {
 
     /// The leader as this node knows it: id and address.
     pub fn leader(&self) -> Option<(NodeId, String)> {
-        let metrics = crate::raft::types::current_metrics(&self.raft);
-        let leader = metrics.current_leader?;
-        let address = metrics
-            .membership_config
-            .membership()
-            .get_node(&leader)
-            .map(|node| node.addr.clone())
-            .unwrap_or_default();
-        Some((leader, address))
+        crate::raft::types::with_metrics(&self.raft, |metrics| {
+            let leader = metrics.current_leader?;
+            let address = metrics
+                .membership_config
+                .membership()
+                .get_node(&leader)
+                .map(|node| node.addr.clone())
+                .unwrap_or_default();
+            Some((leader, address))
+        })
     }
 
     pub fn is_leader(&self) -> bool {
-        let metrics = crate::raft::types::current_metrics(&self.raft);
-        metrics.state == ServerState::Leader && metrics.current_leader == Some(self.node_id)
+        crate::raft::types::with_metrics(&self.raft, |metrics| {
+            metrics.state == ServerState::Leader && metrics.current_leader == Some(self.node_id)
+        })
     }
 
     /// Proposes `commands` as one log entry here if this node leads, else forwards them.

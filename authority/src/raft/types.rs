@@ -104,6 +104,14 @@ pub type Metrics = openraft::metrics::RaftMetrics<TypeConfig>;
 
 /// The latest Raft metrics of this node (role, term, leader, indexes, membership).
 pub fn current_metrics(raft: &Raft) -> Metrics {
+    with_metrics(raft, Metrics::clone)
+}
+
+/// Reads the latest metrics in place: the request path asks "who leads?" on every write and
+/// need not copy the whole membership to answer.
+pub fn with_metrics<T>(raft: &Raft, read: impl FnOnce(&Metrics) -> T) -> T {
     use openraft::async_runtime::WatchReceiver;
-    raft.metrics().borrow_watched().clone()
+    let receiver = raft.metrics();
+    let metrics = receiver.borrow_watched();
+    read(&metrics)
 }
