@@ -4,7 +4,8 @@
 //! Items are ordered by due time, so each step pops the queue's first entry.
 
 use crate::dedupe::{DedupeEntry, Retained};
-use crate::family::{CompactionItem, Family};
+use crate::compaction_queue::CompactionItem;
+use crate::family::Family;
 use crate::hold::HoldSlot;
 use crate::limits::MAX_COMPACTIONS_PER_COMMAND;
 
@@ -13,42 +14,36 @@ impl Family {
     /// Deterministic: it depends only on replicated state and cluster time.
     pub(crate) fn compact_due(&mut self, now_ms: u64) {
         for _ in 0..MAX_COMPACTIONS_PER_COMMAND {
-            match self.compaction_queue.first_key_value() {
-                Some(((due, _), _)) if *due < now_ms => {}
-                _ => return,
-            }
-            let Some(((_, item), retained)) = self.compaction_queue.pop_first() else {
+            let Some(queued) = self.compaction_queue.pop_due(now_ms) else {
                 return;
             };
-            self.compact(item, retained, now_ms);
+            self.compact(queued.item, queued.retained, now_ms);
         }
     }
 
     fn compact(&mut self, item: CompactionItem, retained: Option<Box<Retained>>, now_ms: u64) {
         match item {
             CompactionItem::Journal(index) => {
-                self.journal.remove(&index);
+                self.journal.remove(index);
             }
-            CompactionItem::Command(key) => {
+            CompactionItem::Command(event_id) => {
                 // The row keeps its digest; dropping `retained` drops the full identity.
-                let retained = retained.unwrap_or_else(|| {
-                    panic!("command {:?} queued without its identity", key.id())
-                });
+                let retained = retained
+                    .unwrap_or_else(|| panic!("command {event_id:?} queued without its identity"));
                 if let Some(index) = retained.event {
-                    let record = self.journal.remove(&index);
+                    let record = self.journal.remove(index);
                     assert!(
-                        record.is_some_and(|record| &record.event_id == key.id()),
-                        "command {:?} lost its own event {index:?}",
-                        key.id()
+                        record.is_some_and(|record| record.event_id == event_id),
+                        "command {event_id:?} lost its own event {index:?}"
                     );
                 }
             }
-            CompactionItem::Tombstone(key) => match self.dedupe.remove(key.id()) {
+            CompactionItem::Tombstone(event_id) => match self.dedupe.remove(&event_id) {
                 Some(DedupeEntry::Tombstoned(_)) => {}
-                other => panic!("tombstone {:?} compacted, found {other:?}", key.id()),
+                other => panic!("tombstone {event_id:?} compacted, found {other:?}"),
             },
-            CompactionItem::Hold(key) => {
-                let Some(slot) = self.holds.get_mut(key.id()) else {
+            CompactionItem::Hold(hold_id) => {
+                let Some(slot) = self.holds.get_mut(&hold_id) else {
                     return;
                 };
                 let HoldSlot::Live(hold) = slot else { return };

@@ -9,10 +9,10 @@ use crate::command::ClientCommand;
 use crate::commit_index::{BudgetCommitIndex, LogPosition};
 use crate::decision::{Decision, Outcome};
 use crate::error::LedgerError;
-use crate::family::{CompactionItem, Family};
+use crate::compaction_queue::{CompactionItem, QueueKey};
+use crate::family::Family;
 use crate::identity::{digest_of, Identity};
 use crate::ids::EventId;
-use crate::keyed::Keyed;
 
 /// Boxed, so the table's tree nodes stay small: every command inserts a row in the middle of
 /// a leaf, and the table keeps a row per applied event for ever.
@@ -27,8 +27,8 @@ pub(crate) enum DedupeEntry {
 pub(crate) struct RowIdentity {
     #[serde(with = "crate::identity::serde_bytes_array")]
     pub digest: [u8; 32],
-    /// When the queue item with the full identity falls due: part of that item's key.
-    pub retained_due: u64,
+    /// The queue item that holds the full identity until it falls due.
+    pub retained: QueueKey,
 }
 
 /// An applied command's stored answer (its `Decision` less the id, which is the row's key).
@@ -67,18 +67,18 @@ impl Family {
     pub(crate) fn same_command(
         &self,
         stored: &RowIdentity,
-        item: fn(Keyed<EventId>) -> CompactionItem,
+        item: fn(EventId) -> CompactionItem,
         candidate: &ClientCommand,
     ) -> Result<(), LedgerError> {
         if stored.digest == digest_of(candidate) {
             return Ok(());
         }
-        let key = (
-            stored.retained_due,
-            item(Keyed::new(candidate.header.event_id.clone())),
-        );
-        let mut differing = match self.compaction_queue.get(&key) {
-            Some(Some(retained)) => retained.identity.differing_fields(&Identity::of(candidate)),
+        let expected = item(candidate.header.event_id.clone());
+        let mut differing = match self.compaction_queue.get(&stored.retained) {
+            Some(queued) if queued.item == expected => match &queued.retained {
+                Some(retained) => retained.identity.differing_fields(&Identity::of(candidate)),
+                None => Vec::new(),
+            },
             _ => Vec::new(),
         };
         if differing.is_empty() {
@@ -93,18 +93,17 @@ impl Family {
         &mut self,
         candidate: &ClientCommand,
         retained_due: u64,
-        item: fn(Keyed<EventId>) -> CompactionItem,
+        item: fn(EventId) -> CompactionItem,
         retained: Retained,
     ) -> RowIdentity {
-        let event_id = &candidate.header.event_id;
-        let previous = self.compaction_queue.insert(
-            (retained_due, item(Keyed::new(event_id.clone()))),
+        let key = self.compaction_queue.push(
+            retained_due,
+            item(candidate.header.event_id.clone()),
             Some(Box::new(retained)),
         );
-        assert!(previous.is_none(), "event {event_id} was queued twice");
         RowIdentity {
             digest: digest_of(candidate),
-            retained_due,
+            retained: key,
         }
     }
 }

@@ -11,13 +11,14 @@ use crate::cluster_time::ClusterParams;
 use crate::command::{ClientCommand, Command, Operation};
 use crate::commit_index::{BudgetCommitIndex, LogPosition};
 use crate::decision::{Decision, Outcome};
+use crate::compaction_queue::{CompactionItem, CompactionQueue};
 use crate::dedupe::{AppliedRow, DedupeEntry, Retained};
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::{AccountImage, EventRecord};
+use crate::journal::Journal;
 use crate::hold::HoldSlot;
 use crate::identity::Identity;
 use crate::ids::{EventId, FamilyId, HoldId, NonceId};
-use crate::keyed::Keyed;
 use crate::limits::MAX_EVENTS_PER_COMMAND;
 
 /// Where and when a command applies: its log position and the clamped cluster time.
@@ -38,31 +39,13 @@ impl ApplyCtx {
     }
 }
 
-/// Work that becomes due once cluster time passes a command's `not_after_ms + retention_ms`.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub(crate) enum CompactionItem {
-    /// Drop a cluster event (an expiry) from the journal.
-    Journal(BudgetCommitIndex),
-    /// Drop an applied command's full identity and its own event; its row keeps the digest.
-    /// The queue entry holds them (a `Retained`).
-    Command(Keyed<EventId>),
-    /// Forget a tombstone. The queue entry holds its full identity until then.
-    Tombstone(Keyed<EventId>),
-    /// Replace a terminal hold by its archive record.
-    Hold(Keyed<HoldId>),
-    /// Forget a nonce whose expiry has passed.
-    Nonce(NonceId),
-}
-
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Family {
     pub(crate) family_id: FamilyId,
     pub(crate) accounts: BTreeMap<AccountKey, Account>,
     pub(crate) holds: BTreeMap<HoldId, HoldSlot>,
     pub(crate) dedupe: BTreeMap<EventId, DedupeEntry>,
-    /// Boxed: compaction removes the oldest records from the front of the tree's leaves, and
-    /// moving a pointer is cheaper than moving a record.
-    pub(crate) journal: BTreeMap<BudgetCommitIndex, Box<EventRecord>>,
+    pub(crate) journal: Journal,
     /// Consumed nonces and their expiry.
     pub(crate) nonces: BTreeMap<NonceId, u64>,
     /// Authorized holds with an expiry, in `(expires_at_ms, hold_id)` order.
@@ -74,8 +57,6 @@ pub struct Family {
     #[serde(skip)]
     pub(crate) order_guard: OrderGuard,
 }
-
-pub(crate) type CompactionQueue = BTreeMap<(u64, CompactionItem), Option<Box<Retained>>>;
 
 /// The base index of the last command applied here. Excluded from encoding, digest and
 /// equality: a replay must leave the replicated state byte-identical, and a restored family
@@ -149,7 +130,7 @@ pub(crate) enum Keep {
 pub(crate) struct Books<'f> {
     pub family_id: &'f FamilyId,
     pub accounts: &'f mut BTreeMap<AccountKey, Account>,
-    pub journal: &'f mut BTreeMap<BudgetCommitIndex, Box<EventRecord>>,
+    pub journal: &'f mut Journal,
     pub expiry_index: &'f mut BTreeSet<(u64, HoldId)>,
     pub compaction_queue: &'f mut CompactionQueue,
     pub live_holds: &'f mut usize,
@@ -175,14 +156,13 @@ impl Books<'_> {
                 self.schedule(due, step.ctx.params, CompactionItem::Journal(index));
             }
         }
-        let previous = self.journal.insert(index, Box::new(event.record));
-        assert!(previous.is_none(), "commit index {index:?} used twice");
+        self.journal.append(index, event.record);
         index
     }
 
     pub fn schedule(&mut self, keep_until_ms: u64, params: ClusterParams, item: CompactionItem) {
         let due = keep_until_ms.saturating_add(params.retention_ms);
-        self.compaction_queue.insert((due, item), None);
+        self.compaction_queue.push(due, item, None);
     }
 
     /// The after-images of `keys` changed by `change` and stamped with `index` and `now_ms`;
@@ -241,10 +221,10 @@ impl Family {
             accounts: BTreeMap::new(),
             holds: BTreeMap::new(),
             dedupe: BTreeMap::new(),
-            journal: BTreeMap::new(),
+            journal: Journal::default(),
             nonces: BTreeMap::new(),
             expiry_index: BTreeSet::new(),
-            compaction_queue: BTreeMap::new(),
+            compaction_queue: CompactionQueue::default(),
             live_holds: 0,
             order_guard: OrderGuard::default(),
         }

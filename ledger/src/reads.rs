@@ -55,10 +55,8 @@ impl Family {
         after: Option<BudgetCommitIndex>,
         limit: usize,
     ) -> Vec<EventRecord> {
-        let start = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
         self.journal
-            .range((start, std::ops::Bound::Unbounded))
-            .map(|(_, record)| &**record)
+            .records_after(after)
             .filter(|r| capability_id.is_none_or(|c| &r.capability_id == c))
             .filter(|r| grant_index.is_none_or(|g| r.grant_index == g))
             .take(limit.min(MAX_LIST_LIMIT))
@@ -73,9 +71,9 @@ impl Family {
                 let decision = row.decision(event_id);
                 let record = decision
                     .commit_index
-                    .and_then(|index| self.journal.get(&index))
+                    .and_then(|index| self.journal.get(index))
                     .filter(|record| &record.event_id == event_id)
-                    .map(|record| (**record).clone());
+                    .cloned();
                 EventLookup::Applied { decision, record }
             }
             Some(DedupeEntry::Tombstoned(_)) => EventLookup::Tombstoned,
@@ -87,7 +85,7 @@ impl Family {
     /// Cluster-minted events (expiries) are not deduped; find them in the journal.
     fn cluster_event(&self, event_id: &EventId) -> EventLookup {
         self.journal
-            .values()
+            .records()
             .find(|record| &record.event_id == event_id)
             .map_or(EventLookup::Unknown, |record| EventLookup::Applied {
                 decision: crate::decision::Decision {
@@ -100,7 +98,7 @@ impl Family {
                     log_id: Some(record.log_id),
                     replayed: true,
                 },
-                record: Some((**record).clone()),
+                record: Some(record.clone()),
             })
     }
 

@@ -5,10 +5,10 @@ use crate::command::ClientCommand;
 use crate::decision::{Decision, Outcome};
 use crate::error::{checked_add_u32, checked_sub_u32, LedgerError, PreconditionCode};
 use crate::event::{EventKind, EventRecord};
-use crate::family::{CompactionItem, Family, Keep, NewEvent, Step};
+use crate::compaction_queue::CompactionItem;
+use crate::family::{Family, Keep, NewEvent, Step};
 use crate::hold::{HoldTransition, InvocationState};
 use crate::ids::{AttemptId, HoldId};
-use crate::keyed::Keyed;
 
 use super::hold_lookup::{hold_event, hold_expired, touch_hold, Found};
 
@@ -87,7 +87,7 @@ impl Family {
             books.schedule(
                 now_ms,
                 step.ctx.params,
-                CompactionItem::Hold(Keyed::new(hold_id.clone())),
+                CompactionItem::Hold(hold_id.clone()),
             );
         }
         let outcome = Outcome::Captured {

@@ -49,7 +49,7 @@ impl Family {
     /// The earliest time compaction has work: an idle family needs a command by then.
     pub fn next_compaction_ms(&self) -> Option<u64> {
         self.compaction_queue
-            .first_key_value()
-            .map(|((due, _), _)| due.saturating_add(1))
+            .first_due_ms()
+            .map(|due| due.saturating_add(1))
     }
 }

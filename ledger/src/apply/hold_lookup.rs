@@ -7,10 +7,10 @@ use crate::command::ClientCommand;
 use crate::commit_index::BudgetCommitIndex;
 use crate::error::{checked_add, checked_sub, checked_sub_u32, LedgerError, PreconditionCode};
 use crate::event::{AccountImage, EventKind, EventRecord};
-use crate::family::{Books, CompactionItem, Keep, NewEvent, Step};
+use crate::compaction_queue::CompactionItem;
+use crate::family::{Books, Keep, NewEvent, Step};
 use crate::hold::{ArchivedHold, Hold, HoldSlot, HoldTransition, InvocationState, MonetaryState};
 use crate::ids::{CapabilityId, EventId, HoldId};
-use crate::keyed::Keyed;
 
 /// What `touch_hold` found.
 #[derive(Debug)]
@@ -159,7 +159,7 @@ pub(crate) fn end_hold(
     books.schedule(
         now_ms,
         step.ctx.params,
-        CompactionItem::Hold(Keyed::new(hold.hold_id.clone())),
+        CompactionItem::Hold(hold.hold_id.clone()),
     );
     Ok(index)
 }

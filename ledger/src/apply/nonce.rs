@@ -5,7 +5,8 @@ use crate::command::ClientCommand;
 use crate::decision::{Decision, Outcome};
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::{EventKind, EventRecord};
-use crate::family::{CompactionItem, Family, Keep, NewEvent, Step};
+use crate::compaction_queue::CompactionItem;
+use crate::family::{Family, Keep, NewEvent, Step};
 use crate::ids::NonceId;
 use crate::limits::MAX_NONCE_TTL_MS;
 
@@ -65,10 +66,8 @@ impl Family {
         );
         self.nonces.insert(nonce_id.clone(), expires_at_ms);
         // Forgotten once expired: a late copy is refused as expired, not as fresh.
-        self.compaction_queue.insert(
-            (expires_at_ms, CompactionItem::Nonce(nonce_id.clone())),
-            None,
-        );
+        self.compaction_queue
+            .push(expires_at_ms, CompactionItem::Nonce(nonce_id.clone()), None);
         let outcome = Outcome::NonceConsumed {
             nonce_id: nonce_id.clone(),
         };

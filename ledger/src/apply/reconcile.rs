@@ -4,10 +4,10 @@ use crate::command::ClientCommand;
 use crate::decision::{Decision, Outcome};
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::{EventKind, EventRecord};
-use crate::family::{CompactionItem, Family, Keep, NewEvent, Step};
+use crate::compaction_queue::CompactionItem;
+use crate::family::{Family, Keep, NewEvent, Step};
 use crate::hold::{HoldTransition, InvocationState, MonetaryState};
 use crate::ids::HoldId;
-use crate::keyed::Keyed;
 
 use super::hold_lookup::{hold_event, hold_expired, plan_exposure_change, touch_hold, Found};
 
@@ -87,7 +87,7 @@ impl Family {
         books.schedule(
             now_ms,
             step.ctx.params,
-            CompactionItem::Hold(Keyed::new(hold_id.clone())),
+            CompactionItem::Hold(hold_id.clone()),
         );
         let outcome = Outcome::Reconciled {
             hold_id: hold_id.clone(),

@@ -5,7 +5,8 @@ use crate::command::ClientCommand;
 use crate::decision::{Decision, Outcome, Resolution};
 use crate::dedupe::{DedupeEntry, Retained};
 use crate::error::LedgerError;
-use crate::family::{CompactionItem, Family, Step};
+use crate::compaction_queue::CompactionItem;
+use crate::family::{Family, Step};
 use crate::identity::Identity;
 
 impl Family {

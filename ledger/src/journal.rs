@@ -1,0 +1,147 @@
+//! The retained journal of one family: event records in commit order.
+//!
+//! Events are appended in strictly increasing commit index (the log order), so the journal is
+//! a deque kept sorted by construction: appending is a push at the back, a lookup is a binary
+//! search, and records live inline (no allocation per event). Compaction removes records in
+//! due order, which is close to but not exactly commit order, so a removed record leaves an
+//! empty slot until every older one is gone; the front is trimmed as soon as it is empty. A
+//! slot outlives its record by at most the longest retention of an older record
+//! (`MAX_COMMAND_LIFETIME_MS` plus retention), so memory stays bounded.
+//!
+//! Encoded as a map from commit index to record, empty slots left out, so the encoding (and
+//! equality) depends only on the retained records, never on compaction's history.
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use serde::de::{MapAccess, Visitor};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::commit_index::BudgetCommitIndex;
+use crate::event::EventRecord;
+
+/// Two deques of equal length: the commit indices apart from the records, so a binary
+/// search reads 8 bytes per step instead of a record's cache line.
+#[derive(Clone, Default)]
+pub(crate) struct Journal {
+    indices: VecDeque<BudgetCommitIndex>,
+    records: VecDeque<Option<EventRecord>>,
+    /// Slots that still hold a record.
+    live: usize,
+}
+
+impl Journal {
+    /// Appends `record` at `index`, which must be above every index appended before.
+    pub fn append(&mut self, index: BudgetCommitIndex, record: EventRecord) {
+        if let Some(last) = self.indices.back() {
+            assert!(
+                index > *last,
+                "journal append at {index:?} after {last:?}: commit order broken"
+            );
+        }
+        self.indices.push_back(index);
+        self.records.push_back(Some(record));
+        self.live += 1;
+    }
+
+    fn position(&self, index: BudgetCommitIndex) -> Option<usize> {
+        self.indices.binary_search(&index).ok()
+    }
+
+    pub fn get(&self, index: BudgetCommitIndex) -> Option<&EventRecord> {
+        self.position(index)
+            .and_then(|at| self.records[at].as_ref())
+    }
+
+    /// Takes the record at `index` out; trims empty slots from the front.
+    pub fn remove(&mut self, index: BudgetCommitIndex) -> Option<EventRecord> {
+        let at = self.position(index)?;
+        let record = self.records[at].take();
+        if record.is_some() {
+            self.live -= 1;
+        }
+        while self.records.front().is_some_and(Option::is_none) {
+            self.records.pop_front();
+            self.indices.pop_front();
+        }
+        record
+    }
+
+    /// Retained records in commit order.
+    pub fn records(&self) -> impl Iterator<Item = &EventRecord> {
+        self.records.iter().flatten()
+    }
+
+    /// Retained records with a commit index above `after` (all of them for `None`), in order.
+    pub fn records_after(
+        &self,
+        after: Option<BudgetCommitIndex>,
+    ) -> impl Iterator<Item = &EventRecord> {
+        let start = after.map_or(0, |after| self.indices.partition_point(|i| *i <= after));
+        self.records.range(start..).flatten()
+    }
+
+    pub fn len(&self) -> usize {
+        self.live
+    }
+}
+
+impl PartialEq for Journal {
+    fn eq(&self, other: &Self) -> bool {
+        self.live == other.live && self.records().eq(other.records())
+    }
+}
+
+impl Eq for Journal {}
+
+impl fmt::Debug for Journal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.records().map(|record| (record.commit_index, record)))
+            .finish()
+    }
+}
+
+impl Serialize for Journal {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.live))?;
+        for (index, record) in self.indices.iter().zip(&self.records) {
+            if let Some(record) = record {
+                map.serialize_entry(index, record)?;
+            }
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Journal {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct JournalVisitor;
+
+        impl<'de> Visitor<'de> for JournalVisitor {
+            type Value = Journal;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map from commit index to event record, in commit order")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Journal, A::Error> {
+                let mut journal = Journal::default();
+                while let Some((index, record)) =
+                    map.next_entry::<BudgetCommitIndex, EventRecord>()?
+                {
+                    if journal.indices.back().is_some_and(|last| index <= *last) {
+                        return Err(serde::de::Error::custom(format!(
+                            "journal entry {index:?} is out of commit order"
+                        )));
+                    }
+                    journal.append(index, record);
+                }
+                Ok(journal)
+            }
+        }
+
+        deserializer.deserialize_map(JournalVisitor)
+    }
+}
