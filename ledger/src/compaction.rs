@@ -27,7 +27,7 @@ impl Family {
                 self.journal.remove(index);
             }
             CompactionItem::Command(event_id) => {
-                // The row keeps its digest; dropping `retained` drops the full identity.
+                // The row keeps its digest; dropping `retained` drops the field hashes.
                 let retained = retained
                     .unwrap_or_else(|| panic!("command {event_id:?} queued without its identity"));
                 if let Some(index) = retained.event {

@@ -20,10 +20,10 @@ use crate::ids::{EventId, HoldId, NonceId};
 pub(crate) enum CompactionItem {
     /// Drop a cluster event (an expiry) from the journal.
     Journal(BudgetCommitIndex),
-    /// Drop an applied command's full identity and its own event; its row keeps the digest.
+    /// Drop an applied command's field hashes and its own event; its row keeps the digest.
     /// The queue entry holds them (a `Retained`).
     Command(EventId),
-    /// Forget a tombstone. The queue entry holds its full identity until then.
+    /// Forget a tombstone. The queue entry holds its field hashes until then.
     Tombstone(EventId),
     /// Replace a terminal hold by its archive record.
     Hold(HoldId),
@@ -38,7 +38,7 @@ pub(crate) struct QueueKey {
     pub seq: u64,
 }
 
-/// An item and, for a command or a tombstone, the full identity it keeps until it is due.
+/// An item and, for a command or a tombstone, the field hashes it keeps until it is due.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Queued {
     pub item: CompactionItem,
@@ -90,5 +90,41 @@ impl CompactionQueue {
     /// The earliest due time, if any item waits.
     pub fn first_due_ms(&self) -> Option<u64> {
         self.items.first_key_value().map(|(key, _)| key.due_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nonce(name: &str) -> CompactionItem {
+        CompactionItem::Nonce(name.into())
+    }
+
+    #[test]
+    fn due_order_then_insertion_order() {
+        let mut queue = CompactionQueue::default();
+        queue.push(20, nonce("late"), None);
+        let first = queue.push(10, nonce("a"), None);
+        queue.push(10, nonce("b"), None);
+        assert_eq!(queue.get(&first).map(|q| &q.item), Some(&nonce("a")));
+        assert_eq!(queue.first_due_ms(), Some(10));
+        assert!(queue.pop_due(10).is_none(), "due at 10 is not before 10");
+        let popped: Vec<_> = std::iter::from_fn(|| queue.pop_due(21))
+            .map(|q| q.item)
+            .collect();
+        assert_eq!(popped, [nonce("a"), nonce("b"), nonce("late")]);
+        assert_eq!(queue.first_due_ms(), None);
+    }
+
+    #[test]
+    fn sequence_numbers_survive_a_snapshot() {
+        let mut queue = CompactionQueue::default();
+        queue.push(10, nonce("a"), None);
+        queue.pop_due(11);
+        let bytes = rmp_serde::to_vec(&queue).expect("encodes");
+        let mut back: CompactionQueue = rmp_serde::from_slice(&bytes).expect("decodes");
+        let key = back.push(10, nonce("b"), None);
+        assert_eq!(key.seq, 1, "numbers are never reused after a restore");
     }
 }

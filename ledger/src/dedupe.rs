@@ -1,6 +1,6 @@
 //! The dedupe table's rows (SPEC.md §5): an applied command's stored answer, or a tombstone,
-//! under its `event_id`. A row keeps only its command's identity digest. The full identity,
-//! which names the differing fields of a conflict while the command is retained, waits in the
+//! under its `event_id`. A row keeps only its command's identity digest. The per-field hashes
+//! that name the differing fields of a conflict while the command is retained wait in the
 //! compaction queue: compacting a command is popping that queue item, with no lookup here.
 
 use serde::{Deserialize, Serialize};
@@ -11,7 +11,8 @@ use crate::decision::{Decision, Outcome};
 use crate::error::LedgerError;
 use crate::compaction_queue::{CompactionItem, QueueKey};
 use crate::family::Family;
-use crate::identity::{digest_of, Identity};
+use crate::identity::{digest_of, identity_hashes};
+use crate::identity_fields::FieldHashes;
 use crate::ids::EventId;
 
 /// Boxed, so the table's tree nodes stay small: every command inserts a row in the middle of
@@ -27,7 +28,7 @@ pub(crate) enum DedupeEntry {
 pub(crate) struct RowIdentity {
     #[serde(with = "crate::identity::serde_bytes_array")]
     pub digest: [u8; 32],
-    /// The queue item that holds the full identity until it falls due.
+    /// The queue item that holds the field hashes until it falls due.
     pub retained: QueueKey,
 }
 
@@ -53,16 +54,17 @@ impl AppliedRow {
     }
 }
 
-/// A retained command's full identity, and its own event, which leaves the journal with it.
+/// What a retained command keeps until it is compacted: its identity's field hashes, to name
+/// the fields of a conflict, and its own event, which leaves the journal with it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Retained {
-    pub identity: Identity,
+    pub fields: FieldHashes,
     pub event: Option<BudgetCommitIndex>,
 }
 
 impl Family {
     /// `Ok` when `candidate` is the command stored as `stored` under its id, else a conflict
-    /// naming every differing field while the full identity is retained, `identity` after.
+    /// naming every differing field while the command is retained, `identity` after.
     /// `item` makes the queue item (`Command` or `Tombstone`) that retains it.
     pub(crate) fn same_command(
         &self,
@@ -76,7 +78,7 @@ impl Family {
         let expected = item(candidate.header.event_id.clone());
         let mut differing = match self.compaction_queue.get(&stored.retained) {
             Some(queued) if queued.item == expected => match &queued.retained {
-                Some(retained) => retained.identity.differing_fields(&Identity::of(candidate)),
+                Some(retained) => retained.fields.differing(&identity_hashes(candidate).1),
                 None => Vec::new(),
             },
             _ => Vec::new(),
@@ -87,22 +89,23 @@ impl Family {
         Err(LedgerError::conflict_fields(differing))
     }
 
-    /// Queues `candidate`'s full identity until `retained_due` and returns what its row
-    /// keeps of it.
+    /// Queues the field hashes of `candidate`'s identity (and its own event) until
+    /// `retained_due` and returns what its row keeps: the digest, and where the rest waits.
     pub(crate) fn retain(
         &mut self,
         candidate: &ClientCommand,
         retained_due: u64,
         item: fn(EventId) -> CompactionItem,
-        retained: Retained,
+        event: Option<BudgetCommitIndex>,
     ) -> RowIdentity {
+        let (digest, fields) = identity_hashes(candidate);
         let key = self.compaction_queue.push(
             retained_due,
             item(candidate.header.event_id.clone()),
-            Some(Box::new(retained)),
+            Some(Box::new(Retained { fields, event })),
         );
         RowIdentity {
-            digest: digest_of(candidate),
+            digest,
             retained: key,
         }
     }

@@ -12,12 +12,11 @@ use crate::command::{ClientCommand, Command, Operation};
 use crate::commit_index::{BudgetCommitIndex, LogPosition};
 use crate::decision::{Decision, Outcome};
 use crate::compaction_queue::{CompactionItem, CompactionQueue};
-use crate::dedupe::{AppliedRow, DedupeEntry, Retained};
+use crate::dedupe::{AppliedRow, DedupeEntry};
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::{AccountImage, EventRecord};
 use crate::journal::Journal;
 use crate::hold::HoldSlot;
-use crate::identity::Identity;
 use crate::ids::{EventId, FamilyId, HoldId, NonceId};
 use crate::limits::MAX_EVENTS_PER_COMMAND;
 
@@ -119,7 +118,7 @@ pub(crate) struct NewEvent {
 /// How long an event stays in the journal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Keep {
-    /// The client command's own event: it leaves with the command's full identity, once
+    /// The client command's own event: it leaves with the command's retained field hashes, once
     /// cluster time passes the command's `not_after_ms + retention_ms`.
     WithCommand,
     /// A cluster event (an expiry): until this cluster time, plus retention.
@@ -392,7 +391,7 @@ impl Family {
         Ok(())
     }
 
-    /// The row of a command that applied; queues the compaction of its full identity and
+    /// The row of a command that applied; queues the compaction of its field hashes and
     /// own event.
     fn remember(
         &mut self,
@@ -405,11 +404,7 @@ impl Family {
             .not_after_ms
             .max(step.now_ms())
             .saturating_add(step.ctx.params.retention_ms);
-        let retained = Retained {
-            identity: Identity::of(cmd),
-            event: step.own_event,
-        };
-        let identity = self.retain(cmd, due, CompactionItem::Command, retained);
+        let identity = self.retain(cmd, due, CompactionItem::Command, step.own_event);
         DedupeEntry::Applied(Box::new(AppliedRow {
             identity,
             outcome: decision.outcome.clone(),

@@ -6,6 +6,7 @@ use sha2::{Digest, Sha256};
 
 use crate::account::{AccountKey, GrantLimits};
 use crate::command::{ClientCommand, Operation};
+use crate::identity_fields::{Field, FieldHasher, FieldHashes};
 use crate::ids::AttemptId;
 
 /// A client command with everything outside its identity blanked and ancestors sorted.
@@ -14,7 +15,7 @@ pub struct Identity(ClientCommand);
 
 /// An identity as kept for replay checks: all of it while the event is retained, its digest
 /// after compaction (SPEC.md §5.5). (The dedupe table itself stores the digest in its row from
-/// the start and queues the full identity for compaction; see `dedupe.rs`.)
+/// the start and queues per-field hashes for compaction; see `dedupe.rs`.)
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StoredIdentity {
     Full(Box<Identity>),
@@ -160,12 +161,22 @@ const IDENTITY_ENCODING_VERSION: u8 = 1;
 /// block. The `event_id` is not part of it: a digest is only ever compared with commands of
 /// the same id.
 pub(crate) fn digest_of(command: &ClientCommand) -> [u8; 32] {
-    let mut out = HashWriter::new();
+    identity_hashes(command).0
+}
+
+/// The identity digest of `command` and, from the same pass, the hash of each field's part of
+/// the encoding (see `identity_fields.rs`).
+pub(crate) fn identity_hashes(command: &ClientCommand) -> ([u8; 32], FieldHashes) {
+    let code = operation_code(&command.op);
+    let mut out = HashWriter::new(code);
     let h = &command.header;
     out.u8(IDENTITY_ENCODING_VERSION);
-    out.u8(operation_code(&command.op));
+    out.u8(code);
+    out.field(Field::FamilyId);
     out.str(h.family_id.as_str());
+    out.field(Field::CapabilityId);
     out.str(h.capability_id.as_str());
+    out.field(Field::GrantIndex);
     out.u32(h.grant_index);
     match &command.op {
         Operation::AuthorizeHold {
@@ -175,9 +186,12 @@ pub(crate) fn digest_of(command: &ClientCommand) -> [u8; 32] {
             ancestors,
             hold_timeout_ms: _,
         } => {
+            out.field(Field::HoldId);
             out.str(hold_id.as_str());
+            out.field(Field::RequestedExposureUnits);
             out.u64(*requested_exposure_units);
-            out.limits(limits);
+            out.grant_limits(limits);
+            out.field(Field::Ancestors);
             out.uint(ancestors.len() as u64);
             // Sorted by account like `Identity::of` (stably: position breaks ties), by picking
             // the next smallest each time: a handful of ancestors, no allocation.
@@ -201,19 +215,26 @@ pub(crate) fn digest_of(command: &ClientCommand) -> [u8; 32] {
             hold_id,
             attempt_id: _,
         }
-        | Operation::CancelCapturedBeforeDispatch { hold_id } => out.str(hold_id.as_str()),
+        | Operation::CancelCapturedBeforeDispatch { hold_id } => {
+            out.field(Field::HoldId);
+            out.str(hold_id.as_str());
+        }
         Operation::ReverseHold {
             hold_id,
             exposure_units,
         } => {
+            out.field(Field::HoldId);
             out.str(hold_id.as_str());
+            out.field(Field::ExposureUnits);
             out.u64(*exposure_units);
         }
         Operation::ReleaseHold {
             hold_id,
             released_exposure_units,
         } => {
+            out.field(Field::HoldId);
             out.str(hold_id.as_str());
+            out.field(Field::ReleasedExposureUnits);
             out.u64(*released_exposure_units);
         }
         Operation::ReconcileHold {
@@ -221,28 +242,40 @@ pub(crate) fn digest_of(command: &ClientCommand) -> [u8; 32] {
             exposed_cost_units,
             realized_spend_units,
         } => {
+            out.field(Field::HoldId);
             out.str(hold_id.as_str());
+            out.field(Field::ExposedCostUnits);
             out.u64(*exposed_cost_units);
+            out.field(Field::RealizedSpendUnits);
             out.u64(*realized_spend_units);
         }
-        Operation::TryIncrement { limits } => out.limits(limits),
+        Operation::TryIncrement { limits } => out.grant_limits(limits),
         Operation::TryChargeCost { cost_units, limits } => {
+            out.field(Field::CostUnits);
             out.u64(*cost_units);
-            out.limits(limits);
+            out.grant_limits(limits);
         }
         Operation::ReverseChargeCost { cost_units }
-        | Operation::ReduceChargeCost { cost_units } => out.u64(*cost_units),
+        | Operation::ReduceChargeCost { cost_units } => {
+            out.field(Field::CostUnits);
+            out.u64(*cost_units);
+        }
         Operation::SettleChargeCost {
             exposed_cost_units,
             realized_spend_units,
         } => {
+            out.field(Field::ExposedCostUnits);
             out.u64(*exposed_cost_units);
+            out.field(Field::RealizedSpendUnits);
             out.u64(*realized_spend_units);
         }
         Operation::ConsumeNonce {
             nonce_id,
             expires_at_ms: _,
-        } => out.str(nonce_id.as_str()),
+        } => {
+            out.field(Field::NonceId);
+            out.str(nonce_id.as_str());
+        }
     }
     out.finish()
 }
@@ -271,18 +304,27 @@ struct HashWriter {
     hasher: Sha256,
     buf: [u8; 256],
     len: usize,
+    fields: FieldHasher,
 }
 
 impl HashWriter {
-    fn new() -> Self {
+    fn new(operation_code: u8) -> Self {
         Self {
             hasher: Sha256::new(),
             buf: [0; 256],
             len: 0,
+            fields: FieldHasher::new(operation_code),
         }
     }
 
+    /// What is written from now on belongs to `field` (for the per-field hashes only: the
+    /// digest's encoding has no field markers).
+    fn field(&mut self, field: Field) {
+        self.fields.begin(field);
+    }
+
     fn bytes(&mut self, bytes: &[u8]) {
+        self.fields.write(bytes);
         if self.len + bytes.len() > self.buf.len() {
             self.hasher.update(&self.buf[..self.len]);
             self.len = 0;
@@ -347,9 +389,20 @@ impl HashWriter {
         self.option(limits.currency.as_deref(), Self::str);
     }
 
-    fn finish(mut self) -> [u8; 32] {
+    /// A command's own limits: the same bytes as `limits`, the amounts as the `limits` field
+    /// and the currency as the `currency` field.
+    fn grant_limits(&mut self, limits: &GrantLimits) {
+        self.field(Field::Limits);
+        self.option(limits.max_invocations, Self::u32);
+        self.option(limits.max_cost_per_invocation_units, Self::u64);
+        self.option(limits.max_total_cost_units, Self::u64);
+        self.field(Field::Currency);
+        self.option(limits.currency.as_deref(), Self::str);
+    }
+
+    fn finish(mut self) -> ([u8; 32], FieldHashes) {
         self.hasher.update(&self.buf[..self.len]);
-        self.hasher.finalize().into()
+        (self.hasher.finalize().into(), self.fields.finish())
     }
 }
 
@@ -486,5 +539,81 @@ mod tests {
             hex,
             "990e5d3fbb063e447ab635f807b50d58bf766de80c5bc25c93ebcb36c502f635"
         );
+    }
+
+    #[test]
+    fn field_hashes_name_the_fields_the_full_identity_names() {
+        let base = authorize("fam", "cap", vec![ancestor("a", 1)]);
+        let mut variants = vec![
+            authorize("other", "cap", vec![ancestor("a", 1)]),
+            authorize("fam", "other", vec![ancestor("a", 1)]),
+            authorize("fam", "cap", vec![ancestor("a", 2)]),
+            authorize("fam", "cap", vec![]),
+        ];
+        let mut edit = |change: &dyn Fn(&mut ClientCommand)| {
+            let mut cmd = base.clone();
+            change(&mut cmd);
+            variants.push(cmd);
+        };
+        edit(&|c| c.header.grant_index = 3);
+        edit(&|c| c.header.not_after_ms = 99);
+        edit(&|c| {
+            if let Operation::AuthorizeHold {
+                hold_id,
+                requested_exposure_units,
+                limits,
+                ..
+            } = &mut c.op
+            {
+                *hold_id = "h2".into();
+                *requested_exposure_units = 7;
+                limits.currency = Some("EUR".into());
+            }
+        });
+        edit(&|c| {
+            if let Operation::AuthorizeHold { limits, .. } = &mut c.op {
+                limits.max_total_cost_units = Some(5);
+            }
+        });
+        edit(&|c| {
+            c.op = Operation::ReconcileHold {
+                hold_id: "h".into(),
+                exposed_cost_units: 1,
+                realized_spend_units: 1,
+            }
+        });
+        let charge = |cost_units, currency: &str| ClientCommand {
+            op: Operation::TryChargeCost {
+                cost_units,
+                limits: GrantLimits::monetary(None, None, Some(10), currency),
+            },
+            ..base.clone()
+        };
+        let reconcile = |exposed, realized| ClientCommand {
+            op: Operation::ReconcileHold {
+                hold_id: "h".into(),
+                exposed_cost_units: exposed,
+                realized_spend_units: realized,
+            },
+            ..base.clone()
+        };
+        let pairs = [
+            (charge(1, "USD"), charge(2, "EUR")),
+            (charge(1, "USD"), charge(1, "USD")),
+            (reconcile(1, 2), reconcile(1, 3)),
+            (reconcile(1, 2), reconcile(4, 2)),
+        ];
+        let mut checked = 0;
+        for (a, b) in variants
+            .iter()
+            .map(|v| (base.clone(), v.clone()))
+            .chain(pairs)
+        {
+            let expected = Identity::of(&a).differing_fields(&Identity::of(&b));
+            let named = identity_hashes(&a).1.differing(&identity_hashes(&b).1);
+            assert_eq!(named, expected, "{a:?} vs {b:?}");
+            checked += usize::from(!expected.is_empty());
+        }
+        assert!(checked >= 9, "most pairs differ: {checked}");
     }
 }

@@ -145,3 +145,104 @@ impl<'de> Deserialize<'de> for Journal {
         deserializer.deserialize_map(JournalVisitor)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::EventKind;
+
+    fn record(index: u64) -> EventRecord {
+        EventRecord {
+            event_id: format!("e{index}").into(),
+            kind: EventKind::ConsumeNonce,
+            commit_index: BudgetCommitIndex(index),
+            log_id: Default::default(),
+            at_ms: 0,
+            capability_id: "cap".into(),
+            grant_index: 0,
+            hold_id: None,
+            attempt_id: None,
+            nonce_id: None,
+            allowed: true,
+            deny_reason: None,
+            exposure_units: 0,
+            realized_units: 0,
+            limits: None,
+            hold_before: None,
+            hold_after: None,
+            after_images: Vec::new(),
+        }
+    }
+
+    fn journal(indices: &[u64]) -> Journal {
+        let mut journal = Journal::default();
+        for index in indices {
+            journal.append(BudgetCommitIndex(*index), record(*index));
+        }
+        journal
+    }
+
+    fn retained(journal: &Journal) -> Vec<u64> {
+        journal.records().map(|r| r.commit_index.0).collect()
+    }
+
+    #[test]
+    fn removal_out_of_order_keeps_order_and_trims_the_front() {
+        let mut j = journal(&[10, 20, 30, 40]);
+        assert_eq!(j.remove(BudgetCommitIndex(30)).map(|r| r.commit_index.0), Some(30));
+        assert_eq!(j.remove(BudgetCommitIndex(30)), None, "removed once");
+        assert_eq!(j.remove(BudgetCommitIndex(25)), None, "never there");
+        assert_eq!(retained(&j), [10, 20, 40]);
+        assert_eq!((j.len(), j.indices.len()), (3, 4), "a hole behind 10 and 20");
+        j.remove(BudgetCommitIndex(10));
+        j.remove(BudgetCommitIndex(20));
+        assert_eq!(j.indices.len(), 1, "the front holes are trimmed");
+        assert!(j.get(BudgetCommitIndex(40)).is_some());
+        assert!(j.get(BudgetCommitIndex(20)).is_none());
+    }
+
+    #[test]
+    fn records_after_starts_strictly_after_the_index() {
+        let mut j = journal(&[10, 20, 30, 40]);
+        j.remove(BudgetCommitIndex(30));
+        let after = |i: Option<u64>| -> Vec<u64> {
+            j.records_after(i.map(BudgetCommitIndex))
+                .map(|r| r.commit_index.0)
+                .collect()
+        };
+        assert_eq!(after(None), [10, 20, 40]);
+        assert_eq!(after(Some(10)), [20, 40]);
+        assert_eq!(after(Some(25)), [40]);
+        assert_eq!(after(Some(40)), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn encoding_and_equality_ignore_holes() {
+        let mut holed = journal(&[10, 20, 30]);
+        holed.remove(BudgetCommitIndex(20));
+        let clean = journal(&[10, 30]);
+        assert_eq!(holed, clean);
+        let bytes = rmp_serde::to_vec(&holed).expect("encodes");
+        assert_eq!(bytes, rmp_serde::to_vec(&clean).expect("encodes"));
+        let back: Journal = rmp_serde::from_slice(&bytes).expect("decodes");
+        assert_eq!(retained(&back), [10, 30]);
+    }
+
+    #[test]
+    #[should_panic(expected = "commit order broken")]
+    fn appending_out_of_order_is_a_bug() {
+        journal(&[20, 10]);
+    }
+
+    #[test]
+    fn decoding_refuses_out_of_order_entries() {
+        let mut map = std::collections::BTreeMap::new();
+        map.insert(BudgetCommitIndex(10), record(10));
+        let mut bytes = rmp_serde::to_vec(&map).expect("encodes");
+        // Two entries, the second one older than the first.
+        let later = rmp_serde::to_vec(&(BudgetCommitIndex(5), record(5))).expect("encodes");
+        bytes[0] = 0x82;
+        bytes.extend_from_slice(&later[1..]);
+        assert!(rmp_serde::from_slice::<Journal>(&bytes).is_err());
+    }
+}

@@ -16,6 +16,7 @@ pub mod event;
 pub mod family;
 pub mod hold;
 pub mod identity;
+mod identity_fields;
 pub mod ids;
 mod invariants;
 mod journal;

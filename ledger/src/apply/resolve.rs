@@ -3,11 +3,10 @@
 
 use crate::command::ClientCommand;
 use crate::decision::{Decision, Outcome, Resolution};
-use crate::dedupe::{DedupeEntry, Retained};
+use crate::dedupe::DedupeEntry;
 use crate::error::LedgerError;
 use crate::compaction_queue::CompactionItem;
 use crate::family::{Family, Step};
-use crate::identity::Identity;
 
 impl Family {
     pub(crate) fn resolve(
@@ -34,11 +33,7 @@ impl Family {
                     let due = keep_until_ms
                         .max(step.now_ms())
                         .saturating_add(retention_ms);
-                    let retained = Retained {
-                        identity: Identity::of(original),
-                        event: None,
-                    };
-                    let identity = self.retain(original, due, CompactionItem::Tombstone, retained);
+                    let identity = self.retain(original, due, CompactionItem::Tombstone, None);
                     let tombstone = DedupeEntry::Tombstoned(Box::new(identity));
                     let previous = self.dedupe.insert(event_id.clone(), tombstone);
                     assert!(previous.is_none(), "event {event_id} was resolved twice");
