@@ -3,8 +3,8 @@
 //! the dedupe row keeps a digest and the answer, and final holds keep an archive record.
 //! Items are ordered by due time, so each step pops the queue's first entry.
 
-use crate::dedupe::{DedupeEntry, Retained};
 use crate::compaction_queue::CompactionItem;
+use crate::dedupe::{DedupeEntry, Retained};
 use crate::family::Family;
 use crate::hold::HoldSlot;
 use crate::limits::MAX_COMPACTIONS_PER_COMMAND;

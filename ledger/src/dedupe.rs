@@ -7,9 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::ClientCommand;
 use crate::commit_index::{BudgetCommitIndex, LogPosition};
+use crate::compaction_queue::{CompactionItem, QueueKey};
 use crate::decision::{Decision, Outcome};
 use crate::error::LedgerError;
-use crate::compaction_queue::{CompactionItem, QueueKey};
 use crate::family::Family;
 use crate::identity::{digest_of, identity_hashes};
 use crate::identity_fields::FieldHashes;

@@ -10,14 +10,14 @@ use crate::account::{Account, AccountKey};
 use crate::cluster_time::ClusterParams;
 use crate::command::{ClientCommand, Command, Operation};
 use crate::commit_index::{BudgetCommitIndex, LogPosition};
-use crate::decision::{Decision, Outcome};
 use crate::compaction_queue::{CompactionItem, CompactionQueue};
+use crate::decision::{Decision, Outcome};
 use crate::dedupe::{AppliedRow, DedupeEntry};
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::{AccountImage, EventRecord};
-use crate::journal::Journal;
 use crate::hold::HoldSlot;
 use crate::ids::{EventId, FamilyId, HoldId, NonceId};
+use crate::journal::Journal;
 use crate::limits::MAX_EVENTS_PER_COMMAND;
 
 /// Where and when a command applies: its log position and the clamped cluster time.

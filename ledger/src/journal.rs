@@ -189,11 +189,18 @@ mod tests {
     #[test]
     fn removal_out_of_order_keeps_order_and_trims_the_front() {
         let mut j = journal(&[10, 20, 30, 40]);
-        assert_eq!(j.remove(BudgetCommitIndex(30)).map(|r| r.commit_index.0), Some(30));
+        assert_eq!(
+            j.remove(BudgetCommitIndex(30)).map(|r| r.commit_index.0),
+            Some(30)
+        );
         assert_eq!(j.remove(BudgetCommitIndex(30)), None, "removed once");
         assert_eq!(j.remove(BudgetCommitIndex(25)), None, "never there");
         assert_eq!(retained(&j), [10, 20, 40]);
-        assert_eq!((j.len(), j.indices.len()), (3, 4), "a hole behind 10 and 20");
+        assert_eq!(
+            (j.len(), j.indices.len()),
+            (3, 4),
+            "a hole behind 10 and 20"
+        );
         j.remove(BudgetCommitIndex(10));
         j.remove(BudgetCommitIndex(20));
         assert_eq!(j.indices.len(), 1, "the front holes are trimmed");

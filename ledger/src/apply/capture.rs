@@ -2,10 +2,10 @@
 //! attempt owns the capture; the others see `AlreadyCaptured` with the owner's attempt id.
 
 use crate::command::ClientCommand;
+use crate::compaction_queue::CompactionItem;
 use crate::decision::{Decision, Outcome};
 use crate::error::{checked_add_u32, checked_sub_u32, LedgerError, PreconditionCode};
 use crate::event::{EventKind, EventRecord};
-use crate::compaction_queue::CompactionItem;
 use crate::family::{Family, Keep, NewEvent, Step};
 use crate::hold::{HoldTransition, InvocationState};
 use crate::ids::{AttemptId, HoldId};

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use crate::command::ClientCommand;
 use crate::commit_index::BudgetCommitIndex;
+use crate::compaction_queue::CompactionItem;
 use crate::error::{checked_add, checked_sub, checked_sub_u32, LedgerError, PreconditionCode};
 use crate::event::{AccountImage, EventKind, EventRecord};
-use crate::compaction_queue::CompactionItem;
 use crate::family::{Books, Keep, NewEvent, Step};
 use crate::hold::{ArchivedHold, Hold, HoldSlot, HoldTransition, InvocationState, MonetaryState};
 use crate::ids::{CapabilityId, EventId, HoldId};

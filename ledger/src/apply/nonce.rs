@@ -2,10 +2,10 @@
 //! kernel node presents it, and remembered until it expires.
 
 use crate::command::ClientCommand;
+use crate::compaction_queue::CompactionItem;
 use crate::decision::{Decision, Outcome};
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::{EventKind, EventRecord};
-use crate::compaction_queue::CompactionItem;
 use crate::family::{Family, Keep, NewEvent, Step};
 use crate::ids::NonceId;
 use crate::limits::MAX_NONCE_TTL_MS;

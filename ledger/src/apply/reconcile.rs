@@ -1,10 +1,10 @@
 //! `ReconcileHold`: make a captured hold's spend final; the unspent part returns to budget.
 
 use crate::command::ClientCommand;
+use crate::compaction_queue::CompactionItem;
 use crate::decision::{Decision, Outcome};
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::{EventKind, EventRecord};
-use crate::compaction_queue::CompactionItem;
 use crate::family::{Family, Keep, NewEvent, Step};
 use crate::hold::{HoldTransition, InvocationState, MonetaryState};
 use crate::ids::HoldId;

@@ -2,10 +2,10 @@
 //! tombstone that makes "not applied" final.
 
 use crate::command::ClientCommand;
+use crate::compaction_queue::CompactionItem;
 use crate::decision::{Decision, Outcome, Resolution};
 use crate::dedupe::DedupeEntry;
 use crate::error::LedgerError;
-use crate::compaction_queue::CompactionItem;
 use crate::family::{Family, Step};
 
 impl Family {
