@@ -18,7 +18,8 @@ pub(crate) enum FamilyStart {
 }
 
 pub(crate) enum FamilyState {
-    Ready(Family),
+    /// Boxed: a family's inline part is a few hundred bytes, and the actor's state moves.
+    Ready(Box<Family>),
     /// The state could not be decoded, or an apply panicked: every apply answers the reason
     /// so the router can halt with it. Never serves a read.
     Broken(String),
@@ -35,9 +36,11 @@ impl Actor for FamilyActor {
         start: FamilyStart,
     ) -> Result<FamilyState, ActorProcessingErr> {
         Ok(match start {
-            FamilyStart::New(family_id) => FamilyState::Ready(Family::new(family_id)),
+            FamilyStart::New(family_id) => FamilyState::Ready(Box::new(Family::new(family_id))),
             FamilyStart::Resume { family_id, bytes } => match Family::from_snapshot_bytes(&bytes) {
-                Ok(family) if family.family_id() == &family_id => FamilyState::Ready(family),
+                Ok(family) if family.family_id() == &family_id => {
+                    FamilyState::Ready(Box::new(family))
+                }
                 Ok(family) => FamilyState::Broken(format!(
                     "stored state belongs to family {}",
                     family.family_id()
