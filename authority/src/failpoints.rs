@@ -12,14 +12,33 @@
 //! `fail` crate's syntax, e.g. `apply.after.capture_invocation=1*return`). The `return` action
 //! aborts the process (`std::process::abort()`), so "kill the leader mid-capture" is a
 //! precise, repeatable event.
+//!
+//! Compiling them in is not enough to arm them: the test and chaos crates turn the feature on,
+//! so a workspace-wide build compiles it into `tally-node` too. Only a binary that calls
+//! [`enable`] at start-up (`chaos-node`) reads `FAILPOINTS` or accepts `Admin.SetFailpoints`;
+//! in any other, the points cost one relaxed atomic load and can never fire.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tally_ledger::Command;
 pub use tally_raft_store::failpoint::{abort_if_armed, LOG_AFTER_APPEND};
 
 /// The environment variable the points are read from.
 pub const ENV: &str = "FAILPOINTS";
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Lets this process arm failpoints. Called by `chaos-node` before anything else; never by
+/// `tally-node`.
+pub fn enable() {
+    ENABLED.store(true, Ordering::Relaxed);
+}
+
+/// Whether this process may arm failpoints (see [`enable`]).
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
 
 #[derive(Debug, thiserror::Error)]
 #[error("bad {ENV} entry {entry:?}: {reason}")]
@@ -59,8 +78,11 @@ pub fn kinds<'a>(commands: impl IntoIterator<Item = &'a Command>) -> BTreeSet<&'
     commands.into_iter().map(Command::name).collect()
 }
 
-/// Evaluates `<stage>.<kind>` for every kind.
+/// Evaluates `<stage>.<kind>` for every kind; nothing at all unless [`enabled`].
 pub fn hit_kinds(stage: &str, kinds: &BTreeSet<&'static str>) {
+    if !enabled() {
+        return;
+    }
     for kind in kinds {
         abort_if_armed(&format!("{stage}.{kind}"));
     }

@@ -776,3 +776,38 @@ async fn a_write_with_no_leader_is_unavailable_and_definite() {
     assert_eq!(last, None, "nothing was appended");
     node.abort().await;
 }
+
+/// A workspace build compiles the failpoints into every node (the chaos crate turns the
+/// feature on), so arming them must need more than the feature: only chaos-node enables them.
+/// Were this node to arm the abort below, the capture would kill this test process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_is_not_chaos_node_refuses_to_arm_failpoints() {
+    init_logs();
+    let cluster = TestCluster::start(1).await;
+    let leader = cluster.wait_leader().await;
+    let refused = cluster
+        .admin(leader)
+        .await
+        .set_failpoints(pb::SetFailpointsRequest {
+            spec: "apply.after.capture_invocation=return".into(),
+        })
+        .await
+        .expect_err("failpoints are refused");
+    assert_eq!(refused.code(), tonic::Code::Unimplemented, "{refused:?}");
+    assert!(refused.message().contains("chaos-node"), "{refused:?}");
+    let mut client = cluster.budget(leader).await;
+    client
+        .authorize_hold(authorize("fam-fp", "h1", 10))
+        .await
+        .expect("authorize");
+    let captured = client
+        .capture_invocation(capture("fam-fp", "h1", "a"))
+        .await
+        .expect("the capture applies and the node lives")
+        .into_inner();
+    assert!(matches!(
+        captured.outcome.and_then(|o| o.outcome),
+        Some(pb::outcome::Outcome::Captured(_))
+    ));
+    cluster.shutdown().await;
+}

@@ -76,8 +76,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let config = NodeConfig::load(config.as_deref())?;
             logging::init(config.log_format);
             #[cfg(feature = "failpoints")]
-            for (name, actions) in crate::failpoints::configure_from_env()? {
-                eprintln!("failpoint {name} armed: {actions}");
+            if crate::failpoints::enabled() {
+                for (name, actions) in crate::failpoints::configure_from_env()? {
+                    eprintln!("failpoint {name} armed: {actions}");
+                }
             }
             println!("tally-node configuration:\n{}", toml_text(&config));
             let node = crate::node::start(config, Arc::new(NetworkFaults::default())).await?;

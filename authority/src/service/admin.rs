@@ -281,6 +281,11 @@ impl Admin for AdminService {
         }
         #[cfg(feature = "failpoints")]
         {
+            if !crate::failpoints::enabled() {
+                return Err(Status::unimplemented(
+                    "this node does not arm failpoints: only the chaos harness's chaos-node does",
+                ));
+            }
             let armed = crate::failpoints::configure(&spec)
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
             tracing::warn!(?armed, "failpoints armed");
@@ -293,7 +298,7 @@ impl Admin for AdminService {
         {
             let _ = spec;
             Err(Status::unimplemented(
-                "this node was built without the failpoints feature",
+                "this node does not arm failpoints: only the chaos harness's chaos-node does",
             ))
         }
     }

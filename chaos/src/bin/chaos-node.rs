@@ -5,6 +5,8 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    // The one binary that may arm them (see `tally_authority::failpoints::enable`).
+    tally_authority::failpoints::enable();
     let cli = tally_authority::cli::Cli::parse();
     match tally_authority::cli::run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
