@@ -645,6 +645,9 @@ async fn metrics_are_served_and_move_with_writes() {
     assert_eq!(sample(&on_leader, "tally_forwarded_writes_total"), 0.0);
     assert!(sample(&on_leader, "tally_raft_log_entries_per_fsync") > 0.0);
     assert!(sample(&on_follower, "tally_raft_log_entries_total") >= 3.0);
+    // Replication and apply read what was just appended from memory, not from the file.
+    assert!(sample(&on_leader, "tally_raft_log_reads_total{source=\"cache\"}") >= 1.0);
+    assert!(sample(&on_follower, "tally_raft_log_reads_total{source=\"cache\"}") >= 1.0);
     assert!(sample(&on_leader, "tally_family_actors{state=\"live\"}") >= 1.0);
     assert_eq!(
         sample(&on_leader, "tally_family_actors{state=\"passivated\"}"),

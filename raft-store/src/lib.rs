@@ -5,6 +5,10 @@
 //! any [`RaftTypeConfig`] whose entry, vote and log id are serde types (openraft's `serde`
 //! feature).
 //!
+//! The decoded tail of the log stays in memory (bounded by [`CacheLimits`]), so replication
+//! and apply read what was just appended without decoding it again; see `entry_cache.rs` for
+//! why that never returns anything the file does not hold.
+//!
 //! # Crash contract
 //!
 //! Every write is one redb write transaction committed with [`redb::Durability::Immediate`]
@@ -40,6 +44,7 @@
 //! [`RaftTypeConfig`]: openraft::RaftTypeConfig
 
 mod codec;
+mod entry_cache;
 mod error;
 #[cfg(feature = "failpoints")]
 pub mod failpoint;
@@ -50,6 +55,7 @@ mod schema;
 mod store;
 mod txn;
 
+pub use entry_cache::CacheLimits;
 pub use error::StoreError;
 pub use metrics::{MetricsSnapshot, StoreMetrics};
 pub use reader::RedbLogReader;

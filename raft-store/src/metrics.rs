@@ -14,6 +14,8 @@ pub struct StoreMetrics {
     entries: AtomicU64,
     entry_bytes: AtomicU64,
     other_commits: AtomicU64,
+    cache_reads: AtomicU64,
+    file_reads: AtomicU64,
 }
 
 /// A copy of the counters at one moment.
@@ -27,6 +29,10 @@ pub struct MetricsSnapshot {
     pub entry_bytes: u64,
     /// Committed (fsynced) transactions other than appends: vote, committed id, truncate, purge.
     pub other_commits: u64,
+    /// Entry reads (replication, apply) answered from the in-memory tail.
+    pub cache_reads: u64,
+    /// Entry reads that went to the file.
+    pub file_reads: u64,
 }
 
 impl MetricsSnapshot {
@@ -58,6 +64,16 @@ impl StoreMetrics {
         self.other_commits.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Records one entry read, from the cache or from the file.
+    pub(crate) fn record_read(&self, from_cache: bool) {
+        let counter = if from_cache {
+            &self.cache_reads
+        } else {
+            &self.file_reads
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Reads the counters. Each is read atomically; the set is not one atomic cut, which is
     /// fine for monitoring.
     pub fn snapshot(&self) -> MetricsSnapshot {
@@ -66,6 +82,8 @@ impl StoreMetrics {
             entries: self.entries.load(Ordering::Relaxed),
             entry_bytes: self.entry_bytes.load(Ordering::Relaxed),
             other_commits: self.other_commits.load(Ordering::Relaxed),
+            cache_reads: self.cache_reads.load(Ordering::Relaxed),
+            file_reads: self.file_reads.load(Ordering::Relaxed),
         }
     }
 }

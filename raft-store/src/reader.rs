@@ -12,7 +12,7 @@ use std::io;
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use openraft::entry::RaftEntry;
 use openraft::storage::{LogState, RaftLogReader};
@@ -22,7 +22,9 @@ use redb::{Database, ReadableDatabase, ReadableTable};
 use serde::de::DeserializeOwned;
 
 use crate::codec::decode;
+use crate::entry_cache::EntryCache;
 use crate::error::StoreError;
+use crate::metrics::StoreMetrics;
 use crate::schema::{KEY_PURGED, KEY_VOTE, LOG, STATE};
 
 /// The open database, shared by the store and its readers.
@@ -168,16 +170,25 @@ fn half_open(range: impl RangeBounds<u64>) -> Option<(u64, Option<u64>)> {
     }
 }
 
-/// A cheap, cloneable read handle for openraft's replication tasks.
+/// A cheap, cloneable read handle for openraft's replication tasks and state machine worker:
+/// the cached tail of the log when the range starts there, else the file.
 pub struct RedbLogReader<C: RaftTypeConfig> {
     shared: Arc<Shared>,
+    cache: Arc<Mutex<EntryCache<C::Entry>>>,
+    metrics: Arc<StoreMetrics>,
     _types: PhantomData<fn() -> C>,
 }
 
 impl<C: RaftTypeConfig> RedbLogReader<C> {
-    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        cache: Arc<Mutex<EntryCache<C::Entry>>>,
+        metrics: Arc<StoreMetrics>,
+    ) -> Self {
         Self {
             shared,
+            cache,
+            metrics,
             _types: PhantomData,
         }
     }
@@ -185,18 +196,40 @@ impl<C: RaftTypeConfig> RedbLogReader<C> {
 
 impl<C: RaftTypeConfig> Clone for RedbLogReader<C> {
     fn clone(&self) -> Self {
-        Self::new(self.shared.clone())
+        Self::new(
+            self.shared.clone(),
+            self.cache.clone(),
+            self.metrics.clone(),
+        )
     }
 }
 
-impl<C: RaftTypeConfig> RaftLogReader<C> for RedbLogReader<C> {
+impl<C: RaftTypeConfig> RaftLogReader<C> for RedbLogReader<C>
+where
+    C::Entry: Clone,
+{
     /// Entries in `range` that are present; an error if a present range has a hole or an
     /// entry does not decode.
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
     ) -> Result<Vec<C::Entry>, io::Error> {
-        Ok(self.shared.read_entries::<C>(range)?)
+        let Some((start, end)) = half_open(range) else {
+            return Ok(Vec::new());
+        };
+        let cached = self
+            .cache
+            .lock()
+            .expect("entry cache lock")
+            .range(start, end);
+        self.metrics.record_read(cached.is_some());
+        match cached {
+            Some(entries) => Ok(entries),
+            None => Ok(match end {
+                Some(end) => self.shared.read_entries::<C>(start..end)?,
+                None => self.shared.read_entries::<C>(start..)?,
+            }),
+        }
     }
 
     /// The vote as of the last `save_vote` that returned.

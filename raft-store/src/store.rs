@@ -8,7 +8,7 @@
 use std::io;
 use std::marker::PhantomData;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
@@ -17,6 +17,7 @@ use openraft::type_config::TypeConfigExt;
 use openraft::{OptionalSend, RaftTypeConfig};
 
 use crate::codec::encode;
+use crate::entry_cache::{CacheLimits, EntryCache};
 use crate::error::StoreError;
 use crate::metrics::{MetricsSnapshot, StoreMetrics};
 use crate::open::open_database;
@@ -35,12 +36,16 @@ pub struct StoreConfig {
     /// [`StoreError::EntryTooLarge`] and nothing is written. A bound here keeps one bad client
     /// batch from stalling every follower's replication and the open-time integrity check.
     pub max_entry_bytes: usize,
+    /// How much of the log's tail stays in memory, decoded, for replication and apply to read
+    /// (see `entry_cache.rs`).
+    pub cache: CacheLimits,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
             max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
+            cache: CacheLimits::default(),
         }
     }
 }
@@ -53,12 +58,16 @@ impl Default for StoreConfig {
 /// [`RaftLogStorage::get_log_reader`] or [`RedbLogStore::reader`].
 pub struct RedbLogStore<C: RaftTypeConfig> {
     shared: Arc<Shared>,
+    cache: Arc<Mutex<EntryCache<C::Entry>>>,
     metrics: Arc<StoreMetrics>,
     config: StoreConfig,
     _types: PhantomData<fn() -> C>,
 }
 
-impl<C: RaftTypeConfig> RedbLogStore<C> {
+impl<C: RaftTypeConfig> RedbLogStore<C>
+where
+    C::Entry: Clone,
+{
     /// Opens the log at `path` with [`StoreConfig::default`], creating it if no file exists.
     ///
     /// See [`RedbLogStore::open_with`].
@@ -86,6 +95,7 @@ impl<C: RaftTypeConfig> RedbLogStore<C> {
         shared.verify_log::<C>()?;
         Ok(Self {
             shared,
+            cache: Arc::new(Mutex::new(EntryCache::new(config.cache))),
             metrics: Arc::new(StoreMetrics::default()),
             config,
             _types: PhantomData,
@@ -114,14 +124,15 @@ impl<C: RaftTypeConfig> RedbLogStore<C> {
 
     /// A read handle that shares this store's file.
     pub fn reader(&self) -> RedbLogReader<C> {
-        RedbLogReader::new(self.shared.clone())
+        RedbLogReader::new(
+            self.shared.clone(),
+            self.cache.clone(),
+            self.metrics.clone(),
+        )
     }
 
     /// Encodes a batch, asserting it is contiguous and rejecting an entry over the limit.
-    fn encode_batch<I>(&self, entries: I) -> Result<(Vec<Encoded>, u64), StoreError>
-    where
-        I: IntoIterator<Item = C::Entry>,
-    {
+    fn encode_batch(&self, entries: &[C::Entry]) -> Result<(Vec<Encoded>, u64), StoreError> {
         let mut out: Vec<Encoded> = Vec::new();
         let mut bytes = 0u64;
         for entry in entries {
@@ -132,7 +143,7 @@ impl<C: RaftTypeConfig> RedbLogStore<C> {
                     "openraft handed append a non-contiguous batch: {index} after {prev}"
                 );
             }
-            let encoded = encode(&entry, || format!("log entry {index}"))?;
+            let encoded = encode(entry, || format!("log entry {index}"))?;
             if encoded.len() > self.config.max_entry_bytes {
                 return Err(StoreError::EntryTooLarge {
                     index,
@@ -176,7 +187,10 @@ fn report_failure<C: RaftTypeConfig>(callback: IOFlushed<C>, e: StoreError) -> i
     err
 }
 
-impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C> {
+impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C>
+where
+    C::Entry: Clone,
+{
     type LogReader = RedbLogReader<C>;
 
     /// Last purged id and last log id, read from one snapshot of the file.
@@ -223,18 +237,25 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C> {
         I: IntoIterator<Item = C::Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let (batch, bytes) = match self.encode_batch(entries) {
+        let entries: Vec<C::Entry> = entries.into_iter().collect();
+        let (batch, bytes) = match self.encode_batch(&entries) {
             Ok(b) => b,
             Err(e) => return Err(report_failure(callback, e)),
         };
-        if batch.is_empty() {
+        let Some(&(first_index, _)) = batch.first() else {
             callback.io_completed(Ok(()));
             return Ok(());
-        }
+        };
+        let sizes: Vec<usize> = batch.iter().map(|(_, bytes)| bytes.len()).collect();
         let count = batch.len() as u64;
         if let Err(e) = self.write(move |s| txn::append(s, &batch)).await {
             return Err(report_failure(callback, e));
         }
+        // Durable now: readers may see the entries (from the file or from here).
+        self.cache
+            .lock()
+            .expect("entry cache lock")
+            .extend(first_index, entries.into_iter().zip(sizes).collect());
         self.metrics.record_append(count, bytes);
         #[cfg(feature = "failpoints")]
         crate::failpoint::abort_if_armed(crate::failpoint::LOG_AFTER_APPEND);
@@ -251,6 +272,11 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C> {
                 None => return Ok(()), // nothing can follow u64::MAX
             },
         };
+        // Cut before the file changes, so no reader gets from here what the file no longer has.
+        self.cache
+            .lock()
+            .expect("entry cache lock")
+            .truncate_from(from);
         self.write(move |s| txn::truncate_from(s, from)).await?;
         self.metrics.record_other_commit();
         Ok(())
@@ -269,6 +295,10 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C> {
         }
         let upto = log_id.index;
         let bytes = encode(&log_id, || "last purged log id".to_string())?;
+        self.cache
+            .lock()
+            .expect("entry cache lock")
+            .purge_upto(upto);
         self.write(move |s| txn::purge(s, upto, &bytes)).await?;
         self.metrics.record_other_commit();
         Ok(())

@@ -7,7 +7,7 @@ use std::io;
 use openraft::storage::{IOFlushed, RaftLogReader, RaftLogStorage};
 use openraft::type_config::alias::VoteOf;
 use openraft::type_config::TypeConfigExt;
-use support::{append_durable, entry, C};
+use support::{append_durable, entry, log_id, Entry, C};
 use tally_raft_store::{RedbLogStore, StoreConfig, StoreError};
 
 #[tokio::test]
@@ -42,6 +42,7 @@ async fn an_entry_over_the_limit_is_rejected_and_nothing_is_written() -> anyhow:
     let dir = tempfile::tempdir()?;
     let config = StoreConfig {
         max_entry_bytes: 1024,
+        ..StoreConfig::default()
     };
     let mut store = RedbLogStore::<C>::open_with(dir.path().join("raft.redb"), config)?;
 
@@ -104,5 +105,57 @@ async fn an_append_that_would_leave_a_hole_is_rejected() -> anyhow::Result<()> {
             .len(),
         2
     );
+    Ok(())
+}
+
+/// Entries just appended are read back from memory, entries from before an open from the
+/// file, and a truncation is never answered from memory.
+#[tokio::test]
+async fn the_tail_is_read_from_memory_and_truncation_reaches_it() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("raft.redb");
+    {
+        let mut store = RedbLogStore::<C>::open(&path)?;
+        append_durable(
+            &mut store,
+            (0..5).map(|i| entry(1, i, vec![i as u8])).collect(),
+        )
+        .await?;
+    }
+    let mut store = RedbLogStore::<C>::open(&path)?;
+    append_durable(
+        &mut store,
+        (5..8).map(|i| entry(1, i, vec![i as u8])).collect(),
+    )
+    .await?;
+    let mut reader = store.get_log_reader().await;
+    let index =
+        |entries: &[Entry]| -> Vec<u64> { entries.iter().map(|e| e.log_id.index).collect() };
+    assert_eq!(index(&reader.try_get_log_entries(5..).await?), [5, 6, 7]);
+    assert_eq!(
+        (store.metrics().cache_reads, store.metrics().file_reads),
+        (1, 0)
+    );
+    assert_eq!(
+        index(&reader.try_get_log_entries(3..7).await?),
+        [3, 4, 5, 6]
+    );
+    assert_eq!(
+        store.metrics().file_reads,
+        1,
+        "written before the open: the file"
+    );
+
+    store.truncate_after(Some(log_id(1, 5))).await?;
+    assert_eq!(index(&reader.try_get_log_entries(5..).await?), [5]);
+    append_durable(&mut store, vec![entry(2, 6, vec![66])]).await?;
+    let tail = reader.try_get_log_entries(6..).await?;
+    assert_eq!(index(&tail), [6]);
+    assert_eq!(
+        tail[0].log_id.leader_id.term, 2,
+        "the new entry, not the truncated one"
+    );
+    store.purge(log_id(1, 5)).await?;
+    assert_eq!(index(&reader.try_get_log_entries(0..).await?), [6]);
     Ok(())
 }

@@ -169,6 +169,18 @@ pub async fn render(sources: &Sources) -> String {
         &plain(store.fsyncs().to_string()),
     );
     metric(
+        "tally_raft_log_reads_total",
+        "counter",
+        "Entry reads by replication and apply, by source: the in-memory tail or the file.",
+        &[
+            (
+                "{source=\"cache\"}".to_owned(),
+                store.cache_reads.to_string(),
+            ),
+            ("{source=\"file\"}".to_owned(), store.file_reads.to_string()),
+        ],
+    );
+    metric(
         "tally_apply_lag_entries",
         "gauge",
         "Committed log index minus applied log index on this node.",
