@@ -1,6 +1,8 @@
 //! Snapshot files, written crash-safely: temp file, fsync, rename, fsync of the directory.
 //! Each file carries a magic, a format version and a SHA-256 checksum, so a torn or corrupt
-//! file is detected and skipped in favour of the newest valid one, never loaded.
+//! file is detected and skipped in favour of the newest valid one, never loaded. A file of
+//! another format version is not skipped but refused: the log behind it may be purged, so
+//! starting without it would lose state; the node stops with an error that says what to do.
 
 use std::fs;
 use std::io::{self, Read, Write};
@@ -11,7 +13,9 @@ use sha2::{Digest, Sha256};
 use super::types::{Snapshot, SnapshotMeta};
 
 const MAGIC: &[u8; 8] = b"TALLYSNP";
-const FORMAT_VERSION: u32 = 1;
+/// 2 (2026-11-30): the family encoding changed (compaction queue keys, retained commands
+/// keep field hashes), so version-1 files do not decode.
+const FORMAT_VERSION: u32 = 2;
 const SUFFIX: &str = ".tsnap";
 /// Snapshots kept on disk: the newest and one fallback.
 const KEEP: usize = 2;
@@ -22,6 +26,16 @@ pub enum SnapshotFileError {
     Io { path: PathBuf, source: io::Error },
     #[error("snapshot file {path} is invalid: {reason}")]
     Invalid { path: PathBuf, reason: String },
+    #[error(
+        "snapshot file {path} has format version {version} and this tally-node reads only \
+         version {reads}: another release wrote it. Run that release, or start this node from \
+         an empty data dir so that it receives a snapshot from the cluster"
+    )]
+    Incompatible {
+        path: PathBuf,
+        version: u32,
+        reads: u32,
+    },
 }
 
 impl From<SnapshotFileError> for io::Error {
@@ -71,11 +85,13 @@ impl SnapshotDir {
         Ok(path)
     }
 
-    /// The newest snapshot that verifies. Invalid files are reported and skipped.
+    /// The newest snapshot that verifies. Invalid files are reported and skipped; a file of
+    /// another format version is an error.
     pub fn load_latest(&self) -> Result<Option<Snapshot>, SnapshotFileError> {
         for path in self.files()?.into_iter().rev() {
             match read(&path) {
                 Ok(snapshot) => return Ok(Some(snapshot)),
+                Err(error @ SnapshotFileError::Incompatible { .. }) => return Err(error),
                 Err(error) => tracing::error!(%error, "skipping an invalid snapshot file"),
             }
         }
@@ -149,9 +165,11 @@ fn read(path: &Path) -> Result<Snapshot, SnapshotFileError> {
     }
     let version = u32::from_be_bytes(body[8..12].try_into().map_err(|_| invalid("header"))?);
     if version != FORMAT_VERSION {
-        return Err(invalid(&format!(
-            "format version {version}, this node reads {FORMAT_VERSION}"
-        )));
+        return Err(SnapshotFileError::Incompatible {
+            path: path.to_path_buf(),
+            version,
+            reads: FORMAT_VERSION,
+        });
     }
     let mut at: usize = 12;
     let mut take = |len: usize| -> Result<&[u8], SnapshotFileError> {
@@ -174,4 +192,54 @@ fn read(path: &Path) -> Result<Snapshot, SnapshotFileError> {
         meta,
         snapshot: data,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(data: &[u8]) -> Snapshot {
+        Snapshot {
+            meta: SnapshotMeta::default(),
+            snapshot: data.to_vec(),
+        }
+    }
+
+    /// Rewrites the file's version field and checksum, as another release would have.
+    fn set_version(path: &Path, version: u32) {
+        let mut bytes = fs::read(path).expect("read");
+        let body_len = bytes.len() - 32;
+        bytes[8..12].copy_from_slice(&version.to_be_bytes());
+        let checksum = Sha256::digest(&bytes[..body_len]);
+        bytes[body_len..].copy_from_slice(&checksum);
+        fs::write(path, bytes).expect("write");
+    }
+
+    #[test]
+    fn a_torn_file_is_skipped_and_another_version_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let snapshots = SnapshotDir::open(dir.path()).expect("open");
+        let path = snapshots.save(&snapshot(b"state")).expect("save");
+        let loaded = snapshots.load_latest().expect("loads").expect("one file");
+        assert_eq!(loaded.snapshot, b"state");
+
+        set_version(&path, FORMAT_VERSION - 1);
+        let refused = snapshots.load_latest().expect_err("another version");
+        assert!(
+            matches!(refused, SnapshotFileError::Incompatible { version, .. } if version == FORMAT_VERSION - 1),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains("empty data dir"), "{refused}");
+
+        let mut torn = fs::read(&path).expect("read");
+        torn.truncate(torn.len() / 2);
+        fs::write(&path, torn).expect("write");
+        assert!(
+            snapshots
+                .load_latest()
+                .expect("a torn file is skipped")
+                .is_none(),
+            "no valid file left"
+        );
+    }
 }
