@@ -24,16 +24,16 @@ impl Family {
     fn compact(&mut self, item: CompactionItem, retained: Option<Box<Retained>>, now_ms: u64) {
         match item {
             CompactionItem::Journal(index) => {
-                self.journal.remove(index);
+                self.journal.discard(index, |_| true);
             }
             CompactionItem::Command(event_id) => {
                 // The row keeps its digest; dropping `retained` drops the field hashes.
                 let retained = retained
                     .unwrap_or_else(|| panic!("command {event_id:?} queued without its identity"));
                 if let Some(index) = retained.event {
-                    let record = self.journal.remove(index);
                     assert!(
-                        record.is_some_and(|record| record.event_id == event_id),
+                        self.journal
+                            .discard(index, |record| record.event_id == event_id),
                         "command {event_id:?} lost its own event {index:?}"
                     );
                 }

@@ -54,18 +54,28 @@ impl Journal {
             .and_then(|at| self.records[at].as_ref())
     }
 
-    /// Takes the record at `index` out; trims empty slots from the front.
-    pub fn remove(&mut self, index: BudgetCommitIndex) -> Option<EventRecord> {
-        let at = self.position(index)?;
-        let record = self.records[at].take();
-        if record.is_some() {
+    /// Drops the record at `index` in place (records are large: moving one out to drop it
+    /// costs a copy) and trims empty slots from the front. Whether a record was there and
+    /// passed `check`, which sees it first.
+    pub fn discard(
+        &mut self,
+        index: BudgetCommitIndex,
+        check: impl FnOnce(&EventRecord) -> bool,
+    ) -> bool {
+        let Some(at) = self.position(index) else {
+            return false;
+        };
+        let slot = &mut self.records[at];
+        let passed = slot.as_ref().is_some_and(check);
+        if slot.is_some() {
+            *slot = None;
             self.live -= 1;
         }
         while self.records.front().is_some_and(Option::is_none) {
             self.records.pop_front();
             self.indices.pop_front();
         }
-        record
+        passed
     }
 
     /// Retained records in commit order.
@@ -189,20 +199,20 @@ mod tests {
     #[test]
     fn removal_out_of_order_keeps_order_and_trims_the_front() {
         let mut j = journal(&[10, 20, 30, 40]);
-        assert_eq!(
-            j.remove(BudgetCommitIndex(30)).map(|r| r.commit_index.0),
-            Some(30)
-        );
-        assert_eq!(j.remove(BudgetCommitIndex(30)), None, "removed once");
-        assert_eq!(j.remove(BudgetCommitIndex(25)), None, "never there");
+        assert!(j.discard(BudgetCommitIndex(30), |r| r.commit_index.0 == 30));
+        assert!(!j.discard(BudgetCommitIndex(30), |_| true), "removed once");
+        assert!(!j.discard(BudgetCommitIndex(25), |_| true), "never there");
         assert_eq!(retained(&j), [10, 20, 40]);
         assert_eq!(
             (j.len(), j.indices.len()),
             (3, 4),
             "a hole behind 10 and 20"
         );
-        j.remove(BudgetCommitIndex(10));
-        j.remove(BudgetCommitIndex(20));
+        assert!(
+            !j.discard(BudgetCommitIndex(10), |_| false),
+            "dropped though the check fails"
+        );
+        j.discard(BudgetCommitIndex(20), |_| true);
         assert_eq!(j.indices.len(), 1, "the front holes are trimmed");
         assert!(j.get(BudgetCommitIndex(40)).is_some());
         assert!(j.get(BudgetCommitIndex(20)).is_none());
@@ -211,7 +221,7 @@ mod tests {
     #[test]
     fn records_after_starts_strictly_after_the_index() {
         let mut j = journal(&[10, 20, 30, 40]);
-        j.remove(BudgetCommitIndex(30));
+        j.discard(BudgetCommitIndex(30), |_| true);
         let after = |i: Option<u64>| -> Vec<u64> {
             j.records_after(i.map(BudgetCommitIndex))
                 .map(|r| r.commit_index.0)
@@ -226,7 +236,7 @@ mod tests {
     #[test]
     fn encoding_and_equality_ignore_holes() {
         let mut holed = journal(&[10, 20, 30]);
-        holed.remove(BudgetCommitIndex(20));
+        holed.discard(BudgetCommitIndex(20), |_| true);
         let clean = journal(&[10, 30]);
         assert_eq!(holed, clean);
         let bytes = rmp_serde::to_vec(&holed).expect("encodes");
