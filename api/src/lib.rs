@@ -37,7 +37,8 @@ pub const GUARANTEE_LEVEL: &str = "raft_linearizable";
 /// Reply trailer that tells whether the outcome is final (SPEC.md §10).
 pub const OUTCOME_TRAILER: &str = "tally-outcome";
 
-/// Header naming the leader's address when this node cannot serve a write (SPEC.md §10).
+/// Header naming the leader's address: when this node cannot serve a write (SPEC.md §10), and
+/// on a write a follower served by forwarding it, so the client sends the next one there.
 pub const LEADER_HEADER: &str = "x-tally-leader";
 
 #[cfg(test)]

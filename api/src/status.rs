@@ -121,17 +121,22 @@ impl From<Status> for RemoteError {
     }
 }
 
-/// The leader hint of an UNAVAILABLE reply, from the header or the detail.
-pub fn leader_hint(status: &Status) -> Option<String> {
-    status
-        .metadata()
+/// The leader named in a reply's `x-tally-leader` header: on an UNAVAILABLE error, or on a
+/// write a follower answered by forwarding it.
+pub fn leader_header(metadata: &tonic::metadata::MetadataMap) -> Option<String> {
+    metadata
         .get(LEADER_HEADER)
         .and_then(|v| v.to_str().ok())
+        .filter(|address| !address.is_empty())
         .map(str::to_owned)
-        .or_else(|| {
-            error_detail(status)
-                .ok()
-                .map(|d| d.leader_address)
-                .filter(|address| !address.is_empty())
-        })
+}
+
+/// The leader hint of an UNAVAILABLE reply, from the header or the detail.
+pub fn leader_hint(status: &Status) -> Option<String> {
+    leader_header(status.metadata()).or_else(|| {
+        error_detail(status)
+            .ok()
+            .map(|d| d.leader_address)
+            .filter(|address| !address.is_empty())
+    })
 }

@@ -63,11 +63,21 @@ async fn a_follower_forwards_writes_and_serves_linearizable_reads() {
         tally_api::status::Definiteness::from_metadata(reply.metadata()),
         Some(tally_api::status::Definiteness::Definite)
     );
+    assert_eq!(
+        tally_api::status::leader_header(reply.metadata()),
+        Some(cluster.address(leader)),
+        "a forwarded write names the leader, so the client goes there next"
+    );
     let decision = reply.into_inner();
     assert!(matches!(
         outcome(&decision),
         pb::outcome::Outcome::Authorized(a) if a.exposure_units == 40
     ));
+    let direct = via_leader
+        .authorize_hold(authorize("fwd", "h0", 1))
+        .await
+        .expect("the leader serves");
+    assert_eq!(tally_api::status::leader_header(direct.metadata()), None);
     let stamp = decision.cluster.clone().expect("stamped");
     let leader_metrics =
         tally_authority::raft::types::current_metrics(&cluster.nodes[&leader].raft);

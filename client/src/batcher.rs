@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use tally_api::pb;
+use tally_api::status::leader_header;
 use tally_api::RemoteError;
 use tally_ledger::{ClientCommand, Decision};
 use tokio::sync::{mpsc, oneshot};
@@ -98,6 +99,10 @@ async fn send(client: Arc<TallyClient>, batch: Vec<Job>) {
         }
         return;
     };
+    if let Some(leader) = leader_header(reply.metadata()) {
+        // Served through a follower: the next batch goes straight to the leader.
+        client.nodes.note_leader(Some(leader));
+    }
     let results = reply.into_inner().results;
     assert_eq!(
         results.len(),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use tally_api::pb;
-use tally_api::status::leader_hint;
+use tally_api::status::{leader_header, leader_hint};
 use tally_api::RemoteError;
 use tally_ledger::{ClientCommand, Command, Decision, Outcome as LedgerOutcome, Resolution};
 use tonic::Status;
@@ -150,7 +150,12 @@ impl TallyClient {
             commands: vec![wire],
         });
         let reply = match tokio::time::timeout(self.config.attempt_timeout, call).await {
-            Ok(Ok(reply)) => reply.into_inner(),
+            Ok(Ok(reply)) => {
+                // A follower that forwarded names the leader: go there next time.
+                let leader = leader_header(reply.metadata()).unwrap_or_else(|| target.clone());
+                self.nodes.note_leader(Some(leader));
+                reply.into_inner()
+            }
             Ok(Err(status)) => return self.classify_status(&target, status),
             Err(_) => {
                 self.nodes.forget_leader(&target);
@@ -159,7 +164,6 @@ impl TallyClient {
                 };
             }
         };
-        self.nodes.note_leader(Some(target.clone()));
         match reply.results.into_iter().next().and_then(|r| r.result) {
             Some(pb::batch_result::Result::Decision(decision)) => {
                 self.note_stamp(&decision);

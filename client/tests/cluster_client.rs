@@ -291,3 +291,31 @@ async fn batching_under_64_concurrent_callers_gives_the_same_decisions_as_unary_
     );
     cluster.shutdown().await;
 }
+
+/// A client that knows only a follower learns the leader from the first forwarded reply and
+/// sends every later write straight there, unary and batched alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_knows_only_a_follower_moves_to_the_leader_after_one_write() {
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.wait_leader().await;
+    let follower = *cluster.configs.keys().find(|id| **id != leader).unwrap();
+    let mut config = ClientConfig::new(vec![cluster.address(follower)]);
+    config.attempt_timeout = Duration::from_secs(2);
+    let client = Arc::new(TallyClient::new(config).expect("client"));
+    let forwarded = || cluster.nodes[&follower].metrics.forwarded_writes();
+    for i in 0..3 {
+        let outcome = client
+            .submit(authorize("follow", &format!("u{i}"), 10))
+            .await;
+        assert!(matches!(outcome, Outcome::Decided(_)), "{outcome:?}");
+    }
+    assert_eq!(forwarded(), 1, "only the first write took the extra hop");
+    let batching = BatchingClient::new(client.clone(), BatchConfig::default());
+    for i in 0..3 {
+        let outcome = batching
+            .submit(authorize("follow", &format!("b{i}"), 10))
+            .await;
+        assert!(matches!(outcome, Outcome::Decided(_)), "{outcome:?}");
+    }
+    assert_eq!(forwarded(), 1, "batches go to the leader too");
+}

@@ -90,10 +90,30 @@ impl BudgetService {
             entry: reply.log_id,
         };
         match reply.results.into_iter().next() {
-            Some(Ok(decision)) => Ok(definite(decision_message(&decision, &stamp))),
+            Some(Ok(decision)) => {
+                Ok(self.with_leader_hint(definite(decision_message(&decision, &stamp))))
+            }
             Some(Err(error)) => Err(failure_status(error.into(), event_id.as_ref())),
             None => Err(Status::internal("the state machine answered no result")),
         }
+    }
+
+    /// A write this follower served by forwarding it names the leader in `x-tally-leader`,
+    /// so the client sends the next one there and saves the extra hop.
+    fn with_leader_hint<T>(&self, mut response: Response<T>) -> Response<T> {
+        if self.proposer.is_leader() {
+            return response;
+        }
+        if let Some(address) = self
+            .proposer
+            .leader()
+            .and_then(|(_, address)| address.parse().ok())
+        {
+            response
+                .metadata_mut()
+                .insert(tally_api::LEADER_HEADER, address);
+        }
+        response
     }
 
     async fn read_barrier(&self, consistency: i32) -> Result<(), Status> {
@@ -325,7 +345,7 @@ impl Budget for BudgetService {
             .into_iter()
             .map(|result| pb::BatchResult { result })
             .collect();
-        Ok(definite(pb::BatchReply { results }))
+        Ok(self.with_leader_hint(definite(pb::BatchReply { results })))
     }
 
     async fn get_usage(
