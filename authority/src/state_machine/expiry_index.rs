@@ -22,9 +22,21 @@ impl ExpiryIndex {
         Self { by_time, due_at }
     }
 
-    /// Records a family's next maintenance time (`None`: nothing scheduled).
+    /// Records a family's next maintenance time (`None`: nothing scheduled). Called for every
+    /// family of every applied entry, so an unchanged time costs one lookup and a changed one
+    /// updates the family's row in place.
     pub fn set(&mut self, family_id: &FamilyId, due_ms: Option<u64>) {
-        if let Some(previous) = self.due_at.remove(family_id) {
+        let previous = match (self.due_at.get_mut(family_id), due_ms) {
+            (Some(stored), Some(at)) if *stored == at => return,
+            (Some(stored), Some(at)) => Some(std::mem::replace(stored, at)),
+            (Some(_), None) => self.due_at.remove(family_id),
+            (None, None) => return,
+            (None, Some(at)) => {
+                self.due_at.insert(family_id.clone(), at);
+                None
+            }
+        };
+        if let Some(previous) = previous {
             let removed = self.by_time.remove(&(previous, family_id.clone()));
             assert!(
                 removed,
@@ -32,7 +44,6 @@ impl ExpiryIndex {
             );
         }
         if let Some(at) = due_ms {
-            self.due_at.insert(family_id.clone(), at);
             self.by_time.insert((at, family_id.clone()));
         }
         assert_eq!(
@@ -75,8 +86,16 @@ mod tests {
         assert_eq!(index.due(15, 10), vec![b.clone()]);
         index.set(&b, Some(30));
         assert_eq!(index.due(20, 10), vec![a.clone()]);
+        index.set(&b, Some(30));
+        assert_eq!(
+            index.due(30, 10),
+            vec![a.clone(), b.clone()],
+            "unchanged: still once"
+        );
         index.set(&a, None);
+        index.set(&FamilyId::from("c"), None);
         assert!(index.due(25, 10).is_empty());
+        assert_eq!(index.as_map().len(), 1, "only b is scheduled");
         assert_eq!(index, ExpiryIndex::from_map(index.as_map().clone()));
     }
 }
