@@ -18,8 +18,8 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use tally_kernel::config::{KernelNodeConfig, RailSettings, ToolServerSettings};
 use tally_kernel::payment::{Fault, FaultyRail, RailOp, RailServer};
+use tally_kernel::tool::testing::{read_json_request, write_json_reply};
 use tally_kernel::{InMemoryRail, KeyPair, PaymentError, PublicKey};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
 /// The tool server and tool every kernel grant names.
@@ -160,34 +160,9 @@ pub async fn spawn_tool_server() -> std::io::Result<(SocketAddr, ToolCounts, Joi
 }
 
 async fn answer(mut stream: tokio::net::TcpStream, counts: ToolCounts) -> std::io::Result<()> {
-    let mut raw = Vec::new();
-    let mut buffer = [0u8; 4096];
-    let body_start = loop {
-        let n = stream.read(&mut buffer).await?;
-        if n == 0 || raw.len() > MAX_TOOL_REQUEST_BYTES {
-            return Ok(());
-        }
-        raw.extend_from_slice(&buffer[..n]);
-        if let Some(at) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
-            break at + 4;
-        }
+    let Some(call) = read_json_request(&mut stream, MAX_TOOL_REQUEST_BYTES).await? else {
+        return Ok(());
     };
-    let head = String::from_utf8_lossy(&raw[..body_start]).to_ascii_lowercase();
-    let length: usize = head
-        .lines()
-        .find_map(|line| line.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-        .min(MAX_TOOL_REQUEST_BYTES);
-    while raw.len() < body_start + length {
-        let n = stream.read(&mut buffer).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        raw.extend_from_slice(&buffer[..n]);
-    }
-    let call: Value =
-        serde_json::from_slice(&raw[body_start..body_start + length]).unwrap_or(Value::Null);
     let arguments = call.get("arguments").cloned().unwrap_or(Value::Null);
     let request_id = arguments
         .get("request_id")
@@ -206,13 +181,7 @@ async fn answer(mut stream: tokio::net::TcpStream, counts: ToolCounts) -> std::i
             json!({ "content": { "request_id": request_id }, "cost": { "units": cost, "currency": "USD" } }),
         )
     };
-    let body = reply.to_string();
-    let response = format!(
-        "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(response.as_bytes()).await?;
-    stream.shutdown().await
+    write_json_reply(&mut stream, status, &reply).await
 }
 
 /// What the fleet shares and counts; the processes themselves live in the cluster (so the

@@ -128,35 +128,9 @@ async fn answer(
     behavior: Behavior,
     invocations: Arc<AtomicU64>,
 ) -> std::io::Result<()> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut raw = Vec::new();
-    let mut buffer = [0u8; 4096];
-    let body_start = loop {
-        let n = stream.read(&mut buffer).await?;
-        if n == 0 || raw.len() > MAX_TEST_REQUEST_BYTES {
-            return Ok(());
-        }
-        raw.extend_from_slice(&buffer[..n]);
-        if let Some(at) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
-            break at + 4;
-        }
+    let Some(call) = read_json_request(&mut stream, MAX_TEST_REQUEST_BYTES).await? else {
+        return Ok(());
     };
-    let head = String::from_utf8_lossy(&raw[..body_start]).to_ascii_lowercase();
-    let length: usize = head
-        .lines()
-        .find_map(|line| line.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-        .min(MAX_TEST_REQUEST_BYTES);
-    while raw.len() < body_start + length {
-        let n = stream.read(&mut buffer).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        raw.extend_from_slice(&buffer[..n]);
-    }
-    let call: Value =
-        serde_json::from_slice(&raw[body_start..body_start + length]).unwrap_or(Value::Null);
     invocations.fetch_add(1, Ordering::SeqCst);
     let error =
         |kind: &str, message: &str| json!({ "error": { "kind": kind, "message": message } });
@@ -174,6 +148,55 @@ async fn answer(
         }
         Behavior::UrlElicitation { message } => (409, error("url_elicitation_required", &message)),
     };
+    write_json_reply(&mut stream, status, &reply).await
+}
+
+/// Reads one HTTP/1.1 request from a test tool server's connection: the head, then a body of
+/// `Content-Length` bytes, both within `max_bytes`. The body parsed as JSON (`Null` if it is
+/// not JSON), or `None` when the peer closed first or the head is over the limit.
+pub async fn read_json_request(
+    stream: &mut tokio::net::TcpStream,
+    max_bytes: usize,
+) -> std::io::Result<Option<Value>> {
+    use tokio::io::AsyncReadExt;
+    let mut raw = Vec::new();
+    let mut buffer = [0u8; 4096];
+    let body_start = loop {
+        let n = stream.read(&mut buffer).await?;
+        if n == 0 || raw.len() > max_bytes {
+            return Ok(None);
+        }
+        raw.extend_from_slice(&buffer[..n]);
+        if let Some(at) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&raw[..body_start]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+        .min(max_bytes);
+    while raw.len() < body_start + length {
+        let n = stream.read(&mut buffer).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        raw.extend_from_slice(&buffer[..n]);
+    }
+    Ok(Some(
+        serde_json::from_slice(&raw[body_start..body_start + length]).unwrap_or(Value::Null),
+    ))
+}
+
+/// Writes a JSON reply with `status` and closes the connection.
+pub async fn write_json_reply(
+    stream: &mut tokio::net::TcpStream,
+    status: u16,
+    reply: &Value,
+) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
     let body = reply.to_string();
     let response = format!(
         "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
