@@ -161,14 +161,19 @@ const IDENTITY_ENCODING_VERSION: u8 = 1;
 /// block. The `event_id` is not part of it: a digest is only ever compared with commands of
 /// the same id.
 pub(crate) fn digest_of(command: &ClientCommand) -> [u8; 32] {
-    identity_hashes(command).0
+    encode_identity(command, false).0
 }
 
 /// The identity digest of `command` and, from the same pass, the hash of each field's part of
 /// the encoding (see `identity_fields.rs`).
 pub(crate) fn identity_hashes(command: &ClientCommand) -> ([u8; 32], FieldHashes) {
+    encode_identity(command, true)
+}
+
+/// Encodes the identity into SHA-256 and, when `with_fields`, into the per-field hashes.
+fn encode_identity(command: &ClientCommand, with_fields: bool) -> ([u8; 32], FieldHashes) {
     let code = operation_code(&command.op);
-    let mut out = HashWriter::new(code);
+    let mut out = HashWriter::new(code, with_fields);
     let h = &command.header;
     out.u8(IDENTITY_ENCODING_VERSION);
     out.u8(code);
@@ -308,12 +313,12 @@ struct HashWriter {
 }
 
 impl HashWriter {
-    fn new(operation_code: u8) -> Self {
+    fn new(operation_code: u8, with_fields: bool) -> Self {
         Self {
             hasher: Sha256::new(),
             buf: [0; 256],
             len: 0,
-            fields: FieldHasher::new(operation_code),
+            fields: FieldHasher::new(operation_code, with_fields),
         }
     }
 
