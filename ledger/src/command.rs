@@ -223,11 +223,14 @@ fn validate_ancestors(
             format!("{} given, at most {MAX_ANCESTORS} allowed", ancestors.len()),
         ));
     }
-    let mut seen = vec![grant];
-    for ancestor in ancestors {
+    for (position, ancestor) in ancestors.iter().enumerate() {
         ancestor.account.validate()?;
         ancestor.limits.validate("ancestors.limits")?;
-        if seen.contains(&&ancestor.account) {
+        // The accounts seen so far, the grant's and the ancestors' before this one; at most
+        // 8, so a scan beats building a set (and allocates nothing).
+        let mut seen_before = std::iter::once(grant)
+            .chain(ancestors[..position].iter().map(|earlier| &earlier.account));
+        if seen_before.any(|seen| seen == &ancestor.account) {
             return Err(LedgerError::invalid(
                 "ancestors",
                 format!("account {:?} appears twice in the hold", ancestor.account),
@@ -242,7 +245,6 @@ fn validate_ancestors(
                 "an ancestor grant has another currency",
             ));
         }
-        seen.push(&ancestor.account);
     }
     Ok(())
 }

@@ -21,7 +21,7 @@ impl Family {
         }
     }
 
-    fn compact(&mut self, item: CompactionItem, retained: Option<Box<Retained>>, now_ms: u64) {
+    fn compact(&mut self, item: CompactionItem, retained: Option<Retained>, now_ms: u64) {
         match item {
             CompactionItem::Journal(index) => {
                 self.journal.discard(index, |_| true);

@@ -7,13 +7,15 @@
 //! replicated state: every replica hands out the same numbers in the same order, so every
 //! replica compacts alike.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::commit_index::BudgetCommitIndex;
 use crate::dedupe::Retained;
 use crate::ids::{EventId, HoldId, NonceId};
+use crate::spare_capacity::release_spare;
 
 /// One piece of compaction work.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,13 +44,23 @@ pub(crate) struct QueueKey {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Queued {
     pub item: CompactionItem,
-    /// Boxed, so the queue's tree nodes stay small.
-    pub retained: Option<Box<Retained>>,
+    pub retained: Option<Retained>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Items in `(due_ms, seq)` order. Nearly every item falls due after the one queued before
+/// it (due times are a command's deadline plus a fixed retention, and deadlines follow
+/// cluster time), so such items are appended to a deque sorted by construction: a push and a
+/// pop cost no tree search and no allocation. An item due before the deque's last one (a
+/// command with a shorter deadline than its predecessor) waits in a tree instead. A pop
+/// takes the smaller of the two fronts, so the order is exactly the key order either way.
+///
+/// Encoded, compared and restored as one map in key order: how items are split between the
+/// deque and the tree depends on the order they were pushed in, never on the state.
+#[derive(Clone, Default)]
 pub(crate) struct CompactionQueue {
-    items: BTreeMap<QueueKey, Queued>,
+    /// Strictly increasing keys.
+    in_order: VecDeque<(QueueKey, Queued)>,
+    out_of_order: BTreeMap<QueueKey, Queued>,
     /// The sequence number of the next item pushed.
     next_seq: u64,
 }
@@ -59,7 +71,7 @@ impl CompactionQueue {
         &mut self,
         due_ms: u64,
         item: CompactionItem,
-        retained: Option<Box<Retained>>,
+        retained: Option<Retained>,
     ) -> QueueKey {
         let key = QueueKey {
             due_ms,
@@ -69,27 +81,157 @@ impl CompactionQueue {
             .next_seq
             .checked_add(1)
             .expect("compaction sequence numbers are 64-bit and never run out");
-        let previous = self.items.insert(key, Queued { item, retained });
-        assert!(previous.is_none(), "compaction key {key:?} used twice");
+        let queued = Queued { item, retained };
+        // `seq` only grows, so a key due no earlier than the deque's last is above it.
+        if self
+            .in_order
+            .back()
+            .is_none_or(|(last, _)| last.due_ms <= due_ms)
+        {
+            self.in_order.push_back((key, queued));
+        } else {
+            let previous = self.out_of_order.insert(key, queued);
+            assert!(previous.is_none(), "compaction key {key:?} used twice");
+        }
         key
     }
 
     pub fn get(&self, key: &QueueKey) -> Option<&Queued> {
-        self.items.get(key)
+        match self.in_order.binary_search_by(|(k, _)| k.cmp(key)) {
+            Ok(at) => Some(&self.in_order[at].1),
+            Err(_) => self.out_of_order.get(key),
+        }
     }
 
     /// The first item whose due time is before `now_ms`, taken out of the queue.
     pub fn pop_due(&mut self, now_ms: u64) -> Option<Queued> {
-        let entry = self.items.first_entry()?;
-        if entry.key().due_ms >= now_ms {
+        let deque_first = self.in_order.front().map(|(key, _)| *key);
+        let tree_first = self.out_of_order.first_key_value().map(|(key, _)| *key);
+        let from_deque = match (deque_first, tree_first) {
+            (None, None) => return None,
+            (Some(d), Some(t)) => d < t,
+            (deque, _) => deque.is_some(),
+        };
+        let first = if from_deque { deque_first } else { tree_first };
+        if first.is_none_or(|key| key.due_ms >= now_ms) {
             return None;
         }
-        Some(entry.remove())
+        if from_deque {
+            let popped = self.in_order.pop_front().map(|(_, queued)| queued);
+            release_spare(&mut self.in_order);
+            popped
+        } else {
+            self.out_of_order.pop_first().map(|(_, queued)| queued)
+        }
     }
 
     /// The earliest due time, if any item waits.
     pub fn first_due_ms(&self) -> Option<u64> {
-        self.items.first_key_value().map(|(key, _)| key.due_ms)
+        let deque = self.in_order.front().map(|(key, _)| key.due_ms);
+        let tree = self
+            .out_of_order
+            .first_key_value()
+            .map(|(key, _)| key.due_ms);
+        match (deque, tree) {
+            (Some(d), Some(t)) => Some(d.min(t)),
+            (d, t) => d.or(t),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.in_order.len() + self.out_of_order.len()
+    }
+
+    /// Every item in key order (a merge of the deque and the tree).
+    fn iter(&self) -> impl Iterator<Item = (&QueueKey, &Queued)> {
+        let mut deque = self
+            .in_order
+            .iter()
+            .map(|(key, queued)| (key, queued))
+            .peekable();
+        let mut tree = self.out_of_order.iter().peekable();
+        std::iter::from_fn(move || match (deque.peek(), tree.peek()) {
+            (Some((d, _)), Some((t, _))) if d < t => deque.next(),
+            (Some(_), None) => deque.next(),
+            _ => tree.next(),
+        })
+    }
+}
+
+impl PartialEq for CompactionQueue {
+    fn eq(&self, other: &Self) -> bool {
+        self.next_seq == other.next_seq && self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for CompactionQueue {}
+
+impl fmt::Debug for CompactionQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompactionQueue")
+            .field("items", &DebugItems(self))
+            .field("next_seq", &self.next_seq)
+            .finish()
+    }
+}
+
+struct DebugItems<'q>(&'q CompactionQueue);
+
+impl fmt::Debug for DebugItems<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.0.iter()).finish()
+    }
+}
+
+/// The encoded form: the items as one map in key order, then the next sequence number (the
+/// layout of a struct of a `BTreeMap` and a `u64`).
+#[derive(Serialize)]
+struct EncodedRef<'q> {
+    items: ItemsRef<'q>,
+    next_seq: u64,
+}
+
+struct ItemsRef<'q>(&'q CompactionQueue);
+
+impl Serialize for ItemsRef<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter())
+    }
+}
+
+#[derive(Deserialize)]
+struct Encoded {
+    items: BTreeMap<QueueKey, Queued>,
+    next_seq: u64,
+}
+
+impl Serialize for CompactionQueue {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        EncodedRef {
+            items: ItemsRef(self),
+            next_seq: self.next_seq,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for CompactionQueue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let encoded = Encoded::deserialize(deserializer)?;
+        if let Some(highest) = encoded.items.keys().map(|key| key.seq).max() {
+            if highest >= encoded.next_seq {
+                return Err(serde::de::Error::custom(format!(
+                    "a compaction item is numbered {highest}, at or above the next number {}",
+                    encoded.next_seq
+                )));
+            }
+        }
+        // A map's keys are strictly increasing: all of them form the sorted deque.
+        Ok(Self {
+            in_order: encoded.items.into_iter().collect(),
+            out_of_order: BTreeMap::new(),
+            next_seq: encoded.next_seq,
+        })
     }
 }
 
@@ -126,5 +268,99 @@ mod tests {
         let mut back: CompactionQueue = rmp_serde::from_slice(&bytes).expect("decodes");
         let key = back.push(10, nonce("b"), None);
         assert_eq!(key.seq, 1, "numbers are never reused after a restore");
+    }
+
+    proptest::proptest! {
+        /// Against a plain ordered map: every pop, lookup and first due time agrees, whatever
+        /// mix of in-order and out-of-order pushes came before; the encoding is the map's.
+        #[test]
+        fn agrees_with_an_ordered_map(
+            steps in proptest::collection::vec((0u64..50, proptest::bool::ANY, 0u64..60), 1..200)
+        ) {
+            let mut queue = CompactionQueue::default();
+            let mut model: BTreeMap<QueueKey, CompactionItem> = BTreeMap::new();
+            let mut keys = Vec::new();
+            for (n, (due_ms, pop, now_ms)) in steps.into_iter().enumerate() {
+                if pop {
+                    let expected = model
+                        .first_key_value()
+                        .filter(|(key, _)| key.due_ms < now_ms)
+                        .map(|(key, _)| *key);
+                    if let Some(key) = expected {
+                        model.remove(&key);
+                    }
+                    let popped = queue.pop_due(now_ms).map(|q| q.item);
+                    proptest::prop_assert_eq!(popped.is_some(), expected.is_some());
+                } else {
+                    let item = nonce(&format!("n{n}"));
+                    let key = queue.push(due_ms, item.clone(), None);
+                    model.insert(key, item);
+                    keys.push(key);
+                }
+                proptest::prop_assert_eq!(queue.len(), model.len());
+                proptest::prop_assert_eq!(
+                    queue.first_due_ms(),
+                    model.first_key_value().map(|(key, _)| key.due_ms)
+                );
+                for key in &keys {
+                    proptest::prop_assert_eq!(queue.get(key).map(|q| &q.item), model.get(key));
+                }
+            }
+            let in_key_order: Vec<_> = queue.iter().map(|(key, q)| (*key, q.item.clone())).collect();
+            let model_order: Vec<_> = model.iter().map(|(key, item)| (*key, item.clone())).collect();
+            proptest::prop_assert_eq!(in_key_order, model_order);
+            // Restored, every item sits in the deque; state, equality and bytes are unchanged.
+            let bytes = rmp_serde::to_vec(&queue).expect("encodes");
+            let back: CompactionQueue = rmp_serde::from_slice(&bytes).expect("decodes");
+            proptest::prop_assert!(back.out_of_order.is_empty());
+            proptest::prop_assert_eq!(&back, &queue);
+            proptest::prop_assert_eq!(rmp_serde::to_vec(&back).expect("encodes"), bytes);
+        }
+    }
+
+    #[test]
+    fn encodes_like_the_map_it_replaced() {
+        #[derive(Serialize)]
+        struct Before {
+            items: BTreeMap<QueueKey, Queued>,
+            next_seq: u64,
+        }
+        let mut queue = CompactionQueue::default();
+        let mut before = Before {
+            items: BTreeMap::new(),
+            next_seq: 0,
+        };
+        for (due_ms, name) in [(30, "a"), (10, "b"), (30, "c"), (20, "d")] {
+            let key = queue.push(due_ms, nonce(name), None);
+            before.items.insert(
+                key,
+                Queued {
+                    item: nonce(name),
+                    retained: None,
+                },
+            );
+            before.next_seq += 1;
+        }
+        assert!(
+            !queue.out_of_order.is_empty(),
+            "the test pushes out of order"
+        );
+        assert_eq!(
+            rmp_serde::to_vec(&queue).expect("encodes"),
+            rmp_serde::to_vec(&before).expect("encodes")
+        );
+    }
+
+    #[test]
+    fn a_restored_queue_numbered_past_its_counter_is_refused() {
+        let mut queue = CompactionQueue::default();
+        queue.push(10, nonce("a"), None);
+        queue.next_seq = 0;
+        let bytes = rmp_serde::to_vec(&queue).expect("encodes");
+        let error = rmp_serde::from_slice::<CompactionQueue>(&bytes).expect_err("refused");
+        assert!(
+            error.to_string().contains("at or above the next number"),
+            "{error}"
+        );
     }
 }

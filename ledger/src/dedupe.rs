@@ -102,7 +102,7 @@ impl Family {
         let key = self.compaction_queue.push(
             retained_due,
             item(candidate.header.event_id.clone()),
-            Some(Box::new(Retained { fields, event })),
+            Some(Retained { fields, event }),
         );
         RowIdentity {
             digest,

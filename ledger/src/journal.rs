@@ -20,6 +20,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::commit_index::BudgetCommitIndex;
 use crate::event::EventRecord;
+use crate::spare_capacity::release_spare;
 
 /// Two deques of equal length: the commit indices apart from the records, so a binary
 /// search reads 8 bytes per step instead of a record's cache line.
@@ -75,6 +76,8 @@ impl Journal {
             self.records.pop_front();
             self.indices.pop_front();
         }
+        release_spare(&mut self.records);
+        release_spare(&mut self.indices);
         passed
     }
 

@@ -23,6 +23,7 @@ mod journal;
 pub mod limits;
 pub mod reads;
 pub mod snapshot;
+mod spare_capacity;
 
 pub use account::{Account, AccountKey, GrantLimits, LegacyUnheld, UsageRecord};
 pub use cluster_time::ClusterParams;
