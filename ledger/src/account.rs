@@ -213,6 +213,37 @@ impl Account {
         Ok(next)
     }
 
+    /// Takes `next`'s totals. The limits are pinned when the row is created and never change,
+    /// so they are checked, not copied: a copy would update the reference count of the shared
+    /// currency string twice for every account every command changes.
+    pub(crate) fn take_totals(&mut self, next: &Account) {
+        assert!(
+            self.limits == next.limits,
+            "an account's pinned limits changed from {:?} to {:?}",
+            self.limits,
+            next.limits
+        );
+        let Account {
+            limits: _,
+            invocation_count,
+            reserved_invocations,
+            captured_invocations,
+            legacy_unheld,
+            total_cost_exposed_units,
+            total_cost_realized_spend_units,
+            seq,
+            updated_at_ms,
+        } = next;
+        self.invocation_count = *invocation_count;
+        self.reserved_invocations = *reserved_invocations;
+        self.captured_invocations = *captured_invocations;
+        self.legacy_unheld = *legacy_unheld;
+        self.total_cost_exposed_units = *total_cost_exposed_units;
+        self.total_cost_realized_spend_units = *total_cost_realized_spend_units;
+        self.seq = *seq;
+        self.updated_at_ms = *updated_at_ms;
+    }
+
     /// The row's own consistency, asserted after every change.
     pub fn assert_consistent(&self, key: &AccountKey) {
         let slots = u64::from(self.reserved_invocations)

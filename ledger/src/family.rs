@@ -188,7 +188,7 @@ impl Books<'_> {
         for image in images {
             image.account.assert_consistent(&image.key);
             match self.accounts.get_mut(&image.key) {
-                Some(row) => *row = image.account.clone(),
+                Some(row) => row.take_totals(&image.account),
                 None => {
                     self.accounts
                         .insert(image.key.clone(), image.account.clone());
