@@ -328,6 +328,9 @@ impl HashWriter {
         self.fields.begin(field);
     }
 
+    /// Inlined into every writer, so the buffer length and the field hash state stay in
+    /// registers across a command's twenty-odd small writes (measured: +2–3% on apply).
+    #[inline(always)]
     fn bytes(&mut self, bytes: &[u8]) {
         self.fields.write(bytes);
         if self.len + bytes.len() > self.buf.len() {

@@ -107,6 +107,7 @@ impl FieldHasher {
         self.state = K;
     }
 
+    #[inline(always)]
     pub fn write(&mut self, bytes: &[u8]) {
         if self.current.is_none() {
             return;
