@@ -56,6 +56,10 @@ pub(crate) struct Queued {
 ///
 /// Encoded, compared and restored as one map in key order: how items are split between the
 /// deque and the tree depends on the order they were pushed in, never on the state.
+/// How much later than a new item the deque's last item may fall due before it moves to the
+/// tree. Deadlines of ordinary commands differ by seconds; this keeps them all in the deque.
+const MAX_IN_ORDER_GAP_MS: u64 = 60_000;
+
 #[derive(Clone, Default)]
 pub(crate) struct CompactionQueue {
     /// Strictly increasing keys.
@@ -82,6 +86,16 @@ impl CompactionQueue {
             .checked_add(1)
             .expect("compaction sequence numbers are 64-bit and never run out");
         let queued = Queued { item, retained };
+        // An item due far later than this one (a command with a deadline hours away) leaves
+        // the deque for the tree: kept at the back, it would send every item after it to the
+        // tree until it falls due. Each item moves at most once.
+        while let Some((last, _)) = self.in_order.back() {
+            if last.due_ms <= due_ms.saturating_add(MAX_IN_ORDER_GAP_MS) {
+                break;
+            }
+            let (last, outlier) = self.in_order.pop_back().expect("the deque has a back");
+            self.out_of_order.insert(last, outlier);
+        }
         // `seq` only grows, so a key due no earlier than the deque's last is above it.
         if self
             .in_order
@@ -275,7 +289,14 @@ mod tests {
         /// mix of in-order and out-of-order pushes came before; the encoding is the map's.
         #[test]
         fn agrees_with_an_ordered_map(
-            steps in proptest::collection::vec((0u64..50, proptest::bool::ANY, 0u64..60), 1..200)
+            steps in proptest::collection::vec(
+                (
+                    proptest::prop_oneof![0u64..50, 70_000u64..70_050, 200_000u64..200_010],
+                    proptest::bool::ANY,
+                    proptest::prop_oneof![0u64..60, 69_990u64..70_060, 199_990u64..200_020],
+                ),
+                1..200,
+            )
         ) {
             let mut queue = CompactionQueue::default();
             let mut model: BTreeMap<QueueKey, CompactionItem> = BTreeMap::new();
@@ -361,6 +382,36 @@ mod tests {
         assert!(
             error.to_string().contains("at or above the next number"),
             "{error}"
+        );
+    }
+
+    #[test]
+    fn an_item_due_much_later_leaves_the_deque_for_the_tree() {
+        let mut queue = CompactionQueue::default();
+        queue.push(10, nonce("a"), None);
+        let far = queue.push(10 + 24 * 3_600_000, nonce("far"), None);
+        for (n, due_ms) in [20, 30, 40].into_iter().enumerate() {
+            queue.push(due_ms, nonce(&format!("n{n}")), None);
+        }
+        assert_eq!(
+            queue.in_order.len(),
+            4,
+            "the ordinary items stay in the deque"
+        );
+        assert_eq!(queue.out_of_order.len(), 1);
+        assert_eq!(queue.get(&far).map(|q| &q.item), Some(&nonce("far")));
+        let popped: Vec<_> = std::iter::from_fn(|| queue.pop_due(u64::MAX))
+            .map(|q| q.item)
+            .collect();
+        assert_eq!(
+            popped,
+            [
+                nonce("a"),
+                nonce("n0"),
+                nonce("n1"),
+                nonce("n2"),
+                nonce("far")
+            ]
         );
     }
 }
