@@ -146,12 +146,20 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<RunReport> {
 
     // Liveness: a leader, every unknown resolved, replicas converged.
     nemesis::heal(&mut cluster).await;
-    let liveness = match cluster.wait_leader(LIVENESS).await {
-        Ok((leader, term)) => format!("leader {leader} at term {term} after healing"),
-        Err(error) => format!("FAILED: {error:#}"),
+    let (liveness, has_leader) = match cluster.wait_leader(LIVENESS).await {
+        Ok((leader, term)) => (
+            format!("leader {leader} at term {term} after healing"),
+            true,
+        ),
+        Err(error) => (format!("FAILED: {error:#}"), false),
     };
     let history = recorder.snapshot();
-    let resolutions = resolve_unknowns(&cluster, &history).await?;
+    let resolutions = if has_leader {
+        resolve_unknowns(&cluster, &history).await?
+    } else {
+        // Nothing can commit: every unknown stays one, and the checker reports each.
+        unresolved(&history, "no leader after healing")
+    };
     // Abandoned holds expire 1.5 s after they were opened; let the leader's expiry run.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (replicas, converged) = read_replicas(&cluster, &profile.workload).await;
@@ -238,6 +246,9 @@ async fn resolve_unknowns(
     let mut config = workload::client_config(cluster.client_endpoints());
     config.resolve_for = LIVENESS / 2;
     let client = Arc::new(TallyClient::new(config)?);
+    // One budget for the whole phase: a cluster that stops answering must end the run with a
+    // report, not keep it waiting chunk after chunk.
+    let deadline = tokio::time::Instant::now() + LIVENESS;
     let unknowns: Vec<_> = history
         .iter()
         .filter(|op| matches!(op.result, OpResult::Info { .. }))
@@ -249,12 +260,20 @@ async fn resolve_unknowns(
         for op in chunk {
             let (client, op) = (client.clone(), op.clone());
             tasks.spawn(async move {
-                let outcome = client.resolve(op.command.clone()).await;
+                let settlement =
+                    match tokio::time::timeout_at(deadline, client.resolve(op.command.clone()))
+                        .await
+                    {
+                        Ok(outcome) => Settlement::from_outcome(&outcome),
+                        Err(_) => Settlement::Unresolved {
+                            reason: format!("the resolve phase ran out of its {LIVENESS:?}"),
+                        },
+                    };
                 Resolution {
                     op_index: op.index,
                     event_id: op.event_id.clone(),
                     family: op.family.clone(),
-                    settlement: Settlement::from_outcome(&outcome),
+                    settlement,
                 }
             });
         }
@@ -266,8 +285,25 @@ async fn resolve_unknowns(
     Ok(out)
 }
 
+/// Every unknown of `history`, settled as unresolved for `reason`.
+fn unresolved(history: &[crate::history::Op], reason: &str) -> Vec<Resolution> {
+    history
+        .iter()
+        .filter(|op| matches!(op.result, OpResult::Info { .. }))
+        .map(|op| Resolution {
+            op_index: op.index,
+            event_id: op.event_id.clone(),
+            family: op.family.clone(),
+            settlement: Settlement::Unresolved {
+                reason: reason.to_owned(),
+            },
+        })
+        .collect()
+}
+
 /// Every replica's final state, read at one applied index: all nodes at once, retried while
-/// entries still land (leader maintenance may propose a few after the workload stops).
+/// entries still land (leader maintenance may propose a few after the workload stops), within
+/// one `LIVENESS` budget in all: replicas that do not converge are reported, not waited for.
 async fn read_replicas(
     cluster: &ChaosCluster,
     workload: &workload::WorkloadConfig,
@@ -275,8 +311,16 @@ async fn read_replicas(
     let families = workload::family_ids(workload);
     let mut replicas = Vec::new();
     let mut converged = None;
+    let deadline = Instant::now() + LIVENESS;
     for _ in 0..READ_ROUNDS {
-        converged = cluster.wait_converged(LIVENESS).await.ok();
+        let left = deadline.saturating_duration_since(Instant::now());
+        converged = match cluster.wait_converged(left).await {
+            Ok(index) => Some(index),
+            Err(error) => {
+                tracing::warn!(%error, "replicas did not converge");
+                None
+            }
+        };
         let reads = cluster
             .ids()
             .into_iter()
@@ -305,7 +349,7 @@ async fn read_replicas(
             && replicas
                 .windows(2)
                 .all(|w| w[0].applied_index == w[1].applied_index);
-        if stable {
+        if stable || Instant::now() >= deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;

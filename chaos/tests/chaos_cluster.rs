@@ -9,19 +9,30 @@ use tally_chaos::run::{run, RunOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_cluster_smoke_run_passes_the_checker() {
-    let dir = tempfile::tempdir().expect("temp dir");
+    // Kept when the test fails, for the node logs and the report; removed when it passes.
+    let dir = tempfile::Builder::new()
+        .prefix("chaos-smoke-")
+        .tempdir()
+        .expect("temp dir")
+        .keep();
     let options = RunOptions {
         profile: Profile::new(ProfileName::Ci, Some(15)),
         seed: 20_261_130,
-        out: dir.path().to_owned(),
+        out: dir.clone(),
         node_binary: env!("CARGO_BIN_EXE_chaos-node").into(),
         kernel_binary: Some(env!("CARGO_BIN_EXE_chaos-kernel").into()),
     };
-    let report = tokio::time::timeout(Duration::from_secs(240), run(&options))
+    // Below nextest's 300 s limit: every phase of a run has its own budget, so even a cluster
+    // that stops answering ends in a report well before this.
+    let report = tokio::time::timeout(Duration::from_secs(280), run(&options))
         .await
-        .expect("the run is bounded")
-        .expect("the run completes");
-    let summary = tally_chaos::report::summary(&report);
+        .unwrap_or_else(|_| panic!("the run is bounded (out dir {})", dir.display()))
+        .unwrap_or_else(|error| panic!("the run completes: {error:#} (out dir {})", dir.display()));
+    let summary = format!(
+        "{}\nout dir (kept): {}",
+        tally_chaos::report::summary(&report),
+        dir.display()
+    );
     assert!(report.passed(), "{summary}");
     assert!(report.ops.total > 100, "{summary}");
     assert!(report.faults.len() >= 2, "{summary}");
@@ -33,6 +44,7 @@ async fn chaos_cluster_smoke_run_passes_the_checker() {
     let checked = report.check.kernel.as_ref().expect("the kernel checks ran");
     assert!(checked.receipts_checked > 0, "{summary}");
     for file in ["report.json", "summary.txt", "history.json", "timeline.png"] {
-        assert!(dir.path().join(file).exists(), "{file} written");
+        assert!(dir.join(file).exists(), "{file} written");
     }
+    std::fs::remove_dir_all(&dir).expect("remove the out dir of a passing run");
 }
