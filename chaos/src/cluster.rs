@@ -4,7 +4,6 @@
 //! the peers go through the proxies.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -19,6 +18,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::checker::{FamilyState, ReplicaState};
 use crate::kernel::KernelProcess;
+use crate::listen_port::reserved_listen_addr;
 use crate::process::{NodeProcess, NodeSpec};
 use crate::proxy::Network;
 
@@ -40,12 +40,6 @@ pub struct ChaosCluster {
     pub kernels: BTreeMap<u64, KernelProcess>,
 }
 
-/// A free port on 127.0.0.1 (released for the node to take).
-fn free_addr() -> anyhow::Result<SocketAddr> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("bind a free port")?;
-    Ok(listener.local_addr()?)
-}
-
 impl ChaosCluster {
     /// Starts `count` nodes from `binary` under `dir`, each behind a proxy, initializes the
     /// cluster and waits for a leader.
@@ -64,7 +58,7 @@ impl ChaosCluster {
             kernels: BTreeMap::new(),
         };
         for id in 1..=count {
-            let listen = free_addr()?;
+            let listen = reserved_listen_addr()?;
             let front = TcpListener::bind("127.0.0.1:0").await?;
             let front_addr = front.local_addr()?;
             cluster.proxy_tasks.push(net.spawn_proxy(id, front, listen));

@@ -22,6 +22,8 @@ use tally_kernel::tool::testing::{read_json_request, write_json_reply};
 use tally_kernel::{InMemoryRail, KeyPair, PaymentError, PublicKey};
 use tokio::task::JoinHandle;
 
+use crate::listen_port::reserved_listen_addr;
+
 /// The tool server and tool every kernel grant names.
 pub const TOOL_SERVER: &str = "chaos-tools";
 pub const TOOL: &str = "compute";
@@ -236,11 +238,6 @@ fn script_rail(faulty: &FaultyRail, rng: &mut StdRng) -> Vec<String> {
     out
 }
 
-fn free_addr() -> anyhow::Result<SocketAddr> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("bind a free port")?;
-    Ok(listener.local_addr()?)
-}
-
 impl KernelFleet {
     /// Starts the rail and the tool server, writes each kernel's config under `dir`, and
     /// returns the fleet and the (started, listening) kernel processes.
@@ -270,7 +267,7 @@ impl KernelFleet {
         let mut receipt_logs = Vec::new();
         for (index, key) in keys.iter().enumerate() {
             let id = index as u64 + 1;
-            let listen = free_addr()?;
+            let listen = reserved_listen_addr()?;
             let receipt_log = dir.join(format!("kernel-{id}-receipts.jsonl"));
             let _ = std::fs::remove_file(&receipt_log);
             let config = KernelNodeConfig {

@@ -26,6 +26,7 @@ pub mod history;
 pub mod kernel;
 pub mod kernel_workload;
 pub mod leader_watch;
+pub mod listen_port;
 pub mod nemesis;
 pub mod process;
 pub mod profile;
