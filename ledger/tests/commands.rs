@@ -712,15 +712,24 @@ fn validation_rejects_bad_ids_reserved_prefix_and_too_many_ancestors() {
     assert!(
         matches!(h.err_unchanged(cmd), LedgerError::InvalidArgument { field, .. } if field == "ancestors")
     );
-    let dup = vec![
-        ancestor("parent", 0, limits()),
-        ancestor("parent", 0, limits()),
-    ];
-    let cmd = h.authorize_with("h1", 1, limits(), dup, None);
-    assert!(matches!(
-        h.err_unchanged(cmd),
-        LedgerError::InvalidArgument { .. }
-    ));
+    // SPEC.md §8: a hold reserves once on each account of the chain, so an account may not
+    // appear twice: not two equal ancestors, and not the grant's own account as an ancestor
+    // (either would reserve twice on one account).
+    for dup in [
+        vec![
+            ancestor("parent", 0, limits()),
+            ancestor("root", 0, limits()),
+            ancestor("parent", 0, limits()),
+        ],
+        vec![ancestor("parent", 0, limits()), ancestor(CAP, 0, limits())],
+    ] {
+        let cmd = h.authorize_with("h1", 1, limits(), dup, None);
+        let err = h.err_unchanged(cmd);
+        assert!(
+            matches!(&err, LedgerError::InvalidArgument { field, reason } if field == "ancestors" && reason.contains("appears twice")),
+            "{err}"
+        );
+    }
     let wrong_family = Command::ExpireHolds {
         family_id: "other".into(),
         up_to_ms: 0,
