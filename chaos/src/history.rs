@@ -76,6 +76,23 @@ pub struct Op {
     pub result: OpResult,
 }
 
+impl Op {
+    /// The call's outcome is unknown: the liveness phase must settle it.
+    pub fn is_unknown(&self) -> bool {
+        matches!(self.result, OpResult::Info { .. })
+    }
+
+    /// How this unknown call was settled.
+    pub fn settled(&self, settlement: Settlement) -> Resolution {
+        Resolution {
+            op_index: self.index,
+            event_id: self.event_id.clone(),
+            family: self.family.clone(),
+            settlement,
+        }
+    }
+}
+
 /// How an unknown was settled in the liveness phase (through `ResolveEvent`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]

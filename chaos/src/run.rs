@@ -14,7 +14,7 @@ use tally_client::TallyClient;
 
 use crate::checker::{self, CheckInput, ReplicaState};
 use crate::cluster::ChaosCluster;
-use crate::history::{OpResult, Recorder, Resolution, Settlement};
+use crate::history::{Recorder, Resolution, Settlement};
 use crate::kernel::KernelFleet;
 use crate::kernel_workload::{self, KernelHistory, KernelOp, KernelWorkloadConfig};
 use crate::leader_watch::{leader_changes, LeaderWatch};
@@ -251,7 +251,7 @@ async fn resolve_unknowns(
     let deadline = tokio::time::Instant::now() + LIVENESS;
     let unknowns: Vec<_> = history
         .iter()
-        .filter(|op| matches!(op.result, OpResult::Info { .. }))
+        .filter(|op| op.is_unknown())
         .cloned()
         .collect();
     let mut out = Vec::with_capacity(unknowns.len());
@@ -269,12 +269,7 @@ async fn resolve_unknowns(
                             reason: format!("the resolve phase ran out of its {LIVENESS:?}"),
                         },
                     };
-                Resolution {
-                    op_index: op.index,
-                    event_id: op.event_id.clone(),
-                    family: op.family.clone(),
-                    settlement,
-                }
+                op.settled(settlement)
             });
         }
         while let Some(done) = tasks.join_next().await {
@@ -289,14 +284,11 @@ async fn resolve_unknowns(
 fn unresolved(history: &[crate::history::Op], reason: &str) -> Vec<Resolution> {
     history
         .iter()
-        .filter(|op| matches!(op.result, OpResult::Info { .. }))
-        .map(|op| Resolution {
-            op_index: op.index,
-            event_id: op.event_id.clone(),
-            family: op.family.clone(),
-            settlement: Settlement::Unresolved {
+        .filter(|op| op.is_unknown())
+        .map(|op| {
+            op.settled(Settlement::Unresolved {
                 reason: reason.to_owned(),
-            },
+            })
         })
         .collect()
 }

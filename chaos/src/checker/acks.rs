@@ -111,7 +111,7 @@ fn check_no_free_after_unknown(history: &[Op], report: &mut CheckReport) {
             }
         }
         let gates = matches!(op.kind, "authorize_hold" | "capture_invocation");
-        if gates && matches!(op.result, OpResult::Info { .. }) {
+        if gates && op.is_unknown() {
             unknown_at.entry(key).or_insert(op.completed_ms);
         }
     }
@@ -126,7 +126,7 @@ fn check_unknowns(
 ) {
     let by_op: BTreeMap<u64, &Resolution> = resolutions.iter().map(|r| (r.op_index, r)).collect();
     for op in history {
-        if !matches!(op.result, OpResult::Info { .. }) {
+        if !op.is_unknown() {
             continue;
         }
         let family = op.family.as_str();
