@@ -56,6 +56,13 @@ pub(crate) struct Queued {
 ///
 /// Encoded, compared and restored as one map in key order: how items are split between the
 /// deque and the tree depends on the order they were pushed in, never on the state.
+/// Where an item waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    InOrder,
+    OutOfOrder,
+}
+
 /// How much later than a new item the deque's last item may fall due before it moves to the
 /// tree. Deadlines of ordinary commands differ by seconds; this keeps them all in the deque.
 const MAX_IN_ORDER_GAP_MS: u64 = 60_000;
@@ -119,36 +126,35 @@ impl CompactionQueue {
 
     /// The first item whose due time is before `now_ms`, taken out of the queue.
     pub fn pop_due(&mut self, now_ms: u64) -> Option<Queued> {
-        let deque_first = self.in_order.front().map(|(key, _)| *key);
-        let tree_first = self.out_of_order.first_key_value().map(|(key, _)| *key);
-        let from_deque = match (deque_first, tree_first) {
-            (None, None) => return None,
-            (Some(d), Some(t)) => d < t,
-            (deque, _) => deque.is_some(),
-        };
-        let first = if from_deque { deque_first } else { tree_first };
-        if first.is_none_or(|key| key.due_ms >= now_ms) {
+        let (first, side) = self.first()?;
+        if first.due_ms >= now_ms {
             return None;
         }
-        if from_deque {
-            let popped = self.in_order.pop_front().map(|(_, queued)| queued);
-            release_spare(&mut self.in_order);
-            popped
-        } else {
-            self.out_of_order.pop_first().map(|(_, queued)| queued)
+        match side {
+            Side::InOrder => {
+                let popped = self.in_order.pop_front().map(|(_, queued)| queued);
+                release_spare(&mut self.in_order);
+                popped
+            }
+            Side::OutOfOrder => self.out_of_order.pop_first().map(|(_, queued)| queued),
         }
     }
 
     /// The earliest due time, if any item waits.
     pub fn first_due_ms(&self) -> Option<u64> {
-        let deque = self.in_order.front().map(|(key, _)| key.due_ms);
-        let tree = self
+        self.first().map(|(key, _)| key.due_ms)
+    }
+
+    /// The smallest key, and which side holds it: the smaller of the two fronts.
+    fn first(&self) -> Option<(QueueKey, Side)> {
+        let in_order = self.in_order.front().map(|(key, _)| (*key, Side::InOrder));
+        let out_of_order = self
             .out_of_order
             .first_key_value()
-            .map(|(key, _)| key.due_ms);
-        match (deque, tree) {
-            (Some(d), Some(t)) => Some(d.min(t)),
-            (d, t) => d.or(t),
+            .map(|(key, _)| (*key, Side::OutOfOrder));
+        match (in_order, out_of_order) {
+            (Some(a), Some(b)) => Some(if a.0 < b.0 { a } else { b }),
+            (a, b) => a.or(b),
         }
     }
 
