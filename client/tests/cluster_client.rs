@@ -318,4 +318,5 @@ async fn a_client_that_knows_only_a_follower_moves_to_the_leader_after_one_write
         assert!(matches!(outcome, Outcome::Decided(_)), "{outcome:?}");
     }
     assert_eq!(forwarded(), 1, "batches go to the leader too");
+    cluster.shutdown().await;
 }
