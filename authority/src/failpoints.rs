@@ -111,6 +111,8 @@ mod tests {
 
     #[test]
     fn kinds_are_the_command_names_once_each() {
+        // As in chaos-node; harmless to other tests: no point is armed by enabling.
+        enable();
         let command = Command::ExpireHolds {
             family_id: "f".into(),
             up_to_ms: 1,
