@@ -23,9 +23,44 @@ fn command(event: String, op: Operation, now_ms: u64) -> Command {
     })
 }
 
+/// How the bench names a call's request: a counter (consecutive ids share their path in the
+/// family's id-ordered tables, the kindest case) or a random UUID, as kernels name requests.
+#[derive(Clone, Copy)]
+enum RequestIds {
+    Sequential,
+    Random,
+}
+
+impl RequestIds {
+    fn request_id(self, n: u64) -> String {
+        match self {
+            Self::Sequential => format!("req-{n}"),
+            Self::Random => {
+                let (a, b) = (splitmix64(n), splitmix64(n ^ 0x5851_f42d_4c95_7f2d));
+                format!(
+                    "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+                    a >> 32,
+                    (a >> 16) & 0xffff,
+                    a & 0xfff,
+                    b >> 48,
+                    b & 0xffff_ffff_ffff
+                )
+            }
+        }
+    }
+}
+
+/// A fixed pseudo-random permutation of `u64`, so runs name the same requests.
+fn splitmix64(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// The three commands of one monetary tool call, stamped at `now_ms`.
-fn tool_call(n: u64, now_ms: u64) -> [Command; 3] {
-    let hold = HoldId::from(format!("budget-hold:req-{n}:cap:0"));
+fn tool_call(ids: RequestIds, n: u64, now_ms: u64) -> [Command; 3] {
+    let hold = HoldId::from(format!("budget-hold:{}:cap:0", ids.request_id(n)));
     let limits = GrantLimits::monetary(None, Some(100), None, "USD");
     [
         command(
@@ -60,14 +95,16 @@ fn tool_call(n: u64, now_ms: u64) -> [Command; 3] {
 }
 
 struct Driver {
+    ids: RequestIds,
     family: Family,
     log_index: u64,
     calls: u64,
 }
 
 impl Driver {
-    fn new() -> Self {
+    fn new(ids: RequestIds) -> Self {
         Self {
+            ids,
             family: Family::new("fam".into()),
             log_index: 0,
             calls: 0,
@@ -89,7 +126,7 @@ impl Driver {
         let mut prepared = Vec::with_capacity(calls as usize);
         for _ in 0..calls {
             let now_ms = self.now_ms();
-            prepared.push((now_ms, tool_call(self.calls, now_ms)));
+            prepared.push((now_ms, tool_call(self.ids, self.calls, now_ms)));
             self.calls += 1;
         }
         let start = Instant::now();
@@ -119,7 +156,7 @@ fn apply(c: &mut Criterion) {
     let mut group = c.benchmark_group("ledger");
     group.throughput(Throughput::Elements(3));
     group.measurement_time(Duration::from_secs(5));
-    let mut driver = Driver::new();
+    let mut driver = Driver::new(RequestIds::Sequential);
     group.bench_function("apply authorize+capture+reconcile (3 commands)", |b| {
         b.iter_custom(|iters| driver.run(iters))
     });
@@ -140,14 +177,22 @@ fn fresh_family(c: &mut Criterion) {
     let mut group = c.benchmark_group("ledger fresh family");
     group.throughput(Throughput::Elements(3 * CALLS));
     group.sample_size(10);
-    group.bench_function("20k calls (authorize+capture+reconcile)", |b| {
-        b.iter_custom(|iters| (0..iters).map(|_| Driver::new().run(CALLS)).sum())
-    });
+    for (name, ids) in [
+        (
+            "20k calls (authorize+capture+reconcile)",
+            RequestIds::Sequential,
+        ),
+        ("20k calls, random request ids", RequestIds::Random),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| (0..iters).map(|_| Driver::new(ids).run(CALLS)).sum())
+        });
+    }
     group.finish();
 }
 
 fn snapshot(c: &mut Criterion) {
-    let mut driver = Driver::new();
+    let mut driver = Driver::new(RequestIds::Sequential);
     driver.run(10_000);
     let bytes = driver.family.to_snapshot_bytes();
     let mut group = c.benchmark_group("ledger snapshot");

@@ -31,6 +31,12 @@ macro_rules! id_type {
             }
         }
 
+        impl crate::id_map::IdBytes for $name {
+            fn id_bytes(&self) -> &[u8] {
+                self.0.as_bytes()
+            }
+        }
+
         impl fmt::Debug for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 write!(f, "{:?}", &*self.0)

@@ -15,6 +15,7 @@ pub mod error;
 pub mod event;
 pub mod family;
 pub mod hold;
+mod id_map;
 pub mod identity;
 mod identity_fields;
 pub mod ids;

@@ -1,8 +1,6 @@
 //! Finding the hold a command names, expiring it when it is due, and ending a hold: the
 //! pieces every hold command shares.
 
-use std::collections::BTreeMap;
-
 use crate::command::ClientCommand;
 use crate::commit_index::BudgetCommitIndex;
 use crate::compaction_queue::CompactionItem;
@@ -10,6 +8,7 @@ use crate::error::{checked_add, checked_sub, checked_sub_u32, LedgerError, Preco
 use crate::event::{AccountImage, EventKind, EventRecord};
 use crate::family::{Books, Keep, NewEvent, Step};
 use crate::hold::{ArchivedHold, Hold, HoldSlot, HoldTransition, InvocationState, MonetaryState};
+use crate::id_map::IdMap;
 use crate::ids::{CapabilityId, EventId, HoldId};
 
 /// What `touch_hold` found.
@@ -39,7 +38,7 @@ pub(crate) fn hold_expired(hold_id: &HoldId) -> LedgerError {
 /// is expired first (an `expire_hold` event), as SPEC.md §4 requires of any command that
 /// touches it.
 pub(crate) fn touch_hold<'h>(
-    holds: &'h mut BTreeMap<HoldId, HoldSlot>,
+    holds: &'h mut IdMap<HoldId, HoldSlot>,
     books: &mut Books<'_>,
     hold_id: &HoldId,
     cmd: &ClientCommand,
