@@ -21,13 +21,13 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// An id whose bytes the map hashes.
-pub(crate) trait IdBytes {
+pub trait IdBytes {
     fn id_bytes(&self) -> &[u8];
 }
 
 /// The map's key: the id's stable hash, then the id (derived order: hash first).
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct HashedId<K> {
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HashedId<K> {
     hash: u64,
     id: K,
 }
@@ -39,13 +39,17 @@ impl<K: IdBytes> HashedId<K> {
             id,
         }
     }
+
+    pub fn id(&self) -> &K {
+        &self.id
+    }
 }
 
 /// A 64-bit hash of `bytes` that never changes: 8 bytes at a time, little-endian, each
 /// multiplied into the state, then a final mix so nearby ids spread over the whole range.
 /// Not a defence against chosen collisions, and it need not be: colliding ids only fall
 /// back to comparing bytes, as an id-ordered map always does.
-pub(crate) fn stable_hash(bytes: &[u8]) -> u64 {
+pub fn stable_hash(bytes: &[u8]) -> u64 {
     const K: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut state = (bytes.len() as u64).wrapping_mul(K);
     let mut words = bytes.chunks_exact(8);
@@ -63,7 +67,7 @@ pub(crate) fn stable_hash(bytes: &[u8]) -> u64 {
 }
 
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) struct IdMap<K, V> {
+pub struct IdMap<K, V> {
     rows: BTreeMap<HashedId<K>, V>,
 }
 
@@ -100,6 +104,14 @@ impl<K: IdBytes + Clone + Ord, V> IdMap<K, V> {
 
     pub fn entry(&mut self, id: K) -> btree_map::Entry<'_, HashedId<K>, V> {
         self.rows.entry(HashedId::new(id))
+    }
+
+    pub fn contains_key(&self, id: &K) -> bool {
+        self.rows.contains_key(&Self::key(id))
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -203,6 +215,7 @@ mod tests {
             assert_eq!(map.get(&id), model.get(&id));
             assert_eq!(map.remove(&id), model.remove(&id));
         }
+        assert_eq!(map.len(), model.len());
         assert_eq!(map.iter().count(), model.len());
         let mut rows: Vec<(EventId, u32)> = map.iter().map(|(k, v)| (k.clone(), *v)).collect();
         let order: Vec<EventId> = rows.iter().map(|(k, _)| k.clone()).collect();

@@ -31,7 +31,7 @@ macro_rules! id_type {
             }
         }
 
-        impl crate::id_map::IdBytes for $name {
+        impl $crate::id_map::IdBytes for $name {
             fn id_bytes(&self) -> &[u8] {
                 self.0.as_bytes()
             }

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ractor::{ActorRef, ActorRuntime};
-use tally_ledger::{Family, FamilyId};
+use tally_ledger::{Family, FamilyId, HashedId, IdMap};
 use tokio::sync::oneshot;
 
 use super::error::RouterError;
@@ -24,11 +24,14 @@ pub(crate) enum Located<'a> {
     Absent,
 }
 
+/// Live families are found by a hash of the id first (`IdMap`): every round looks up each of
+/// its families here, and many families share a last-used index, so the LRU order breaks
+/// those ties by hash too, not by comparing id bytes.
 #[derive(Default)]
 pub(crate) struct ActorTable {
-    live: BTreeMap<FamilyId, LiveActor>,
+    live: IdMap<FamilyId, LiveActor>,
     /// `(last_used, family)`, least recently used first.
-    lru: BTreeSet<(u64, FamilyId)>,
+    lru: BTreeSet<(u64, HashedId<FamilyId>)>,
     passivated: BTreeMap<FamilyId, Vec<u8>>,
 }
 
@@ -82,13 +85,14 @@ impl ActorTable {
         log_index: u64,
     ) -> Result<ActorRef<FamilyMsg>, RouterError> {
         if let Some(live) = self.live.get_mut(family_id) {
-            let removed = self.lru.remove(&(live.last_used, family_id.clone()));
+            let key = HashedId::new(family_id.clone());
+            let removed = self.lru.remove(&(live.last_used, key.clone()));
             assert!(
                 removed,
                 "family {family_id} is live but not in the LRU order"
             );
             live.last_used = log_index;
-            self.lru.insert((log_index, family_id.clone()));
+            self.lru.insert((log_index, key));
             return Ok(live.actor.clone());
         }
         let start = match self.passivated.remove(family_id) {
@@ -114,7 +118,8 @@ impl ActorTable {
                 last_used: log_index,
             },
         );
-        self.lru.insert((log_index, family_id.clone()));
+        self.lru
+            .insert((log_index, HashedId::new(family_id.clone())));
         Ok(actor)
     }
 
@@ -124,7 +129,7 @@ impl ActorTable {
         self.lru
             .iter()
             .take(excess)
-            .map(|(_, family)| family.clone())
+            .map(|(_, family)| family.id().clone())
             .collect()
     }
 
@@ -133,7 +138,7 @@ impl ActorTable {
         self.lru
             .iter()
             .take_while(|(used, _)| *used < before)
-            .map(|(_, family)| family.clone())
+            .map(|(_, family)| family.id().clone())
             .collect()
     }
 
@@ -185,7 +190,9 @@ impl ActorTable {
             .live
             .remove(family_id)
             .unwrap_or_else(|| panic!("family {family_id} detached but not live"));
-        let removed = self.lru.remove(&(live.last_used, family_id.clone()));
+        let removed = self
+            .lru
+            .remove(&(live.last_used, HashedId::new(family_id.clone())));
         assert!(
             removed,
             "family {family_id} is live but not in the LRU order"

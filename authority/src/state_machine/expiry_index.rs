@@ -2,24 +2,28 @@
 //! expiry and next compaction. The leader reads it on a timer to propose `ExpireHolds`, which
 //! also runs an idle family's compaction. Replicated state: it is updated only from apply
 //! replies, so it does not depend on which families happen to be live.
+//!
+//! Every round updates it for each family it touched: families are found by a hash of the id
+//! first (`IdMap`), and families due at the same time are ordered by that hash too, so an
+//! update compares integers, not id bytes. The hash is fixed, so every replica orders alike.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tally_ledger::FamilyId;
+use tally_ledger::{FamilyId, HashedId, IdMap};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ExpiryIndex {
-    by_time: BTreeSet<(u64, FamilyId)>,
-    due_at: BTreeMap<FamilyId, u64>,
+    by_time: BTreeSet<(u64, HashedId<FamilyId>)>,
+    due_at: IdMap<FamilyId, u64>,
 }
 
 impl ExpiryIndex {
     pub fn from_map(due_at: BTreeMap<FamilyId, u64>) -> Self {
-        let by_time = due_at
-            .iter()
-            .map(|(family, at)| (*at, family.clone()))
-            .collect();
-        Self { by_time, due_at }
+        let mut index = Self::default();
+        for (family, at) in due_at {
+            index.set(&family, Some(at));
+        }
+        index
     }
 
     /// Records a family's next maintenance time (`None`: nothing scheduled). Called for every
@@ -36,15 +40,16 @@ impl ExpiryIndex {
                 None
             }
         };
+        let key = HashedId::new(family_id.clone());
         if let Some(previous) = previous {
-            let removed = self.by_time.remove(&(previous, family_id.clone()));
+            let removed = self.by_time.remove(&(previous, key.clone()));
             assert!(
                 removed,
                 "expiry index: {family_id} was in the map but not in the set"
             );
         }
         if let Some(at) = due_ms {
-            self.by_time.insert((at, family_id.clone()));
+            self.by_time.insert((at, key));
         }
         assert_eq!(
             self.due_at.len(),
@@ -53,13 +58,14 @@ impl ExpiryIndex {
         );
     }
 
-    /// Families whose maintenance time is at or before `now_ms`, earliest first.
+    /// Families whose maintenance time is at or before `now_ms`, earliest first (ties in the
+    /// order of the ids' hashes).
     pub fn due(&self, now_ms: u64, limit: usize) -> Vec<FamilyId> {
         self.by_time
             .iter()
             .take_while(|(at, _)| *at <= now_ms)
             .take(limit)
-            .map(|(_, family)| family.clone())
+            .map(|(_, family)| family.id().clone())
             .collect()
     }
 
@@ -67,8 +73,12 @@ impl ExpiryIndex {
         self.due_at.get(family_id).copied()
     }
 
-    pub fn as_map(&self) -> &BTreeMap<FamilyId, u64> {
-        &self.due_at
+    /// Every scheduled family and its time, in id order: how snapshots and digests carry it.
+    pub fn to_map(&self) -> BTreeMap<FamilyId, u64> {
+        self.due_at
+            .iter()
+            .map(|(family, at)| (family.clone(), *at))
+            .collect()
     }
 }
 
@@ -95,7 +105,7 @@ mod tests {
         index.set(&a, None);
         index.set(&FamilyId::from("c"), None);
         assert!(index.due(25, 10).is_empty());
-        assert_eq!(index.as_map().len(), 1, "only b is scheduled");
-        assert_eq!(index, ExpiryIndex::from_map(index.as_map().clone()));
+        assert_eq!(index.to_map().len(), 1, "only b is scheduled");
+        assert_eq!(index, ExpiryIndex::from_map(index.to_map()));
     }
 }

@@ -77,7 +77,7 @@ impl FamilyRouter {
         Ok(RouterSnapshot {
             format_version: SNAPSHOT_FORMAT_VERSION,
             state: self.state.clone(),
-            maintenance_due: self.expiry.as_map().clone(),
+            maintenance_due: self.expiry.to_map(),
             families,
         })
     }
@@ -124,7 +124,11 @@ impl FamilyRouter {
                 "family {family_id} is both live and passivated"
             );
         }
-        Ok(compose_digest(&self.state, self.expiry.as_map(), &families))
+        Ok(compose_digest(
+            &self.state,
+            &self.expiry.to_map(),
+            &families,
+        ))
     }
 }
 
