@@ -35,7 +35,7 @@ pub use error::{ConflictReason, LedgerError, PreconditionCode};
 pub use event::{AccountImage, EventKind, EventLookup, EventRecord};
 pub use family::{ApplyCtx, Family};
 pub use hold::{ArchivedHold, Hold, HoldStates, HoldView, InvocationState, MonetaryState};
-pub use id_map::{HashedId, IdMap};
+pub use id_map::{IdKey, IdMap};
 pub use ids::{AttemptId, CapabilityId, EventId, FamilyId, HoldId, NonceId};
 pub use reads::HoldFilter;
 pub use snapshot::SnapshotError;

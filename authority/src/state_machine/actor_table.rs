@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ractor::{ActorRef, ActorRuntime};
-use tally_ledger::{Family, FamilyId, HashedId, IdMap};
+use tally_ledger::{Family, FamilyId, IdKey, IdMap};
 use tokio::sync::oneshot;
 
 use super::error::RouterError;
@@ -24,14 +24,14 @@ pub(crate) enum Located<'a> {
     Absent,
 }
 
-/// Live families are found by a hash of the id first (`IdMap`): every round looks up each of
-/// its families here, and many families share a last-used index, so the LRU order breaks
-/// those ties by hash too, not by comparing id bytes.
+/// Live families are keyed by `IdKey` (the id's first 24 bytes inline, then the id): every
+/// round looks up each of its families here, and the families of one entry share a last-used
+/// index, so the LRU order breaks those ties by the same key, mostly without reading id bytes.
 #[derive(Default)]
 pub(crate) struct ActorTable {
     live: IdMap<FamilyId, LiveActor>,
     /// `(last_used, family)`, least recently used first.
-    lru: BTreeSet<(u64, HashedId<FamilyId>)>,
+    lru: BTreeSet<(u64, IdKey<FamilyId>)>,
     passivated: BTreeMap<FamilyId, Vec<u8>>,
 }
 
@@ -85,7 +85,7 @@ impl ActorTable {
         log_index: u64,
     ) -> Result<ActorRef<FamilyMsg>, RouterError> {
         if let Some(live) = self.live.get_mut(family_id) {
-            let key = HashedId::new(family_id.clone());
+            let key = IdKey::new(family_id.clone());
             let removed = self.lru.remove(&(live.last_used, key.clone()));
             assert!(
                 removed,
@@ -118,8 +118,7 @@ impl ActorTable {
                 last_used: log_index,
             },
         );
-        self.lru
-            .insert((log_index, HashedId::new(family_id.clone())));
+        self.lru.insert((log_index, IdKey::new(family_id.clone())));
         Ok(actor)
     }
 
@@ -192,7 +191,7 @@ impl ActorTable {
             .unwrap_or_else(|| panic!("family {family_id} detached but not live"));
         let removed = self
             .lru
-            .remove(&(live.last_used, HashedId::new(family_id.clone())));
+            .remove(&(live.last_used, IdKey::new(family_id.clone())));
         assert!(
             removed,
             "family {family_id} is live but not in the LRU order"

@@ -3,17 +3,17 @@
 //! also runs an idle family's compaction. Replicated state: it is updated only from apply
 //! replies, so it does not depend on which families happen to be live.
 //!
-//! Every round updates it for each family it touched: families are found by a hash of the id
-//! first (`IdMap`), and families due at the same time are ordered by that hash too, so an
-//! update compares integers, not id bytes. The hash is fixed, so every replica orders alike.
+//! Every round updates it for each family it touched: families are keyed by `IdKey` (the id's
+//! first 24 bytes inline, then the id; the same order as the ids), so an update mostly
+//! compares integers held in the tree, not id bytes behind pointers.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tally_ledger::{FamilyId, HashedId, IdMap};
+use tally_ledger::{FamilyId, IdKey, IdMap};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ExpiryIndex {
-    by_time: BTreeSet<(u64, HashedId<FamilyId>)>,
+    by_time: BTreeSet<(u64, IdKey<FamilyId>)>,
     due_at: IdMap<FamilyId, u64>,
 }
 
@@ -40,7 +40,7 @@ impl ExpiryIndex {
                 None
             }
         };
-        let key = HashedId::new(family_id.clone());
+        let key = IdKey::new(family_id.clone());
         if let Some(previous) = previous {
             let removed = self.by_time.remove(&(previous, key.clone()));
             assert!(
@@ -58,8 +58,7 @@ impl ExpiryIndex {
         );
     }
 
-    /// Families whose maintenance time is at or before `now_ms`, earliest first (ties in the
-    /// order of the ids' hashes).
+    /// Families whose maintenance time is at or before `now_ms`, earliest first.
     pub fn due(&self, now_ms: u64, limit: usize) -> Vec<FamilyId> {
         self.by_time
             .iter()
