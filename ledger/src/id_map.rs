@@ -170,10 +170,16 @@ where
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<IdMap<K, V>, A::Error> {
                 let mut rows = IdMap::default();
                 while let Some((id, row)) = map.next_entry::<K, V>()? {
-                    if let btree_map::Entry::Vacant(slot) = rows.entry(id.clone()) {
-                        slot.insert(row);
-                    } else {
-                        return Err(serde::de::Error::custom(format!("id {id:?} appears twice")));
+                    match rows.entry(id) {
+                        btree_map::Entry::Vacant(slot) => {
+                            slot.insert(row);
+                        }
+                        btree_map::Entry::Occupied(taken) => {
+                            return Err(serde::de::Error::custom(format!(
+                                "id {:?} appears twice",
+                                taken.key().id()
+                            )));
+                        }
                     }
                 }
                 Ok(rows)

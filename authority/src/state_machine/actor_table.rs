@@ -85,14 +85,15 @@ impl ActorTable {
         log_index: u64,
     ) -> Result<ActorRef<FamilyMsg>, RouterError> {
         if let Some(live) = self.live.get_mut(family_id) {
-            let key = IdKey::new(family_id.clone());
-            let removed = self.lru.remove(&(live.last_used, key.clone()));
+            // One key, moved from the old LRU row to the new one.
+            let mut row = (live.last_used, IdKey::new(family_id.clone()));
             assert!(
-                removed,
+                self.lru.remove(&row),
                 "family {family_id} is live but not in the LRU order"
             );
+            row.0 = log_index;
             live.last_used = log_index;
-            self.lru.insert((log_index, key));
+            self.lru.insert(row);
             return Ok(live.actor.clone());
         }
         let start = match self.passivated.remove(family_id) {

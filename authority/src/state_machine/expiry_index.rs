@@ -7,7 +7,7 @@
 //! first 24 bytes inline, then the id; the same order as the ids), so an update mostly
 //! compares integers held in the tree, not id bytes behind pointers.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use tally_ledger::{FamilyId, IdKey, IdMap};
 
@@ -18,12 +18,12 @@ pub struct ExpiryIndex {
 }
 
 impl ExpiryIndex {
-    pub fn from_map(due_at: BTreeMap<FamilyId, u64>) -> Self {
-        let mut index = Self::default();
-        for (family, at) in due_at {
-            index.set(&family, Some(at));
-        }
-        index
+    pub fn from_map(due_at: IdMap<FamilyId, u64>) -> Self {
+        let by_time = due_at
+            .iter()
+            .map(|(family, at)| (*at, IdKey::new(family.clone())))
+            .collect();
+        Self { by_time, due_at }
     }
 
     /// Records a family's next maintenance time (`None`: nothing scheduled). Called for every
@@ -40,16 +40,18 @@ impl ExpiryIndex {
                 None
             }
         };
-        let key = IdKey::new(family_id.clone());
+        // One key, moved from the old row to the new one.
+        let mut row = (0, IdKey::new(family_id.clone()));
         if let Some(previous) = previous {
-            let removed = self.by_time.remove(&(previous, key.clone()));
+            row.0 = previous;
             assert!(
-                removed,
+                self.by_time.remove(&row),
                 "expiry index: {family_id} was in the map but not in the set"
             );
         }
         if let Some(at) = due_ms {
-            self.by_time.insert((at, key));
+            row.0 = at;
+            self.by_time.insert(row);
         }
         assert_eq!(
             self.due_at.len(),
@@ -72,12 +74,10 @@ impl ExpiryIndex {
         self.due_at.get(family_id).copied()
     }
 
-    /// Every scheduled family and its time, in id order: how snapshots and digests carry it.
-    pub fn to_map(&self) -> BTreeMap<FamilyId, u64> {
-        self.due_at
-            .iter()
-            .map(|(family, at)| (family.clone(), *at))
-            .collect()
+    /// Every scheduled family and its time: how snapshots and digests carry it (it encodes
+    /// as an id-ordered map).
+    pub fn as_map(&self) -> &IdMap<FamilyId, u64> {
+        &self.due_at
     }
 }
 
@@ -104,7 +104,7 @@ mod tests {
         index.set(&a, None);
         index.set(&FamilyId::from("c"), None);
         assert!(index.due(25, 10).is_empty());
-        assert_eq!(index.to_map().len(), 1, "only b is scheduled");
-        assert_eq!(index, ExpiryIndex::from_map(index.to_map()));
+        assert_eq!(index.as_map().len(), 1, "only b is scheduled");
+        assert_eq!(index, ExpiryIndex::from_map(index.as_map().clone()));
     }
 }

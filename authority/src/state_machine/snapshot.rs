@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 use sha2::{Digest, Sha256};
 use tally_ledger::snapshot::digest_bytes;
-use tally_ledger::{Family, FamilyId};
+use tally_ledger::{Family, FamilyId, IdMap};
 
 use super::actor_table::ActorTable;
 use super::config::RouterConfig;
@@ -28,8 +28,8 @@ pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
 pub struct RouterSnapshot {
     pub format_version: u32,
     pub state: RouterState,
-    /// Each family's next maintenance time (the expiry index).
-    pub maintenance_due: BTreeMap<FamilyId, u64>,
+    /// Each family's next maintenance time (the expiry index; encoded as an id-ordered map).
+    pub maintenance_due: IdMap<FamilyId, u64>,
     /// Each family's canonical encoding (`Family::to_snapshot_bytes`).
     pub families: BTreeMap<FamilyId, ByteBuf>,
 }
@@ -77,7 +77,7 @@ impl FamilyRouter {
         Ok(RouterSnapshot {
             format_version: SNAPSHOT_FORMAT_VERSION,
             state: self.state.clone(),
-            maintenance_due: self.expiry.to_map(),
+            maintenance_due: self.expiry.as_map().clone(),
             families,
         })
     }
@@ -93,7 +93,8 @@ impl FamilyRouter {
         }
         if let Some(orphan) = snapshot
             .maintenance_due
-            .keys()
+            .iter()
+            .map(|(id, _)| id)
             .find(|id| !snapshot.families.contains_key(*id))
         {
             return Err(RouterError::Snapshot(format!(
@@ -124,17 +125,13 @@ impl FamilyRouter {
                 "family {family_id} is both live and passivated"
             );
         }
-        Ok(compose_digest(
-            &self.state,
-            &self.expiry.to_map(),
-            &families,
-        ))
+        Ok(compose_digest(&self.state, self.expiry.as_map(), &families))
     }
 }
 
 fn compose_digest(
     state: &RouterState,
-    maintenance_due: &BTreeMap<FamilyId, u64>,
+    maintenance_due: &IdMap<FamilyId, u64>,
     families: &BTreeMap<FamilyId, [u8; 32]>,
 ) -> [u8; 32] {
     let mut hasher = Sha256::new();
