@@ -38,6 +38,35 @@ struct Args {
     /// Write the JSON report here too.
     #[arg(long)]
     json_out: Option<PathBuf>,
+    /// A load to run, as `BATCH:CONCURRENCY` (batch 0 = unary calls); repeat for several, run
+    /// in order. Default: the README's three, `0:64`, `64:1024` and `256:1024`.
+    #[arg(long = "scenario", value_parser = parse_scenario)]
+    scenarios: Vec<(usize, usize)>,
+}
+
+/// Enough callers that the nodes, not the callers, are the limit: with 256 callers `Batch` 64
+/// left a quarter of the two cores idle (four batches in flight); 1,024 callers keep 16 in
+/// flight and saturate them.
+const DEFAULT_SCENARIOS: [(usize, usize); 3] = [(0, 64), (64, 1_024), (256, 1_024)];
+
+fn parse_scenario(text: &str) -> Result<(usize, usize), String> {
+    let (batch, concurrency) = text
+        .split_once(':')
+        .ok_or_else(|| format!("`{text}` is not BATCH:CONCURRENCY"))?;
+    let batch: usize = batch.parse().map_err(|e| format!("batch `{batch}`: {e}"))?;
+    let concurrency: usize = concurrency
+        .parse()
+        .map_err(|e| format!("concurrency `{concurrency}`: {e}"))?;
+    if batch > tally_api::MAX_BATCH_COMMANDS {
+        return Err(format!(
+            "batch {batch}: at most {}",
+            tally_api::MAX_BATCH_COMMANDS
+        ));
+    }
+    if !(1..=100_000).contains(&concurrency) {
+        return Err(format!("concurrency {concurrency}: 1..=100000"));
+    }
+    Ok((batch, concurrency))
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -77,11 +106,16 @@ async fn main() -> anyhow::Result<()> {
         cluster.endpoints.clone(),
     ))?);
     let mut scenarios = Vec::new();
-    for (name, batch, concurrency) in [
-        ("unary", 0, 64),
-        ("batch 64", 64, 256),
-        ("batch 256", 256, 1_024),
-    ] {
+    let scenarios_to_run = if args.scenarios.is_empty() {
+        DEFAULT_SCENARIOS.to_vec()
+    } else {
+        args.scenarios.clone()
+    };
+    for (batch, concurrency) in scenarios_to_run {
+        let name = match batch {
+            0 => "unary".to_owned(),
+            batch => format!("batch {batch}"),
+        };
         let before = cluster.leader_last_log().await?;
         let bench = BenchArgs {
             families: args.families,
@@ -98,7 +132,7 @@ async fn main() -> anyhow::Result<()> {
             .saturating_sub(before)
             .max(1);
         let scenario = Scenario {
-            name: name.to_owned(),
+            name,
             commands_per_entry: report.commands as f64 / entries as f64,
             times_fdatasync_rate: report.commands_per_s / fdatasync,
             log_entries: entries,
@@ -124,4 +158,28 @@ async fn main() -> anyhow::Result<()> {
     }
     drop(cluster);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scenarios_parse_and_bad_ones_say_why() {
+        assert_eq!(parse_scenario("64:1024"), Ok((64, 1024)));
+        assert_eq!(parse_scenario("0:1"), Ok((0, 1)));
+        for (text, says) in [
+            ("64", "is not BATCH:CONCURRENCY"),
+            ("x:1", "batch `x`"),
+            ("64:y", "concurrency `y`"),
+            ("64:0", "concurrency 0: 1..=100000"),
+            ("100000:8", "at most"),
+        ] {
+            let error = parse_scenario(text).expect_err(text);
+            assert!(error.contains(says), "{text}: {error}");
+        }
+        let args = Args::try_parse_from(["tally-bench"]).expect("no arguments");
+        assert!(args.scenarios.is_empty(), "the defaults apply");
+        assert!(Args::try_parse_from(["tally-bench", "--scenario", "64"]).is_err());
+    }
 }

@@ -94,7 +94,6 @@ pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
     let commands = Arc::new(AtomicU64::new(0));
     let calls = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
-    let run_id: u64 = rand::rng().random();
     let deadline = Instant::now() + Duration::from_secs(args.duration_s);
     let start = Instant::now();
     let mut workers = Vec::new();
@@ -107,14 +106,13 @@ pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
             args.clone(),
         );
         workers.push(tokio::spawn(async move {
-            let mut n = 0u64;
             while Instant::now() < deadline {
                 let family = if rand::rng().random_bool(args.hot_share) {
                     0
                 } else {
                     rand::rng().random_range(0..args.families)
                 };
-                for command in tool_call(run_id, worker, n, family) {
+                for command in tool_call(worker, family) {
                     let began = Instant::now();
                     let outcome = match &batching {
                         Some(batching) => batching.submit(command).await,
@@ -130,7 +128,6 @@ pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
                     };
                 }
                 calls.fetch_add(1, Ordering::Relaxed);
-                n += 1;
             }
         }));
     }
@@ -175,10 +172,16 @@ pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
     }
 }
 
-/// Authorize, capture and reconcile of one call; ids unique to this run, worker and call.
-fn tool_call(run_id: u64, worker: usize, n: u64, family: u64) -> [ClientCommand; 3] {
+/// Authorize, capture and reconcile of one call, named as the kernel names them
+/// (`budget-hold:{request_id}:{capability_id}:{grant_index}`, then `:authorize` and so on)
+/// with a random UUID as the request id, as kernels' callers send. Ids built from a run id,
+/// worker and counter would all share their first 23 bytes, which no real workload does.
+fn tool_call(worker: usize, family: u64) -> [ClientCommand; 3] {
     let now_ms = crate::wall_clock_ms();
-    let hold = format!("bench-{run_id:x}-{worker}-{n}");
+    let hold = format!(
+        "budget-hold:{}:bench-cap:0",
+        request_uuid(rand::rng().random())
+    );
     let header = |verb: &str| CommandHeader {
         family_id: format!("bench-family-{family}").into(),
         capability_id: "bench-cap".into(),
@@ -214,4 +217,43 @@ fn tool_call(run_id: u64, worker: usize, n: u64, family: u64) -> [ClientCommand;
             },
         },
     ]
+}
+
+/// A version-4 UUID's text from 128 random bits.
+fn request_uuid(bits: u128) -> String {
+    let bits = (bits & !(0xf << 76) & !(0x3 << 62)) | (0x4 << 76) | (0x2 << 62);
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        bits >> 96,
+        (bits >> 80) & 0xffff,
+        (bits >> 64) & 0xffff,
+        (bits >> 48) & 0xffff,
+        bits & 0xffff_ffff_ffff
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_version_4_uuids() {
+        assert_eq!(request_uuid(0), "00000000-0000-4000-8000-000000000000");
+        assert_eq!(
+            request_uuid(u128::MAX),
+            "ffffffff-ffff-4fff-bfff-ffffffffffff"
+        );
+        let [authorize, capture, _] = tool_call(3, 7);
+        assert_eq!(authorize.header.family_id.as_str(), "bench-family-7");
+        let event = authorize.header.event_id.as_str();
+        assert!(event.starts_with("budget-hold:") && event.ends_with(":bench-cap:0:authorize"));
+        assert_eq!(
+            event.len(),
+            "budget-hold:".len() + 36 + ":bench-cap:0:authorize".len()
+        );
+        assert_eq!(
+            capture.header.event_id.as_str(),
+            event.replace(":authorize", ":capture")
+        );
+    }
 }
