@@ -311,6 +311,16 @@ fn bench_snapshot(c: &mut Criterion, rt: &Runtime, summary: &mut Vec<String>) {
             black_box(encoded)
         })
     });
+    // What the apply path waits for: the cut alone (the encoding runs beside it).
+    let mut cut_times: Vec<Duration> = (0..10)
+        .map(|_| {
+            let start = Instant::now();
+            let cut = rt.block_on(router.cut()).expect("cut");
+            let elapsed = start.elapsed();
+            drop(cut);
+            elapsed
+        })
+        .collect();
     let mut restore_times = Vec::new();
     group.bench_function("decode_and_restore", |b| {
         b.iter(|| {
@@ -337,12 +347,13 @@ fn bench_snapshot(c: &mut Criterion, rt: &Runtime, summary: &mut Vec<String>) {
     };
     let line = format!(
         "SUMMARY snapshot of {} accounts in {families} families: {} bytes ({:.1} bytes/account); \
-         snapshot+encode {:?} (median), decode+restore {:?} (median), digest of restored \
-         (all passivated) {:?}; built in {:?}",
+         snapshot+encode {:?} (median), of which the cut that holds up apply {:?} (median), \
+         decode+restore {:?} (median), digest of restored (all passivated) {:?}; built in {:?}",
         families * per_family,
         bytes.len(),
         bytes.len() as f64 / (families * per_family) as f64,
         median(&mut snapshot_times),
+        median(&mut cut_times),
         median(&mut restore_times),
         digest_time,
         build,

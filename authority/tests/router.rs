@@ -136,6 +136,44 @@ async fn snapshot_restore_gives_identical_digest_and_identical_future() -> anyho
     Ok(())
 }
 
+/// The cut shares the live families with their actors (copy on write): commands applied
+/// after it, before it is encoded, change the router but not the snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_encodes_the_state_at_the_cut_whatever_is_applied_after_it() -> anyhow::Result<()> {
+    let mut reference = router(1_000);
+    let mut live = router(1_000);
+    let first = mixed_entries(1, 10, 15, T0);
+    live.apply(first.clone()).await?;
+    reference.apply(first).await?;
+    let digest_at_cut = live.digest().await?;
+    let cut = live.cut().await?;
+
+    let further = mixed_entries(16, 11, 10, T0 + 1_500);
+    live.apply(further.clone()).await?;
+    let digest_after = live.digest().await?;
+    assert_ne!(
+        digest_after, digest_at_cut,
+        "further entries change the state"
+    );
+
+    let snapshot = cut.encode();
+    assert_eq!(
+        snapshot.digest(),
+        digest_at_cut,
+        "the cut's state, not the later one"
+    );
+    assert_eq!(snapshot, reference.snapshot().await?, "byte for byte");
+    let mut restored = FamilyRouter::restore(RouterConfig::default(), snapshot)?;
+    restored.apply(further).await?;
+    assert_eq!(restored.digest().await?, digest_after);
+    assert_eq!(
+        live.digest().await?,
+        digest_after,
+        "encoding left the router alone"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_passivated_family_resumes_with_exactly_its_state() -> anyhow::Result<()> {
     let f = family(1);

@@ -16,7 +16,9 @@ use super::types::{
     log_position, LogId, Membership, ProposalBody, ProposalReply, Snapshot, SnapshotMeta,
     TypeConfig, PROPOSAL_VERSION,
 };
-use crate::state_machine::{EntryInput, EntryPayload, FamilyRouter, RouterConfig, RouterSnapshot};
+use crate::state_machine::{
+    EntryInput, EntryPayload, FamilyRouter, RouterConfig, RouterCut, RouterSnapshot,
+};
 
 /// The router behind a lock: openraft's apply task and the read path share it.
 pub type SharedRouter = Arc<Mutex<FamilyRouter>>;
@@ -139,17 +141,18 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
     }
 
     /// The consistent cut: the router asks every live family actor for its state, whose FIFO
-    /// order makes it the state at `self.applied`; encoding and the file write happen later,
-    /// in openraft's snapshot task, while apply goes on.
+    /// order makes it the state at `self.applied`, and gets the family itself, shared (copy on
+    /// write); encoding and the file write happen later, in openraft's snapshot task, on a
+    /// blocking thread, while apply goes on.
     async fn try_create_snapshot_builder(&mut self, force: bool) -> Option<SnapshotCut> {
-        let cut = self.router.lock().await.snapshot().await;
+        let cut = self.router.lock().await.cut().await;
         match cut {
-            Ok(router_snapshot) => Some(SnapshotCut {
+            Ok(router_cut) => Some(SnapshotCut {
                 meta: SnapshotMeta {
                     last_log_id: self.applied,
                     last_membership: self.membership.clone(),
                 },
-                router_snapshot: Some(router_snapshot),
+                router_cut: Some(router_cut),
                 snapshots: self.snapshots.clone(),
             }),
             Err(error) => {
@@ -164,7 +167,7 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
             Some(cut) => cut,
             None => SnapshotCut {
                 meta: SnapshotMeta::default(),
-                router_snapshot: None,
+                router_cut: None,
                 snapshots: self.snapshots.clone(),
             },
         }
@@ -199,7 +202,7 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
 /// A cut of the state at one applied index, waiting to be encoded and written.
 pub struct SnapshotCut {
     meta: SnapshotMeta,
-    router_snapshot: Option<RouterSnapshot>,
+    router_cut: Option<RouterCut>,
     snapshots: SnapshotDir,
 }
 
@@ -207,20 +210,24 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotCut {
     type SnapshotData = Vec<u8>;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
-        let router_snapshot = self
-            .router_snapshot
+        let router_cut = self
+            .router_cut
             .take()
             .ok_or_else(|| io::Error::other("the state machine could not cut a snapshot"))?;
-        let bytes = router_snapshot.to_bytes().map_err(io::Error::other)?;
-        let snapshot = Snapshot {
-            meta: self.meta.clone(),
-            snapshot: bytes,
-        };
+        let meta = self.meta.clone();
         let dir = self.snapshots.clone();
-        let (path, snapshot) =
-            tokio::task::spawn_blocking(move || dir.save(&snapshot).map(|path| (path, snapshot)))
-                .await
-                .map_err(io::Error::other)??;
+        // Encoding every family is CPU-heavy: a blocking thread, not an async worker.
+        let (path, snapshot) = tokio::task::spawn_blocking(move || {
+            let bytes = router_cut.encode().to_bytes().map_err(io::Error::other)?;
+            let snapshot = Snapshot {
+                meta,
+                snapshot: bytes,
+            };
+            let path = dir.save(&snapshot)?;
+            Ok::<_, io::Error>((path, snapshot))
+        })
+        .await
+        .map_err(io::Error::other)??;
         tracing::info!(path = %path.display(), bytes = snapshot.snapshot.len(), "wrote snapshot");
         Ok(snapshot)
     }

@@ -2,6 +2,7 @@
 //! order, and never stops itself: passivation is the router's decision.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tally_ledger::{ApplyCtx, Command, Family, FamilyId};
@@ -18,8 +19,9 @@ pub(crate) enum FamilyStart {
 }
 
 pub(crate) enum FamilyState {
-    /// Boxed: a family's inline part is a few hundred bytes, and the actor's state moves.
-    Ready(Box<Family>),
+    /// Behind an `Arc`: a snapshot cut shares it (see `FamilyMsg::Share`); an apply writes
+    /// through `Arc::make_mut`, which copies it only while a cut still holds it.
+    Ready(Arc<Family>),
     /// The state could not be decoded, or an apply panicked: every apply answers the reason
     /// so the router can halt with it. Never serves a read.
     Broken(String),
@@ -36,10 +38,10 @@ impl Actor for FamilyActor {
         start: FamilyStart,
     ) -> Result<FamilyState, ActorProcessingErr> {
         Ok(match start {
-            FamilyStart::New(family_id) => FamilyState::Ready(Box::new(Family::new(family_id))),
+            FamilyStart::New(family_id) => FamilyState::Ready(Arc::new(Family::new(family_id))),
             FamilyStart::Resume { family_id, bytes } => match Family::from_snapshot_bytes(&bytes) {
                 Ok(family) if family.family_id() == &family_id => {
-                    FamilyState::Ready(Box::new(family))
+                    FamilyState::Ready(Arc::new(family))
                 }
                 Ok(family) => FamilyState::Broken(format!(
                     "stored state belongs to family {}",
@@ -59,7 +61,7 @@ impl Actor for FamilyActor {
         match message {
             FamilyMsg::Apply { commands, reply } => {
                 let family = match state {
-                    FamilyState::Ready(family) => family,
+                    FamilyState::Ready(family) => Arc::make_mut(family),
                     FamilyState::Broken(reason) => {
                         // The router may be gone already; then nobody needs the answer.
                         let _ = reply.send(Err(reason.clone()));
@@ -79,6 +81,13 @@ impl Actor for FamilyActor {
                         Err(reason.into())
                     }
                 }
+            }
+            FamilyMsg::Share(reply) => {
+                // A broken family answers nothing: the cut fails with the router's "gone".
+                if let FamilyState::Ready(family) = state {
+                    let _ = reply.send(Arc::clone(family));
+                }
+                Ok(())
             }
             FamilyMsg::Read(read) => {
                 if let FamilyState::Ready(family) = state {

@@ -1,6 +1,8 @@
 //! The messages the router sends to a family actor. Only the router sends them, one batch per
 //! family per round, so the actor's FIFO mailbox is the family's log order.
 
+use std::sync::Arc;
+
 use tally_ledger::{ApplyCtx, Command, Decision, Family, LedgerError};
 use tokio::sync::oneshot;
 
@@ -15,6 +17,10 @@ pub(crate) enum FamilyMsg {
         reply: oneshot::Sender<ApplyReply>,
     },
     Read(FamilyRead),
+    /// A snapshot cut: the family itself, shared. The actor's next apply copies the family
+    /// first if the cut still holds it (copy on write), so the cut costs the apply path a
+    /// reference count, not an encoding of the whole family.
+    Share(oneshot::Sender<Arc<Family>>),
 }
 
 /// `Err(reason)`: the family panicked (or its state was undecodable); the actor is gone.

@@ -20,4 +20,4 @@ pub use entry::{EntryInput, EntryOutput, EntryPayload};
 pub use error::RouterError;
 pub use router::FamilyRouter;
 pub use router_state::RouterState;
-pub use snapshot::{RouterSnapshot, SNAPSHOT_FORMAT_VERSION};
+pub use snapshot::{RouterCut, RouterSnapshot, SNAPSHOT_FORMAT_VERSION};

@@ -146,16 +146,32 @@ impl FamilyRouter {
         &self,
         read: impl Fn(&Family) -> R + Send + Sync + 'static,
     ) -> Result<BTreeMap<FamilyId, R>, RouterError> {
-        self.check_running()?;
         let read = Arc::new(read);
+        self.ask_live(move |tx| {
+            let read = Arc::clone(&read);
+            FamilyMsg::Read(Box::new(move |family: &Family| {
+                let _ = tx.send(read(family));
+            }))
+        })
+        .await
+    }
+
+    /// Every live family itself, shared (copy on write: see `FamilyMsg::Share`).
+    pub(super) async fn share_live(&self) -> Result<BTreeMap<FamilyId, Arc<Family>>, RouterError> {
+        self.ask_live(FamilyMsg::Share).await
+    }
+
+    /// Sends every live actor the message `ask` makes around a reply channel and collects
+    /// the answers by family. A family that does not answer (its actor is gone) fails it all.
+    async fn ask_live<R: Send + 'static>(
+        &self,
+        ask: impl Fn(oneshot::Sender<R>) -> FamilyMsg,
+    ) -> Result<BTreeMap<FamilyId, R>, RouterError> {
+        self.check_running()?;
         let mut pending = Vec::with_capacity(self.actors.live_count());
         for (family_id, actor) in self.actors.live() {
             let (tx, rx) = oneshot::channel();
-            let read = Arc::clone(&read);
-            let message = FamilyMsg::Read(Box::new(move |family: &Family| {
-                let _ = tx.send(read(family));
-            }));
-            send(family_id, actor, message)?;
+            send(family_id, actor, ask(tx))?;
             pending.push((family_id.clone(), rx));
         }
         let mut answers = BTreeMap::new();
