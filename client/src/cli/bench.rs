@@ -8,10 +8,13 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use hdrhistogram::Histogram;
 use rand::Rng;
-use tally_ledger::{ClientCommand, CommandHeader, GrantLimits, Operation};
+use tally_ledger::{
+    BudgetCommitIndex, ClientCommand, CommandHeader, Decision, EventId, FamilyId, GrantLimits,
+    HoldId, Operation,
+};
 
 use super::output::print_json;
-use crate::{BatchConfig, BatchingClient, Outcome, TallyClient};
+use crate::{ids, BatchConfig, BatchingClient, Outcome, TallyClient};
 
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
@@ -88,23 +91,20 @@ pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
             },
         )
     });
-    let histogram = Arc::new(Mutex::new(
-        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
-    ));
-    let commands = Arc::new(AtomicU64::new(0));
-    let calls = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
+    let meter = Arc::new(Meter {
+        histogram: Mutex::new(
+            Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
+        ),
+        calls: AtomicU64::new(0),
+        commands: AtomicU64::new(0),
+        errors: AtomicU64::new(0),
+    });
+    let submitter = Arc::new(Submitter { client, batching });
     let deadline = Instant::now() + Duration::from_secs(args.duration_s);
     let start = Instant::now();
     let mut workers = Vec::new();
     for worker in 0..args.concurrency {
-        let (client, batching, histogram) = (client.clone(), batching.clone(), histogram.clone());
-        let (commands, calls, errors, args) = (
-            commands.clone(),
-            calls.clone(),
-            errors.clone(),
-            args.clone(),
-        );
+        let (submitter, meter, args) = (submitter.clone(), meter.clone(), args.clone());
         workers.push(tokio::spawn(async move {
             while Instant::now() < deadline {
                 let family = if rand::rng().random_bool(args.hot_share) {
@@ -112,31 +112,17 @@ pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
                 } else {
                     rand::rng().random_range(0..args.families)
                 };
-                for command in tool_call(worker, family) {
-                    let began = Instant::now();
-                    let outcome = match &batching {
-                        Some(batching) => batching.submit(command).await,
-                        None => client.submit(command).await,
-                    };
-                    let micros = began.elapsed().as_micros() as u64;
-                    if let Ok(mut h) = histogram.lock() {
-                        let _ = h.record(micros.max(1));
-                    }
-                    match outcome {
-                        Outcome::Decided(_) => commands.fetch_add(1, Ordering::Relaxed),
-                        _ => errors.fetch_add(1, Ordering::Relaxed),
-                    };
-                }
-                calls.fetch_add(1, Ordering::Relaxed);
+                ToolCall::new(worker, family).run(&submitter, &meter).await;
+                meter.calls.fetch_add(1, Ordering::Relaxed);
             }
         }));
     }
     let progress = {
-        let (commands, quiet) = (commands.clone(), args.quiet);
+        let (meter, quiet) = (meter.clone(), args.quiet);
         tokio::spawn(async move {
             while !quiet && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                let done = commands.load(Ordering::Relaxed);
+                let done = meter.commands.load(Ordering::Relaxed);
                 eprint!(
                     "\r{:>5.1} s  {done} commands  {:.0}/s   ",
                     start.elapsed().as_secs_f64(),
@@ -153,15 +139,16 @@ pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
     }
     let _ = progress.await;
     let seconds = start.elapsed().as_secs_f64();
-    let histogram = histogram
+    let histogram = meter
+        .histogram
         .lock()
         .map(|h| h.clone())
         .unwrap_or_else(|p| p.into_inner().clone());
-    let commands = commands.load(Ordering::Relaxed);
+    let commands = meter.commands.load(Ordering::Relaxed);
     BenchReport {
-        calls: calls.load(Ordering::Relaxed),
+        calls: meter.calls.load(Ordering::Relaxed),
         commands,
-        errors: errors.load(Ordering::Relaxed),
+        errors: meter.errors.load(Ordering::Relaxed),
         seconds,
         commands_per_s: commands as f64 / seconds,
         p50_ms: histogram.value_at_quantile(0.50) as f64 / 1_000.0,
@@ -172,51 +159,133 @@ pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
     }
 }
 
-/// Authorize, capture and reconcile of one call, named as the kernel names them
-/// (`budget-hold:{request_id}:{capability_id}:{grant_index}`, then `:authorize` and so on)
-/// with a random UUID as the request id, as kernels' callers send. Ids built from a run id,
-/// worker and counter would all share their first 23 bytes, which no real workload does.
-fn tool_call(worker: usize, family: u64) -> [ClientCommand; 3] {
-    let now_ms = crate::wall_clock_ms();
-    let hold = format!(
-        "budget-hold:{}:bench-cap:0",
-        request_uuid(rand::rng().random())
-    );
-    let header = |verb: &str| CommandHeader {
-        family_id: format!("bench-family-{family}").into(),
-        capability_id: "bench-cap".into(),
-        grant_index: 0,
-        event_id: format!("{hold}:{verb}").into(),
-        not_after_ms: now_ms + 60_000,
-    };
-    let limits = GrantLimits::monetary(None, Some(100), None, "USD");
-    [
+/// Where a worker's commands go: one unary call each, or through the shared batcher.
+struct Submitter {
+    client: Arc<TallyClient>,
+    batching: Option<BatchingClient>,
+}
+
+/// What the workers measure together.
+struct Meter {
+    histogram: Mutex<Histogram<u64>>,
+    calls: AtomicU64,
+    commands: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl Submitter {
+    /// Submits one command, records its latency and counts it; the decision, if there is one.
+    async fn submit(&self, meter: &Meter, command: ClientCommand) -> Option<Decision> {
+        let began = Instant::now();
+        let outcome = match &self.batching {
+            Some(batching) => batching.submit(command).await,
+            None => self.client.submit(command).await,
+        };
+        let micros = began.elapsed().as_micros() as u64;
+        if let Ok(mut h) = meter.histogram.lock() {
+            let _ = h.record(micros.max(1));
+        }
+        match outcome {
+            Outcome::Decided(decision) => {
+                meter.commands.fetch_add(1, Ordering::Relaxed);
+                Some(decision)
+            }
+            _ => {
+                meter.errors.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+}
+
+/// One monetary tool call, named as the kernel names it (SPEC.md §9, `crate::ids`) with a
+/// random UUID as the request id, as kernels' callers send: authorize, then a capture named
+/// after the authorize's commit index, then reconcile. Ids built from a run id, worker and
+/// counter would all share their first 23 bytes, which no real workload does.
+struct ToolCall {
+    worker: usize,
+    family_id: FamilyId,
+    hold: HoldId,
+    not_after_ms: u64,
+}
+
+const BENCH_CAPABILITY: &str = "bench-cap";
+
+impl ToolCall {
+    fn new(worker: usize, family: u64) -> Self {
+        let request_id = request_uuid(rand::rng().random());
+        Self {
+            worker,
+            family_id: format!("bench-family-{family}").into(),
+            hold: ids::hold_id(&request_id, &BENCH_CAPABILITY.into(), 0)
+                .expect("a UUID is a short request id"),
+            not_after_ms: crate::wall_clock_ms() + 60_000,
+        }
+    }
+
+    /// Runs the call; a step that gets no decision ends it, as a kernel would not go on.
+    async fn run(&self, submitter: &Submitter, meter: &Meter) {
+        let Some(authorized) = submitter.submit(meter, self.authorize()).await else {
+            return;
+        };
+        let Some(authorize_index) = authorized.commit_index else {
+            return;
+        };
+        if submitter
+            .submit(meter, self.capture(authorize_index))
+            .await
+            .is_some()
+        {
+            submitter.submit(meter, self.reconcile()).await;
+        }
+    }
+
+    fn command(&self, event_id: EventId, op: Operation) -> ClientCommand {
         ClientCommand {
-            header: header("authorize"),
-            op: Operation::AuthorizeHold {
-                hold_id: hold.as_str().into(),
+            header: CommandHeader {
+                family_id: self.family_id.clone(),
+                capability_id: BENCH_CAPABILITY.into(),
+                grant_index: 0,
+                event_id,
+                not_after_ms: self.not_after_ms,
+            },
+            op,
+        }
+    }
+
+    fn authorize(&self) -> ClientCommand {
+        self.command(
+            ids::authorize_event(&self.hold),
+            Operation::AuthorizeHold {
+                hold_id: self.hold.clone(),
                 requested_exposure_units: 100,
-                limits,
+                limits: GrantLimits::monetary(None, Some(100), None, "USD"),
                 ancestors: vec![],
                 hold_timeout_ms: Some(60_000),
             },
-        },
-        ClientCommand {
-            header: header("capture"),
-            op: Operation::CaptureInvocation {
-                hold_id: hold.as_str().into(),
-                attempt_id: format!("attempt-{worker}").into(),
+        )
+    }
+
+    fn capture(&self, authorize_index: BudgetCommitIndex) -> ClientCommand {
+        self.command(
+            ids::capture_event(&self.hold, authorize_index),
+            Operation::CaptureInvocation {
+                hold_id: self.hold.clone(),
+                attempt_id: format!("attempt-{}", self.worker).into(),
             },
-        },
-        ClientCommand {
-            header: header("reconcile"),
-            op: Operation::ReconcileHold {
-                hold_id: hold.as_str().into(),
+        )
+    }
+
+    fn reconcile(&self) -> ClientCommand {
+        self.command(
+            ids::reconcile_event(&self.hold),
+            Operation::ReconcileHold {
+                hold_id: self.hold.clone(),
                 exposed_cost_units: 100,
                 realized_spend_units: 60,
             },
-        },
-    ]
+        )
+    }
 }
 
 /// A version-4 UUID's text from 128 random bits.
@@ -243,7 +312,8 @@ mod tests {
             request_uuid(u128::MAX),
             "ffffffff-ffff-4fff-bfff-ffffffffffff"
         );
-        let [authorize, capture, _] = tool_call(3, 7);
+        let call = ToolCall::new(3, 7);
+        let authorize = call.authorize();
         assert_eq!(authorize.header.family_id.as_str(), "bench-family-7");
         let event = authorize.header.event_id.as_str();
         assert!(event.starts_with("budget-hold:") && event.ends_with(":bench-cap:0:authorize"));
@@ -251,9 +321,15 @@ mod tests {
             event.len(),
             "budget-hold:".len() + 36 + ":bench-cap:0:authorize".len()
         );
+        let index = BudgetCommitIndex::new(9, 2, 0);
         assert_eq!(
-            capture.header.event_id.as_str(),
-            event.replace(":authorize", ":capture")
+            call.capture(index).header.event_id,
+            ids::capture_event(&call.hold, index),
+            "the kernel's capture name (SPEC.md §9)"
+        );
+        assert_eq!(
+            call.reconcile().header.event_id,
+            ids::reconcile_event(&call.hold)
         );
     }
 }
