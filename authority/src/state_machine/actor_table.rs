@@ -2,6 +2,7 @@
 //! memory management, not replicated state: nothing replicated or digested depends on it.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use ractor::{ActorRef, ActorRuntime};
 use tally_ledger::{Family, FamilyId, IdKey, IdMap};
@@ -32,11 +33,12 @@ pub(crate) struct ActorTable {
     live: IdMap<FamilyId, LiveActor>,
     /// `(last_used, family)`, least recently used first.
     lru: BTreeSet<(u64, IdKey<FamilyId>)>,
-    passivated: BTreeMap<FamilyId, Vec<u8>>,
+    /// Shared, so a snapshot cut takes a reference to each, not a copy (see `RouterCut`).
+    passivated: BTreeMap<FamilyId, Arc<Vec<u8>>>,
 }
 
 impl ActorTable {
-    pub fn from_passivated(passivated: BTreeMap<FamilyId, Vec<u8>>) -> Self {
+    pub fn from_passivated(passivated: BTreeMap<FamilyId, Arc<Vec<u8>>>) -> Self {
         Self {
             passivated,
             ..Self::default()
@@ -48,7 +50,7 @@ impl ActorTable {
             return Located::Live(&live.actor);
         }
         match self.passivated.get(family_id) {
-            Some(bytes) => Located::Passivated(bytes),
+            Some(bytes) => Located::Passivated(bytes.as_slice()),
             None => Located::Absent,
         }
     }
@@ -69,12 +71,12 @@ impl ActorTable {
         self.live.iter().map(|(id, live)| (id, &live.actor))
     }
 
-    pub fn passivated(&self) -> &BTreeMap<FamilyId, Vec<u8>> {
+    pub fn passivated(&self) -> &BTreeMap<FamilyId, Arc<Vec<u8>>> {
         &self.passivated
     }
 
     pub fn passivated_bytes_total(&self) -> usize {
-        self.passivated.values().map(Vec::len).sum()
+        self.passivated.values().map(|bytes| bytes.len()).sum()
     }
 
     /// The family's actor, spawned (new, or from its passivated bytes) if it is not live;
@@ -161,7 +163,7 @@ impl ActorTable {
             // Only now: ractor handles a stop before queued messages, so an earlier stop
             // could overtake the read.
             actor.stop(None);
-            self.passivated.insert(family_id.clone(), bytes);
+            self.passivated.insert(family_id.clone(), Arc::new(bytes));
             stopping.push(actor);
         }
         for actor in stopping {

@@ -15,7 +15,10 @@ pub(crate) struct FamilyActor;
 /// Decoding happens in the actor, so respawning many families decodes in parallel.
 pub(crate) enum FamilyStart {
     New(FamilyId),
-    Resume { family_id: FamilyId, bytes: Vec<u8> },
+    Resume {
+        family_id: FamilyId,
+        bytes: Arc<Vec<u8>>,
+    },
 }
 
 pub(crate) enum FamilyState {

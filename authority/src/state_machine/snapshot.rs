@@ -2,8 +2,8 @@
 //! index: every live actor is asked for its state (its FIFO mailbox is empty, since `apply`
 //! awaited every reply), which it shares copy-on-write, and that is joined with the passivated
 //! families' bytes and the router's own replicated state; encoding comes after, off the apply
-//! path (`RouterCut::encode`). The digest depends only on replicated state, never on which families
-//! happen to be live.
+//! path (`RouterCut::encode`). The digest depends only on replicated state, never on which
+//! families happen to be live.
 
 use std::collections::{btree_map, BTreeMap};
 use std::sync::Arc;
@@ -62,21 +62,27 @@ impl RouterSnapshot {
 }
 
 /// A consistent cut at the last applied index, not yet encoded: the live families are shared
-/// with their actors (copy on write), so taking it stalls the apply path for a message round
-/// trip per family instead of encoding every family's whole state (measured before: a cut of
-/// ~200k retained commands held writes up for up to 3 s). `encode` does the heavy part,
-/// off the apply path; it drops each family as soon as it is encoded, so an actor copies its
-/// family only if it applies a command before the encoder got to it.
+/// with their actors (copy on write) and the passivated families' bytes with the actor table,
+/// so taking it holds up the apply path for a message round trip per live family and a
+/// reference count per passivated one, instead of encoding (or copying) every family's state
+/// (measured before: a cut of ~200k retained commands held writes up for up to 3 s). `encode`
+/// does the heavy part, off the apply path; it drops each family as soon as it is encoded, so
+/// an actor copies its family only if it applies a command before the encoder got to it.
 pub struct RouterCut {
     state: RouterState,
     maintenance_due: IdMap<FamilyId, u64>,
     live: BTreeMap<FamilyId, Arc<Family>>,
-    passivated: BTreeMap<FamilyId, ByteBuf>,
+    passivated: BTreeMap<FamilyId, Arc<Vec<u8>>>,
 }
 
 impl RouterCut {
     pub fn encode(self) -> RouterSnapshot {
-        let mut families = self.passivated;
+        // Copied here, off the apply path, unless the router has let go of them meanwhile.
+        let mut families: BTreeMap<FamilyId, ByteBuf> = self
+            .passivated
+            .into_iter()
+            .map(|(family_id, bytes)| (family_id, ByteBuf::from(Arc::unwrap_or_clone(bytes))))
+            .collect();
         for (family_id, family) in self.live {
             let bytes = ByteBuf::from(family.to_snapshot_bytes());
             drop(family);
@@ -111,7 +117,7 @@ impl FamilyRouter {
             .actors
             .passivated()
             .iter()
-            .map(|(family_id, bytes)| (family_id.clone(), ByteBuf::from(bytes.clone())))
+            .map(|(family_id, bytes)| (family_id.clone(), Arc::clone(bytes)))
             .collect();
         Ok(RouterCut {
             state: self.state.clone(),
@@ -143,7 +149,7 @@ impl FamilyRouter {
         let passivated = snapshot
             .families
             .into_iter()
-            .map(|(id, bytes)| (id, bytes.into_vec()))
+            .map(|(id, bytes)| (id, Arc::new(bytes.into_vec())))
             .collect();
         FamilyRouter::from_parts(
             config,
