@@ -47,30 +47,75 @@ pub(crate) struct Queued {
     pub retained: Option<Retained>,
 }
 
-/// Items in `(due_ms, seq)` order. Nearly every item falls due after the one queued before
-/// it (due times are a command's deadline plus a fixed retention, and deadlines follow
-/// cluster time), so such items are appended to a deque sorted by construction: a push and a
-/// pop cost no tree search and no allocation. An item due before the deque's last one (a
-/// command with a shorter deadline than its predecessor) waits in a tree instead. A pop
-/// takes the smaller of the two fronts, so the order is exactly the key order either way.
+/// Items in `(due_ms, seq)` order. Items come in a few streams whose due times each rise
+/// with cluster time: commands (`not_after_ms + retention`), holds that just ended (`now +
+/// retention`), expiry events. Each stream is appended to a lane, a deque sorted by
+/// construction, so a push and a pop cost no tree search and no allocation. A push goes to
+/// the lane whose last item is due latest but not after it (patience sorting); an item that
+/// fits no lane opens a new one, up to `MAX_LANES`, and past that waits in a tree. A pop takes
+/// the smallest of the fronts, so the order is exactly the key order either way.
 ///
 /// Encoded, compared and restored as one map in key order: how items are split between the
-/// deque and the tree depends on the order they were pushed in, never on the state.
+/// lanes and the tree depends on the order they were pushed in, never on the state.
+///
 /// Where an item waits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Side {
-    InOrder,
+    Lane(usize),
     OutOfOrder,
 }
 
-/// How much later than a new item the deque's last item may fall due before it moves to the
-/// tree. Deadlines of ordinary commands differ by seconds; this keeps them all in the deque.
+/// How much later than a new item a lane's last item may fall due before it moves to the
+/// tree. Deadlines of ordinary commands differ by seconds; this keeps them all in lanes.
 const MAX_IN_ORDER_GAP_MS: u64 = 60_000;
+
+/// Sorted lanes at most: each pop compares every lane's front.
+const MAX_LANES: usize = 4;
+
+/// A sorted run of items: the keys apart from the items, so finding the smallest front reads
+/// a dense array of keys, not an item's cache line per lane.
+#[derive(Clone, Default)]
+struct Lane {
+    /// Strictly increasing.
+    keys: VecDeque<QueueKey>,
+    items: VecDeque<Queued>,
+}
+
+impl Lane {
+    fn push_back(&mut self, key: QueueKey, queued: Queued) {
+        self.keys.push_back(key);
+        self.items.push_back(queued);
+    }
+
+    fn pop_back(&mut self) -> Option<(QueueKey, Queued)> {
+        Some((self.keys.pop_back()?, self.items.pop_back()?))
+    }
+
+    fn pop_front(&mut self) -> Option<Queued> {
+        self.keys.pop_front()?;
+        let popped = self.items.pop_front();
+        release_spare(&mut self.keys);
+        release_spare(&mut self.items);
+        popped
+    }
+
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&QueueKey, &Queued)> {
+        self.keys.iter().zip(&self.items)
+    }
+}
 
 #[derive(Clone, Default)]
 pub(crate) struct CompactionQueue {
-    /// Strictly increasing keys.
-    in_order: VecDeque<(QueueKey, Queued)>,
+    /// No lane is empty.
+    lanes: Vec<Lane>,
     out_of_order: BTreeMap<QueueKey, Queued>,
     /// The sequence number of the next item pushed.
     next_seq: u64,
@@ -93,35 +138,58 @@ impl CompactionQueue {
             .checked_add(1)
             .expect("compaction sequence numbers are 64-bit and never run out");
         let queued = Queued { item, retained };
-        // An item due far later than this one (a command with a deadline hours away) leaves
-        // the deque for the tree: kept at the back, it would send every item after it to the
-        // tree until it falls due. Each item moves at most once.
-        while let Some((last, _)) = self.in_order.back() {
-            if last.due_ms <= due_ms.saturating_add(MAX_IN_ORDER_GAP_MS) {
-                break;
-            }
-            let (last, outlier) = self.in_order.pop_back().expect("the deque has a back");
-            self.out_of_order.insert(last, outlier);
+        // `seq` only grows, so a key due no earlier than a lane's last is above it.
+        if let Some(lane) = self.lane_for(due_ms) {
+            self.lanes[lane].push_back(key, queued);
+            return key;
         }
-        // `seq` only grows, so a key due no earlier than the deque's last is above it.
-        if self
-            .in_order
-            .back()
-            .is_none_or(|(last, _)| last.due_ms <= due_ms)
-        {
-            self.in_order.push_back((key, queued));
-        } else {
-            let previous = self.out_of_order.insert(key, queued);
-            assert!(previous.is_none(), "compaction key {key:?} used twice");
+        if self.lanes.len() < MAX_LANES {
+            let mut lane = Lane::default();
+            lane.push_back(key, queued);
+            self.lanes.push(lane);
+            return key;
+        }
+        // An item due far later than this one (a command with a deadline hours away) leaves
+        // its lane for the tree: kept at the back, it would send every item of its stream to
+        // the tree until it falls due. Each item moves at most once.
+        let limit = due_ms.saturating_add(MAX_IN_ORDER_GAP_MS);
+        for lane in &mut self.lanes {
+            while lane.len() > 1 && lane.keys.back().is_some_and(|last| last.due_ms > limit) {
+                let (last, outlier) = lane.pop_back().expect("the lane has a back");
+                self.out_of_order.insert(last, outlier);
+            }
+        }
+        match self.lane_for(due_ms) {
+            Some(lane) => self.lanes[lane].push_back(key, queued),
+            None => {
+                let previous = self.out_of_order.insert(key, queued);
+                assert!(previous.is_none(), "compaction key {key:?} used twice");
+            }
         }
         key
     }
 
-    pub fn get(&self, key: &QueueKey) -> Option<&Queued> {
-        match self.in_order.binary_search_by(|(k, _)| k.cmp(key)) {
-            Ok(at) => Some(&self.in_order[at].1),
-            Err(_) => self.out_of_order.get(key),
+    /// The lane whose last item is due latest but no later than `due_ms`.
+    fn lane_for(&self, due_ms: u64) -> Option<usize> {
+        let mut best: Option<(u64, usize)> = None;
+        for (at, lane) in self.lanes.iter().enumerate() {
+            let Some(last) = lane.keys.back() else {
+                continue;
+            };
+            if last.due_ms <= due_ms
+                && best.is_none_or(|(best_due_ms, _)| last.due_ms > best_due_ms)
+            {
+                best = Some((last.due_ms, at));
+            }
         }
+        best.map(|(_, at)| at)
+    }
+
+    pub fn get(&self, key: &QueueKey) -> Option<&Queued> {
+        self.lanes
+            .iter()
+            .find_map(|lane| lane.keys.binary_search(key).ok().map(|at| &lane.items[at]))
+            .or_else(|| self.out_of_order.get(key))
     }
 
     /// The first item whose due time is before `now_ms`, taken out of the queue.
@@ -131,9 +199,12 @@ impl CompactionQueue {
             return None;
         }
         match side {
-            Side::InOrder => {
-                let popped = self.in_order.pop_front().map(|(_, queued)| queued);
-                release_spare(&mut self.in_order);
+            Side::Lane(at) => {
+                let lane = &mut self.lanes[at];
+                let popped = lane.pop_front();
+                if lane.is_empty() {
+                    self.lanes.swap_remove(at);
+                }
                 popped
             }
             Side::OutOfOrder => self.out_of_order.pop_first().map(|(_, queued)| queued),
@@ -145,35 +216,43 @@ impl CompactionQueue {
         self.first().map(|(key, _)| key.due_ms)
     }
 
-    /// The smallest key, and which side holds it: the smaller of the two fronts.
+    /// The smallest key, and which side holds it: the smallest of the fronts.
     fn first(&self) -> Option<(QueueKey, Side)> {
-        let in_order = self.in_order.front().map(|(key, _)| (*key, Side::InOrder));
-        let out_of_order = self
+        let mut first = self
             .out_of_order
             .first_key_value()
             .map(|(key, _)| (*key, Side::OutOfOrder));
-        match (in_order, out_of_order) {
-            (Some(a), Some(b)) => Some(if a.0 < b.0 { a } else { b }),
-            (a, b) => a.or(b),
+        for (at, lane) in self.lanes.iter().enumerate() {
+            if let Some(front) = lane.keys.front() {
+                if first.is_none_or(|(smallest, _)| *front < smallest) {
+                    first = Some((*front, Side::Lane(at)));
+                }
+            }
         }
+        first
     }
 
     pub fn len(&self) -> usize {
-        self.in_order.len() + self.out_of_order.len()
+        self.lanes.iter().map(Lane::len).sum::<usize>() + self.out_of_order.len()
     }
 
-    /// Every item in key order (a merge of the deque and the tree).
+    /// Every item in key order (a merge of the lanes and the tree).
     fn iter(&self) -> impl Iterator<Item = (&QueueKey, &Queued)> {
-        let mut deque = self
-            .in_order
+        let mut sources: Vec<Box<dyn Iterator<Item = (&QueueKey, &Queued)> + '_>> = self
+            .lanes
             .iter()
-            .map(|(key, queued)| (key, queued))
-            .peekable();
-        let mut tree = self.out_of_order.iter().peekable();
-        std::iter::from_fn(move || match (deque.peek(), tree.peek()) {
-            (Some((d, _)), Some((t, _))) if d < t => deque.next(),
-            (Some(_), None) => deque.next(),
-            _ => tree.next(),
+            .map(|lane| Box::new(lane.iter()) as Box<dyn Iterator<Item = _>>)
+            .collect();
+        sources.push(Box::new(self.out_of_order.iter()));
+        let mut sources: Vec<_> = sources.into_iter().map(Iterator::peekable).collect();
+        std::iter::from_fn(move || {
+            let next = sources
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(at, source)| source.peek().map(|(key, _)| (**key, at)))
+                .min()?
+                .1;
+            sources[next].next()
         })
     }
 }
@@ -246,9 +325,15 @@ impl<'de> Deserialize<'de> for CompactionQueue {
                 )));
             }
         }
-        // A map's keys are strictly increasing: all of them form the sorted deque.
+        // A map's keys are strictly increasing: all of them form one sorted lane.
+        let (keys, items) = encoded.items.into_iter().unzip();
+        let lane = Lane { keys, items };
         Ok(Self {
-            in_order: encoded.items.into_iter().collect(),
+            lanes: if lane.is_empty() {
+                Vec::new()
+            } else {
+                vec![lane]
+            },
             out_of_order: BTreeMap::new(),
             next_seq: encoded.next_seq,
         })
@@ -325,6 +410,8 @@ mod tests {
                     keys.push(key);
                 }
                 proptest::prop_assert_eq!(queue.len(), model.len());
+                proptest::prop_assert!(queue.lanes.len() <= MAX_LANES);
+                proptest::prop_assert!(queue.lanes.iter().all(|lane| !lane.is_empty()));
                 proptest::prop_assert_eq!(
                     queue.first_due_ms(),
                     model.first_key_value().map(|(key, _)| key.due_ms)
@@ -339,7 +426,7 @@ mod tests {
             // Restored, every item sits in the deque; state, equality and bytes are unchanged.
             let bytes = rmp_serde::to_vec(&queue).expect("encodes");
             let back: CompactionQueue = rmp_serde::from_slice(&bytes).expect("decodes");
-            proptest::prop_assert!(back.out_of_order.is_empty());
+            proptest::prop_assert!(back.out_of_order.is_empty() && back.lanes.len() <= 1);
             proptest::prop_assert_eq!(&back, &queue);
             proptest::prop_assert_eq!(rmp_serde::to_vec(&back).expect("encodes"), bytes);
         }
@@ -357,7 +444,16 @@ mod tests {
             items: BTreeMap::new(),
             next_seq: 0,
         };
-        for (due_ms, name) in [(30, "a"), (10, "b"), (30, "c"), (20, "d")] {
+        let pushes = [
+            (30, "a"),
+            (10, "b"),
+            (30, "c"),
+            (20, "d"),
+            (5, "e"),
+            (3, "f"),
+            (1, "g"),
+        ];
+        for (due_ms, name) in pushes {
             let key = queue.push(due_ms, nonce(name), None);
             before.items.insert(
                 key,
@@ -369,8 +465,8 @@ mod tests {
             before.next_seq += 1;
         }
         assert!(
-            !queue.out_of_order.is_empty(),
-            "the test pushes out of order"
+            queue.lanes.len() > 1 && !queue.out_of_order.is_empty(),
+            "the test spreads items over lanes and the tree"
         );
         assert_eq!(
             rmp_serde::to_vec(&queue).expect("encodes"),
@@ -392,32 +488,51 @@ mod tests {
     }
 
     #[test]
-    fn an_item_due_much_later_leaves_the_deque_for_the_tree() {
+    fn interleaved_streams_each_keep_a_lane_and_no_tree() {
+        // Per call: a command due at its deadline plus retention, and the hold it ends due
+        // at cluster time plus retention, a second earlier.
+        let mut queue = CompactionQueue::default();
+        for now_ms in 0..1_000u64 {
+            queue.push(now_ms + 2_000, nonce("command"), None);
+            queue.push(now_ms + 1_000, nonce("hold"), None);
+            if now_ms % 3 == 0 {
+                queue.pop_due(now_ms);
+            }
+        }
+        assert_eq!(queue.lanes.len(), 2, "one lane per stream");
+        assert!(queue.out_of_order.is_empty(), "no item waits in the tree");
+        let mut last = None;
+        while let Some(popped) = queue.pop_due(u64::MAX) {
+            let _ = popped;
+            let first = queue.first();
+            assert!(first.map(|f| f.0) > last || first.is_none());
+            last = first.map(|f| f.0);
+        }
+        assert!(queue.lanes.is_empty(), "drained lanes are dropped");
+    }
+
+    #[test]
+    fn an_item_due_much_later_leaves_its_lane_when_no_lane_fits() {
         let mut queue = CompactionQueue::default();
         queue.push(10, nonce("a"), None);
-        let far = queue.push(10 + 24 * 3_600_000, nonce("far"), None);
-        for (n, due_ms) in [20, 30, 40].into_iter().enumerate() {
-            queue.push(due_ms, nonce(&format!("n{n}")), None);
+        queue.push(10 + 24 * 3_600_000, nonce("far"), None);
+        // Each due before every lane's last: one new lane each, until the lanes run out.
+        for (name, due_ms) in [("n9", 9), ("n8", 8), ("n7", 7)] {
+            queue.push(due_ms, nonce(name), None);
         }
-        assert_eq!(
-            queue.in_order.len(),
-            4,
-            "the ordinary items stay in the deque"
-        );
-        assert_eq!(queue.out_of_order.len(), 1);
-        assert_eq!(queue.get(&far).map(|q| &q.item), Some(&nonce("far")));
+        assert_eq!(queue.lanes.len(), MAX_LANES);
+        assert!(queue.out_of_order.is_empty());
+        // Fits no lane: the far item leaves its lane, and this one waits in the tree.
+        queue.push(5, nonce("n5"), None);
+        assert_eq!(queue.out_of_order.len(), 2, "the far item and n5");
+        for (n, due_ms) in [20, 30, 40].into_iter().enumerate() {
+            queue.push(due_ms, nonce(&format!("m{n}")), None);
+        }
+        assert_eq!(queue.out_of_order.len(), 2, "ordinary items fit a lane");
         let popped: Vec<_> = std::iter::from_fn(|| queue.pop_due(u64::MAX))
             .map(|q| q.item)
             .collect();
-        assert_eq!(
-            popped,
-            [
-                nonce("a"),
-                nonce("n0"),
-                nonce("n1"),
-                nonce("n2"),
-                nonce("far")
-            ]
-        );
+        let names = ["n5", "n7", "n8", "n9", "a", "m0", "m1", "m2", "far"];
+        assert_eq!(popped, names.map(nonce));
     }
 }

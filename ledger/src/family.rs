@@ -1,7 +1,7 @@
 //! One budget family: all accounts, holds, events and nonces of a delegation chain, and the
 //! single entry point `Family::apply` that every replica runs in log order.
 
-use std::collections::{btree_map, BTreeMap, BTreeSet};
+use std::collections::{hash_map, BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -15,7 +15,7 @@ use crate::dedupe::{AppliedRow, DedupeEntry};
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::{AccountImage, EventRecord};
 use crate::hold::HoldSlot;
-use crate::id_map::IdMap;
+use crate::id_table::IdTable;
 use crate::ids::{EventId, FamilyId, HoldId, NonceId};
 use crate::journal::Journal;
 use crate::limits::MAX_EVENTS_PER_COMMAND;
@@ -42,8 +42,8 @@ impl ApplyCtx {
 pub struct Family {
     pub(crate) family_id: FamilyId,
     pub(crate) accounts: BTreeMap<AccountKey, Account>,
-    pub(crate) holds: IdMap<HoldId, HoldSlot>,
-    pub(crate) dedupe: IdMap<EventId, DedupeEntry>,
+    pub(crate) holds: IdTable<HoldId, HoldSlot>,
+    pub(crate) dedupe: IdTable<EventId, DedupeEntry>,
     pub(crate) journal: Journal,
     /// Consumed nonces and their expiry.
     pub(crate) nonces: BTreeMap<NonceId, u64>,
@@ -218,8 +218,8 @@ impl Family {
         Self {
             family_id,
             accounts: BTreeMap::new(),
-            holds: IdMap::default(),
-            dedupe: IdMap::default(),
+            holds: IdTable::default(),
+            dedupe: IdTable::default(),
             journal: Journal::default(),
             nonces: BTreeMap::new(),
             expiry_index: BTreeSet::new(),
@@ -285,8 +285,8 @@ impl Family {
         // table, and it is back before compaction. (After a panic the family is discarded.)
         let mut dedupe = std::mem::take(&mut self.dedupe);
         let result = match dedupe.entry(cmd.header.event_id.clone()) {
-            btree_map::Entry::Occupied(entry) => self.answer_again(entry.get(), cmd, step),
-            btree_map::Entry::Vacant(slot) => self.apply_fresh(cmd, step).map(|(decision, row)| {
+            hash_map::Entry::Occupied(entry) => self.answer_again(entry.get(), cmd, step),
+            hash_map::Entry::Vacant(slot) => self.apply_fresh(cmd, step).map(|(decision, row)| {
                 slot.insert(row);
                 decision
             }),
@@ -415,7 +415,7 @@ impl Family {
 
     /// The holds, and everything else a command writes, borrowed apart: a hold command looks
     /// its hold up once and changes it in place while it writes accounts and the journal.
-    pub(crate) fn split(&mut self) -> (&mut IdMap<HoldId, HoldSlot>, Books<'_>) {
+    pub(crate) fn split(&mut self) -> (&mut IdTable<HoldId, HoldSlot>, Books<'_>) {
         let books = Books {
             family_id: &self.family_id,
             accounts: &mut self.accounts,

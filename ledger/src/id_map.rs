@@ -1,14 +1,14 @@
 //! A map from an id to a row, in id order, whose searches mostly compare integers held in
 //! the tree's own nodes.
 //!
-//! The dedupe table and the holds are the family's largest maps and every command searches
-//! them. Keyed by the id alone, each step of a tree search follows a pointer to another id's
-//! bytes: those are seldom in cache (kernels name requests by random UUIDs, and a family's
-//! tables are cold when its actor wakes), so a search costs a cache miss per key it passes.
-//! Here each key also carries the id's first 24 bytes as three big-endian words: comparing
-//! the words orders ids exactly as comparing their bytes would, and only ids that agree on
-//! all 24 bytes read their bytes. The order is the id order, so consecutive ids still share
-//! their path through the tree, and the map encodes exactly as an id-keyed map did.
+//! For tables that must be kept in id order (the router's live families and its expiry index
+//! by family); a family's own dedupe table and holds need no order and use `IdTable`. Keyed by
+//! the id alone, each step of a tree search follows a pointer to another id's bytes: those are
+//! seldom in cache, so a search costs a cache miss per key it passes. Here each key also
+//! carries the id's first 24 bytes as three big-endian words: comparing the words orders ids
+//! exactly as comparing their bytes would, and only ids that agree on all 24 bytes read their
+//! bytes. The order is the id order, so consecutive ids still share their path through the
+//! tree, and the map encodes exactly as an id-keyed map did.
 //!
 //! Tried first: ordering by a 64-bit hash of the id, then the id. Cheaper compares, but it
 //! scatters consecutive ids over the tree: with a million calls on one family, 38% slower
@@ -191,50 +191,71 @@ impl<K: Serialize, V: Serialize> Serialize for IdMap<K, V> {
     }
 }
 
+/// A table of rows keyed by id, read back from a map in which each id appears once.
+pub(crate) trait UniqueRows<K, V>: Default {
+    /// Inserts a row under a new id; an id already present is refused and returned.
+    fn insert_new(&mut self, id: K, row: V) -> Result<(), K>;
+}
+
+impl<K: IdBytes + Clone + Ord, V> UniqueRows<K, V> for IdMap<K, V> {
+    fn insert_new(&mut self, id: K, row: V) -> Result<(), K> {
+        match self.entry(id) {
+            btree_map::Entry::Vacant(slot) => {
+                slot.insert(row);
+                Ok(())
+            }
+            btree_map::Entry::Occupied(taken) => Err(taken.key().id().clone()),
+        }
+    }
+}
+
+/// Decodes a map of `(id, row)` entries into `T`, refusing an id that appears twice.
+pub(crate) fn deserialize_unique_rows<'de, D, T, K, V>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: UniqueRows<K, V>,
+    K: Deserialize<'de> + fmt::Debug,
+    V: Deserialize<'de>,
+{
+    struct RowsVisitor<T, K, V>(PhantomData<(T, K, V)>);
+
+    impl<'de, T, K, V> Visitor<'de> for RowsVisitor<T, K, V>
+    where
+        T: UniqueRows<K, V>,
+        K: Deserialize<'de> + fmt::Debug,
+        V: Deserialize<'de>,
+    {
+        type Value = T;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a map from id to row, each id once")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<T, A::Error> {
+            let mut rows = T::default();
+            while let Some((id, row)) = map.next_entry::<K, V>()? {
+                rows.insert_new(id, row)
+                    .map_err(|id| serde::de::Error::custom(format!("id {id:?} appears twice")))?;
+            }
+            Ok(rows)
+        }
+    }
+
+    deserializer.deserialize_map(RowsVisitor(PhantomData))
+}
+
 impl<'de, K, V> Deserialize<'de> for IdMap<K, V>
 where
     K: Deserialize<'de> + IdBytes + Clone + Ord + fmt::Debug,
     V: Deserialize<'de>,
 {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct IdMapVisitor<K, V>(PhantomData<(K, V)>);
-
-        impl<'de, K, V> Visitor<'de> for IdMapVisitor<K, V>
-        where
-            K: Deserialize<'de> + IdBytes + Clone + Ord + fmt::Debug,
-            V: Deserialize<'de>,
-        {
-            type Value = IdMap<K, V>;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a map from id to row, each id once")
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<IdMap<K, V>, A::Error> {
-                let mut rows = IdMap::default();
-                while let Some((id, row)) = map.next_entry::<K, V>()? {
-                    match rows.entry(id) {
-                        btree_map::Entry::Vacant(slot) => {
-                            slot.insert(row);
-                        }
-                        btree_map::Entry::Occupied(taken) => {
-                            return Err(serde::de::Error::custom(format!(
-                                "id {:?} appears twice",
-                                taken.key().id()
-                            )));
-                        }
-                    }
-                }
-                Ok(rows)
-            }
-        }
-
-        deserializer.deserialize_map(IdMapVisitor(PhantomData))
+        deserialize_unique_rows(deserializer)
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ids::EventId;
     use proptest::prelude::*;
@@ -316,15 +337,19 @@ mod tests {
         assert_eq!(back, map);
     }
 
-    #[test]
-    fn a_repeated_id_is_refused() {
-        let entries = vec![("e", 1u32), ("e", 2u32)];
+    /// A msgpack map that names id `e` twice.
+    pub(crate) fn map_with_a_repeated_id() -> Vec<u8> {
         let mut bytes = vec![0x82];
-        for (k, v) in entries {
+        for (k, v) in [("e", 1u32), ("e", 2u32)] {
             bytes.extend(rmp_serde::to_vec(k).expect("encodes"));
             bytes.extend(rmp_serde::to_vec(&v).expect("encodes"));
         }
-        let refused = rmp_serde::from_slice::<IdMap<EventId, u32>>(&bytes);
+        bytes
+    }
+
+    #[test]
+    fn a_repeated_id_is_refused() {
+        let refused = rmp_serde::from_slice::<IdMap<EventId, u32>>(&map_with_a_repeated_id());
         assert!(refused.is_err_and(|e| e.to_string().contains("appears twice")));
     }
 }

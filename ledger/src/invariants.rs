@@ -14,7 +14,7 @@ impl Family {
         let mut exposure: BTreeMap<&AccountKey, u64> = BTreeMap::new();
         let mut reserved: BTreeMap<&AccountKey, u32> = BTreeMap::new();
         let mut live = 0;
-        for (hold_id, slot) in self.holds.iter() {
+        for (hold_id, slot) in self.holds.iter_unordered() {
             let HoldSlot::Live(hold) = slot else { continue };
             live += 1;
             let parts = hold.realized_units as u128

@@ -1,6 +1,8 @@
 //! Tally's budget rules (SPEC.md §1–8) as pure, deterministic code: no I/O, no async, no
-//! clocks, no randomness. Every replica applies the same commands in log order through
-//! [`Family::apply`] and reaches byte-identical state.
+//! clocks, no randomness in any answer or state byte. Every replica applies the same commands
+//! in log order through [`Family::apply`] and reaches byte-identical state. (The id tables hash
+//! with a per-table random seed, which only decides where a row sits in memory; see
+//! `id_table.rs`.)
 
 pub mod account;
 mod apply;
@@ -16,6 +18,7 @@ pub mod event;
 pub mod family;
 pub mod hold;
 pub mod id_map;
+pub mod id_table;
 pub mod identity;
 mod identity_fields;
 pub mod ids;
@@ -36,6 +39,7 @@ pub use event::{AccountImage, EventKind, EventLookup, EventRecord};
 pub use family::{ApplyCtx, Family};
 pub use hold::{ArchivedHold, Hold, HoldStates, HoldView, InvocationState, MonetaryState};
 pub use id_map::{IdKey, IdMap};
+pub use id_table::IdTable;
 pub use ids::{AttemptId, CapabilityId, EventId, FamilyId, HoldId, NonceId};
 pub use reads::HoldFilter;
 pub use snapshot::SnapshotError;

@@ -120,8 +120,8 @@ impl Family {
     pub fn list_holds(&self, filter: &HoldFilter, limit: usize) -> Vec<Hold> {
         let mut holds: Vec<&Hold> = self
             .holds
-            .values()
-            .filter_map(|slot| match slot {
+            .iter_unordered()
+            .filter_map(|(_, slot)| match slot {
                 HoldSlot::Live(hold) => Some(&**hold),
                 _ => None,
             })

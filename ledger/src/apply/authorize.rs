@@ -1,7 +1,7 @@
 //! `AuthorizeHold`: reserve on the grant account and every ancestor account, atomically.
 
 use std::borrow::Cow;
-use std::collections::btree_map::Entry;
+use std::collections::hash_map::Entry;
 
 use crate::account::{Account, AccountKey, GrantLimits};
 use crate::command::{ClientCommand, Operation};

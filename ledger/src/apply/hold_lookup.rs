@@ -8,7 +8,7 @@ use crate::error::{checked_add, checked_sub, checked_sub_u32, LedgerError, Preco
 use crate::event::{AccountImage, EventKind, EventRecord};
 use crate::family::{Books, Keep, NewEvent, Step};
 use crate::hold::{ArchivedHold, Hold, HoldSlot, HoldTransition, InvocationState, MonetaryState};
-use crate::id_map::IdMap;
+use crate::id_table::IdTable;
 use crate::ids::{CapabilityId, EventId, HoldId};
 
 /// What `touch_hold` found.
@@ -38,7 +38,7 @@ pub(crate) fn hold_expired(hold_id: &HoldId) -> LedgerError {
 /// is expired first (an `expire_hold` event), as SPEC.md §4 requires of any command that
 /// touches it.
 pub(crate) fn touch_hold<'h>(
-    holds: &'h mut IdMap<HoldId, HoldSlot>,
+    holds: &'h mut IdTable<HoldId, HoldSlot>,
     books: &mut Books<'_>,
     hold_id: &HoldId,
     cmd: &ClientCommand,
