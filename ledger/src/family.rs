@@ -1,7 +1,7 @@
 //! One budget family: all accounts, holds, events and nonces of a delegation chain, and the
 //! single entry point `Family::apply` that every replica runs in log order.
 
-use std::collections::{hash_map, BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -15,7 +15,7 @@ use crate::dedupe::{AppliedRow, DedupeEntry};
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::{AccountImage, EventRecord};
 use crate::hold::HoldSlot;
-use crate::id_table::IdTable;
+use crate::id_table::{Entry, IdTable};
 use crate::ids::{EventId, FamilyId, HoldId, NonceId};
 use crate::journal::Journal;
 use crate::limits::MAX_EVENTS_PER_COMMAND;
@@ -285,8 +285,8 @@ impl Family {
         // table, and it is back before compaction. (After a panic the family is discarded.)
         let mut dedupe = std::mem::take(&mut self.dedupe);
         let result = match dedupe.entry(cmd.header.event_id.clone()) {
-            hash_map::Entry::Occupied(entry) => self.answer_again(entry.get(), cmd, step),
-            hash_map::Entry::Vacant(slot) => self.apply_fresh(cmd, step).map(|(decision, row)| {
+            Entry::Occupied(row) => self.answer_again(row, cmd, step),
+            Entry::Vacant(slot) => self.apply_fresh(cmd, step).map(|(decision, row)| {
                 slot.insert(row);
                 decision
             }),

@@ -1,7 +1,6 @@
 //! `AuthorizeHold`: reserve on the grant account and every ancestor account, atomically.
 
 use std::borrow::Cow;
-use std::collections::hash_map::Entry;
 
 use crate::account::{Account, AccountKey, GrantLimits};
 use crate::command::{ClientCommand, Operation};
@@ -10,6 +9,7 @@ use crate::error::{checked_add, ConflictReason, LedgerError, PreconditionCode};
 use crate::event::{EventKind, EventRecord};
 use crate::family::{stamped, Family, Keep, NewEvent, Step};
 use crate::hold::{Hold, HoldSlot, HoldTransition, InvocationState, MonetaryState};
+use crate::id_table::Entry;
 use crate::limits::MAX_LIVE_HOLDS_PER_FAMILY;
 
 impl Family {
