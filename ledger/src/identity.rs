@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 
 use crate::account::{AccountKey, GrantLimits};
 use crate::command::{ClientCommand, Operation};
-use crate::identity_fields::{Field, FieldHasher, FieldHashes};
+use crate::identity_fields::{Field, FieldHashes, FieldSpans};
 use crate::ids::AttemptId;
 
 /// A client command with everything outside its identity blanked and ancestors sorted.
@@ -303,46 +303,54 @@ fn operation_code(op: &Operation) -> u8 {
     }
 }
 
-/// Feeds the encoding into SHA-256 through a stack buffer: the encoder writes a field at a
-/// time, and one hasher update per small write costs more than the hashing.
+/// Bytes of encoding kept on the stack; a longer identity (long ids, many ancestors) moves to
+/// the heap. Typical commands encode to about 100 bytes.
+const INLINE_ENCODING_BYTES: usize = 256;
+
+/// Builds the encoding in one contiguous buffer, noting where each field's bytes lie, then
+/// hashes it once: SHA-256 over the whole, and each field's slice on its own (see
+/// `identity_fields.rs`). One pass of plain stores, with no hashing between small writes.
 struct HashWriter {
-    hasher: Sha256,
-    buf: [u8; 256],
+    inline: [u8; INLINE_ENCODING_BYTES],
     len: usize,
-    fields: FieldHasher,
+    /// The whole encoding, once it outgrew `inline`.
+    spilled: Option<Vec<u8>>,
+    fields: FieldSpans,
 }
 
 impl HashWriter {
     fn new(operation_code: u8, with_fields: bool) -> Self {
         Self {
-            hasher: Sha256::new(),
-            buf: [0; 256],
+            inline: [0; INLINE_ENCODING_BYTES],
             len: 0,
-            fields: FieldHasher::new(operation_code, with_fields),
+            spilled: None,
+            fields: FieldSpans::new(operation_code, with_fields),
         }
     }
 
     /// What is written from now on belongs to `field` (for the per-field hashes only: the
     /// digest's encoding has no field markers).
     fn field(&mut self, field: Field) {
-        self.fields.begin(field);
+        self.fields.begin(field, self.len());
     }
 
-    /// Inlined into every writer, so the buffer length and the field hash state stay in
-    /// registers across a command's twenty-odd small writes (measured: +2–3% on apply).
+    fn len(&self) -> usize {
+        self.spilled.as_ref().map_or(self.len, Vec::len)
+    }
+
     #[inline(always)]
     fn bytes(&mut self, bytes: &[u8]) {
-        self.fields.write(bytes);
-        if self.len + bytes.len() > self.buf.len() {
-            self.hasher.update(&self.buf[..self.len]);
-            self.len = 0;
-            if bytes.len() > self.buf.len() {
-                self.hasher.update(bytes);
-                return;
-            }
+        if let Some(spilled) = &mut self.spilled {
+            spilled.extend_from_slice(bytes);
+        } else if let Some(room) = self.inline.get_mut(self.len..self.len + bytes.len()) {
+            room.copy_from_slice(bytes);
+            self.len += bytes.len();
+        } else {
+            let mut spilled = Vec::with_capacity(2 * (self.len + bytes.len()));
+            spilled.extend_from_slice(&self.inline[..self.len]);
+            spilled.extend_from_slice(bytes);
+            self.spilled = Some(spilled);
         }
-        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
-        self.len += bytes.len();
     }
 
     fn u8(&mut self, value: u8) {
@@ -351,6 +359,9 @@ impl HashWriter {
 
     /// Unsigned LEB128, minimal: seven bits a byte, low first, high bit set on all but the last.
     fn uint(&mut self, mut value: u64) {
+        if value < 0x80 {
+            return self.u8(value as u8);
+        }
         let mut encoded = [0u8; 10];
         let mut len = 0;
         loop {
@@ -408,9 +419,15 @@ impl HashWriter {
         self.option(limits.currency.as_deref(), Self::str);
     }
 
-    fn finish(mut self) -> ([u8; 32], FieldHashes) {
-        self.hasher.update(&self.buf[..self.len]);
-        (self.hasher.finalize().into(), self.fields.finish())
+    fn finish(&self) -> ([u8; 32], FieldHashes) {
+        let encoding = match &self.spilled {
+            Some(spilled) => spilled.as_slice(),
+            None => &self.inline[..self.len],
+        };
+        (
+            Sha256::digest(encoding).into(),
+            self.fields.finish(encoding),
+        )
     }
 }
 
