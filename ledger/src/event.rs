@@ -58,6 +58,11 @@ impl EventKind {
     }
 }
 
+/// An event's account after-images. Nearly every event changes one account (a grant with no
+/// ancestors), which sits inline in the record: no allocation per event, and compaction
+/// frees no second block.
+pub type AfterImages = smallvec::SmallVec<[AccountImage; 1]>;
+
 /// An account's state right after the event.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AccountImage {
@@ -88,7 +93,7 @@ pub struct EventRecord {
     pub limits: Option<GrantLimits>,
     pub hold_before: Option<HoldStates>,
     pub hold_after: Option<HoldStates>,
-    pub after_images: Vec<AccountImage>,
+    pub after_images: AfterImages,
 }
 
 /// `GetEvent`'s answer (SPEC.md §7). `Unknown` is never a no: an in-flight copy may commit.

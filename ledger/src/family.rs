@@ -13,7 +13,7 @@ use crate::compaction_queue::{CompactionItem, CompactionQueue};
 use crate::decision::{Decision, Outcome};
 use crate::dedupe::{AppliedRow, DedupeEntry};
 use crate::error::{LedgerError, PreconditionCode};
-use crate::event::{AccountImage, EventRecord};
+use crate::event::{AccountImage, AfterImages, EventRecord};
 use crate::hold::HoldSlot;
 use crate::id_table::{Entry, IdTable};
 use crate::ids::{EventId, FamilyId, HoldId, NonceId};
@@ -172,8 +172,8 @@ impl Books<'_> {
         index: BudgetCommitIndex,
         now_ms: u64,
         change: impl Fn(&Account) -> Result<Account, LedgerError>,
-    ) -> Result<Vec<AccountImage>, LedgerError> {
-        let mut images = Vec::with_capacity(keys.len());
+    ) -> Result<AfterImages, LedgerError> {
+        let mut images = AfterImages::with_capacity(keys.len());
         for key in keys {
             let account = self.accounts.get(key).unwrap_or_else(|| {
                 panic!("family {}: hold account {key:?} has no row", self.family_id)

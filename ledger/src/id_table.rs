@@ -287,7 +287,10 @@ mod tests {
             table.insert(CountedId(n), n);
         }
         let hashed = HASHED.load(std::sync::atomic::Ordering::Relaxed) - before;
-        assert_eq!(hashed, 10_000, "one hash per insert, none while the table grew");
+        assert_eq!(
+            hashed, 10_000,
+            "one hash per insert, none while the table grew"
+        );
         assert!((0..10_000).all(|n| table.get(&CountedId(n)) == Some(&n)));
     }
 }

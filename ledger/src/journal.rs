@@ -183,7 +183,7 @@ mod tests {
             limits: None,
             hold_before: None,
             hold_after: None,
-            after_images: Vec::new(),
+            after_images: Default::default(),
         }
     }
 

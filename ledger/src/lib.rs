@@ -35,7 +35,7 @@ pub use command::{AncestorAccount, ClientCommand, Command, CommandHeader, Operat
 pub use commit_index::{BudgetCommitIndex, LogPosition};
 pub use decision::{Decision, DenyReason, DenyRule, Outcome, Resolution};
 pub use error::{ConflictReason, LedgerError, PreconditionCode};
-pub use event::{AccountImage, EventKind, EventLookup, EventRecord};
+pub use event::{AccountImage, AfterImages, EventKind, EventLookup, EventRecord};
 pub use family::{ApplyCtx, Family};
 pub use hold::{ArchivedHold, Hold, HoldStates, HoldView, InvocationState, MonetaryState};
 pub use id_map::{IdKey, IdMap};

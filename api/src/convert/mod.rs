@@ -38,9 +38,10 @@ where
 }
 
 /// A repeated message field, converted, with errors placed under `field[i]`.
-pub(crate) fn repeated_into<W, D>(values: Vec<W>, field: &str) -> Result<Vec<D>, WireError>
+pub(crate) fn repeated_into<W, D, C>(values: Vec<W>, field: &str) -> Result<C, WireError>
 where
     D: TryFrom<W, Error = WireError>,
+    C: FromIterator<D>,
 {
     values
         .into_iter()

@@ -413,7 +413,8 @@ fn event_record(kind: EventKind) -> EventRecord {
         after_images: vec![AccountImage {
             key: AccountKey::new("cap", 3),
             account: account(),
-        }],
+        }]
+        .into(),
     }
 }
 
@@ -436,7 +437,7 @@ fn every_event_kind_round_trips_in_an_event_record() {
         limits: None,
         hold_before: None,
         hold_after: None,
-        after_images: vec![],
+        after_images: Default::default(),
         ..event_record(EventKind::ConsumeNonce)
     };
     assert_eq!(

@@ -6,7 +6,7 @@ use crate::account::{Account, AccountKey, GrantLimits};
 use crate::command::{ClientCommand, Operation};
 use crate::decision::{Decision, Outcome};
 use crate::error::{checked_add, ConflictReason, LedgerError, PreconditionCode};
-use crate::event::{EventKind, EventRecord};
+use crate::event::{AfterImages, EventKind, EventRecord};
 use crate::family::{stamped, Family, Keep, NewEvent, Step};
 use crate::hold::{Hold, HoldSlot, HoldTransition, InvocationState, MonetaryState};
 use crate::id_table::Entry;
@@ -74,7 +74,7 @@ impl Family {
             }
         }
         let index = step.ctx.base_index();
-        let mut after_images = Vec::new();
+        let mut after_images = AfterImages::new();
         if denial.is_none() {
             after_images.reserve_exact(1 + ancestors.len());
             for (key, limits) in targets() {
@@ -112,7 +112,7 @@ impl Family {
             limits: Some(limits.clone()),
             hold_before: None,
             hold_after: None,
-            after_images: Vec::new(),
+            after_images: AfterImages::new(),
         };
         if let Some(reason) = denial {
             let index = books.append(

@@ -5,7 +5,7 @@ use crate::command::ClientCommand;
 use crate::commit_index::BudgetCommitIndex;
 use crate::compaction_queue::CompactionItem;
 use crate::error::{checked_add, checked_sub, checked_sub_u32, LedgerError, PreconditionCode};
-use crate::event::{AccountImage, EventKind, EventRecord};
+use crate::event::{AfterImages, EventKind, EventRecord};
 use crate::family::{Books, Keep, NewEvent, Step};
 use crate::hold::{ArchivedHold, Hold, HoldSlot, HoldTransition, InvocationState, MonetaryState};
 use crate::id_table::IdTable;
@@ -170,7 +170,7 @@ pub(crate) fn plan_exposure_change(
     removed_units: u64,
     realized_units: u64,
     step: &Step<'_>,
-) -> Result<Vec<AccountImage>, LedgerError> {
+) -> Result<AfterImages, LedgerError> {
     let index = step.ctx.base_index();
     books.plan_accounts(&hold.accounts, index, step.now_ms(), |account| {
         let mut next = account.clone();
@@ -214,6 +214,6 @@ pub(crate) fn hold_event(
         limits: None,
         hold_before: None,
         hold_after: Some(hold.states()),
-        after_images: Vec::new(),
+        after_images: AfterImages::new(),
     }
 }

@@ -5,7 +5,7 @@ use crate::account::Account;
 use crate::command::{ClientCommand, Operation};
 use crate::decision::{Decision, Outcome};
 use crate::error::{checked_add, checked_sub, checked_sub_u32, LedgerError, PreconditionCode};
-use crate::event::{EventKind, EventRecord};
+use crate::event::{AfterImages, EventKind, EventRecord};
 use crate::family::{stamped, Family, Keep, NewEvent, Step};
 
 impl Family {
@@ -82,14 +82,14 @@ impl Family {
             limits: limits.cloned(),
             hold_before: None,
             hold_after: None,
-            after_images: Vec::new(),
+            after_images: AfterImages::new(),
         };
         let index = record.commit_index;
         if let Some(next) = next {
             let image = stamped(&key, next, index, step.now_ms());
             let mut books = self.books();
             books.commit_accounts(std::slice::from_ref(&image));
-            record.after_images = vec![image];
+            record.after_images = smallvec::smallvec![image];
         }
         let appended = self.append(
             step,

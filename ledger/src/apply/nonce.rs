@@ -5,7 +5,7 @@ use crate::command::ClientCommand;
 use crate::compaction_queue::CompactionItem;
 use crate::decision::{Decision, Outcome};
 use crate::error::{LedgerError, PreconditionCode};
-use crate::event::{EventKind, EventRecord};
+use crate::event::{AfterImages, EventKind, EventRecord};
 use crate::family::{Family, Keep, NewEvent, Step};
 use crate::ids::NonceId;
 use crate::limits::MAX_NONCE_TTL_MS;
@@ -55,7 +55,7 @@ impl Family {
             limits: None,
             hold_before: None,
             hold_after: None,
-            after_images: Vec::new(),
+            after_images: AfterImages::new(),
         };
         let index = self.append(
             step,
