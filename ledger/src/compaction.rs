@@ -3,8 +3,8 @@
 //! the dedupe row keeps a digest and the answer, and final holds keep an archive record.
 //! Items are ordered by due time, so each step pops the queue's first entry.
 
-use crate::compaction_queue::CompactionItem;
-use crate::dedupe::{DedupeEntry, Retained};
+use crate::compaction_queue::{CompactionItem, DueItem};
+use crate::dedupe::DedupeEntry;
 use crate::family::Family;
 use crate::hold::HoldSlot;
 use crate::limits::MAX_COMPACTIONS_PER_COMMAND;
@@ -14,23 +14,25 @@ impl Family {
     /// Deterministic: it depends only on replicated state and cluster time.
     pub(crate) fn compact_due(&mut self, now_ms: u64) {
         for _ in 0..MAX_COMPACTIONS_PER_COMMAND {
-            let Some(queued) = self.compaction_queue.pop_due(now_ms) else {
+            let Some(due) = self.compaction_queue.pop_due(now_ms) else {
                 return;
             };
-            self.compact(queued.item, queued.retained, now_ms);
+            self.compact(due, now_ms);
         }
     }
 
-    fn compact(&mut self, item: CompactionItem, retained: Option<Retained>, now_ms: u64) {
-        match item {
+    fn compact(&mut self, due: DueItem, now_ms: u64) {
+        match due.item {
             CompactionItem::Journal(index) => {
                 self.journal.discard(index, |_| true);
             }
             CompactionItem::Command(event_id) => {
-                // The row keeps its digest; dropping `retained` drops the field hashes.
-                let retained = retained
-                    .unwrap_or_else(|| panic!("command {event_id:?} queued without its identity"));
-                if let Some(index) = retained.event {
+                // The row keeps its digest; the queue dropped the field hashes.
+                assert!(
+                    due.retained,
+                    "command {event_id:?} queued without its identity"
+                );
+                if let Some(index) = due.own_event {
                     assert!(
                         self.journal
                             .discard(index, |record| record.event_id == event_id),

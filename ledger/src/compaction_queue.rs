@@ -72,31 +72,50 @@ const MAX_IN_ORDER_GAP_MS: u64 = 60_000;
 /// Sorted lanes at most: each pop compares every lane's front.
 const MAX_LANES: usize = 4;
 
-/// A sorted run of items: the keys apart from the items, so finding the smallest front reads
-/// a dense array of keys, not an item's cache line per lane.
+/// A sorted run of items: the keys, the items and what they retain in three deques, so
+/// finding the smallest front reads a dense array of keys, and popping an item leaves its
+/// retained field hashes (most of its bytes, never read again) to be dropped where they lie.
 #[derive(Clone, Default)]
 struct Lane {
     /// Strictly increasing.
     keys: VecDeque<QueueKey>,
-    items: VecDeque<Queued>,
+    items: VecDeque<CompactionItem>,
+    retained: VecDeque<Option<Retained>>,
 }
 
 impl Lane {
     fn push_back(&mut self, key: QueueKey, queued: Queued) {
         self.keys.push_back(key);
-        self.items.push_back(queued);
+        self.items.push_back(queued.item);
+        self.retained.push_back(queued.retained);
     }
 
     fn pop_back(&mut self) -> Option<(QueueKey, Queued)> {
-        Some((self.keys.pop_back()?, self.items.pop_back()?))
+        let key = self.keys.pop_back()?;
+        let item = self.items.pop_back()?;
+        let retained = self.retained.pop_back()?;
+        Some((key, Queued { item, retained }))
     }
 
-    fn pop_front(&mut self) -> Option<Queued> {
+    fn pop_front(&mut self) -> Option<DueItem> {
         self.keys.pop_front()?;
-        let popped = self.items.pop_front();
+        let item = self.items.pop_front()?;
+        let retained = self.retained.front()?;
+        let due = DueItem {
+            item,
+            retained: retained.is_some(),
+            own_event: retained.as_ref().and_then(|retained| retained.event),
+        };
+        // Dropped in place: moving the field hashes out only to drop them costs a copy.
+        drop(self.retained.drain(..1));
         release_spare(&mut self.keys);
         release_spare(&mut self.items);
-        popped
+        release_spare(&mut self.retained);
+        Some(due)
+    }
+
+    fn get(&self, at: usize) -> (&CompactionItem, Option<&Retained>) {
+        (&self.items[at], self.retained[at].as_ref())
     }
 
     fn len(&self) -> usize {
@@ -107,8 +126,31 @@ impl Lane {
         self.keys.is_empty()
     }
 
-    fn iter(&self) -> impl Iterator<Item = (&QueueKey, &Queued)> {
-        self.keys.iter().zip(&self.items)
+    fn iter(&self) -> impl Iterator<Item = (&QueueKey, (&CompactionItem, Option<&Retained>))> {
+        self.keys.iter().zip(
+            self.items
+                .iter()
+                .zip(self.retained.iter().map(Option::as_ref)),
+        )
+    }
+}
+
+/// An item taken from the queue because it fell due.
+pub(crate) struct DueItem {
+    pub item: CompactionItem,
+    /// Whether it retained an identity's field hashes (a command or a tombstone does).
+    pub retained: bool,
+    /// The command's own event, which leaves the journal with it.
+    pub own_event: Option<BudgetCommitIndex>,
+}
+
+impl From<Queued> for DueItem {
+    fn from(queued: Queued) -> Self {
+        Self {
+            item: queued.item,
+            retained: queued.retained.is_some(),
+            own_event: queued.retained.and_then(|retained| retained.event),
+        }
     }
 }
 
@@ -185,15 +227,20 @@ impl CompactionQueue {
         best.map(|(_, at)| at)
     }
 
-    pub fn get(&self, key: &QueueKey) -> Option<&Queued> {
+    /// The item queued under `key`, and what it retains.
+    pub fn get(&self, key: &QueueKey) -> Option<(&CompactionItem, Option<&Retained>)> {
         self.lanes
             .iter()
-            .find_map(|lane| lane.keys.binary_search(key).ok().map(|at| &lane.items[at]))
-            .or_else(|| self.out_of_order.get(key))
+            .find_map(|lane| lane.keys.binary_search(key).ok().map(|at| lane.get(at)))
+            .or_else(|| {
+                self.out_of_order
+                    .get(key)
+                    .map(|queued| (&queued.item, queued.retained.as_ref()))
+            })
     }
 
     /// The first item whose due time is before `now_ms`, taken out of the queue.
-    pub fn pop_due(&mut self, now_ms: u64) -> Option<Queued> {
+    pub fn pop_due(&mut self, now_ms: u64) -> Option<DueItem> {
         let (first, side) = self.first()?;
         if first.due_ms >= now_ms {
             return None;
@@ -207,7 +254,10 @@ impl CompactionQueue {
                 }
                 popped
             }
-            Side::OutOfOrder => self.out_of_order.pop_first().map(|(_, queued)| queued),
+            Side::OutOfOrder => self
+                .out_of_order
+                .pop_first()
+                .map(|(_, queued)| queued.into()),
         }
     }
 
@@ -237,13 +287,18 @@ impl CompactionQueue {
     }
 
     /// Every item in key order (a merge of the lanes and the tree).
-    fn iter(&self) -> impl Iterator<Item = (&QueueKey, &Queued)> {
-        let mut sources: Vec<Box<dyn Iterator<Item = (&QueueKey, &Queued)> + '_>> = self
+    fn iter(&self) -> impl Iterator<Item = (&QueueKey, (&CompactionItem, Option<&Retained>))> {
+        type Source<'q> = Box<
+            dyn Iterator<Item = (&'q QueueKey, (&'q CompactionItem, Option<&'q Retained>))> + 'q,
+        >;
+        let mut sources: Vec<Source<'_>> = self
             .lanes
             .iter()
-            .map(|lane| Box::new(lane.iter()) as Box<dyn Iterator<Item = _>>)
+            .map(|lane| Box::new(lane.iter()) as Source<'_>)
             .collect();
-        sources.push(Box::new(self.out_of_order.iter()));
+        sources.push(Box::new(self.out_of_order.iter().map(|(key, queued)| {
+            (key, (&queued.item, queued.retained.as_ref()))
+        })));
         let mut sources: Vec<_> = sources.into_iter().map(Iterator::peekable).collect();
         std::iter::from_fn(move || {
             let next = sources
@@ -326,8 +381,10 @@ impl<'de> Deserialize<'de> for CompactionQueue {
             }
         }
         // A map's keys are strictly increasing: all of them form one sorted lane.
-        let (keys, items) = encoded.items.into_iter().unzip();
-        let lane = Lane { keys, items };
+        let mut lane = Lane::default();
+        for (key, queued) in encoded.items {
+            lane.push_back(key, queued);
+        }
         Ok(Self {
             lanes: if lane.is_empty() {
                 Vec::new()
@@ -354,7 +411,7 @@ mod tests {
         queue.push(20, nonce("late"), None);
         let first = queue.push(10, nonce("a"), None);
         queue.push(10, nonce("b"), None);
-        assert_eq!(queue.get(&first).map(|q| &q.item), Some(&nonce("a")));
+        assert_eq!(queue.get(&first).map(|q| q.0), Some(&nonce("a")));
         assert_eq!(queue.first_due_ms(), Some(10));
         assert!(queue.pop_due(10).is_none(), "due at 10 is not before 10");
         let popped: Vec<_> = std::iter::from_fn(|| queue.pop_due(21))
@@ -417,10 +474,10 @@ mod tests {
                     model.first_key_value().map(|(key, _)| key.due_ms)
                 );
                 for key in &keys {
-                    proptest::prop_assert_eq!(queue.get(key).map(|q| &q.item), model.get(key));
+                    proptest::prop_assert_eq!(queue.get(key).map(|q| q.0), model.get(key));
                 }
             }
-            let in_key_order: Vec<_> = queue.iter().map(|(key, q)| (*key, q.item.clone())).collect();
+            let in_key_order: Vec<_> = queue.iter().map(|(key, q)| (*key, q.0.clone())).collect();
             let model_order: Vec<_> = model.iter().map(|(key, item)| (*key, item.clone())).collect();
             proptest::prop_assert_eq!(in_key_order, model_order);
             // Restored, every item sits in the deque; state, equality and bytes are unchanged.

@@ -77,7 +77,7 @@ impl Family {
         }
         let expected = item(candidate.header.event_id.clone());
         let mut differing = match self.compaction_queue.get(&stored.retained) {
-            Some(queued) if queued.item == expected => match &queued.retained {
+            Some((item, retained)) if *item == expected => match retained {
                 Some(retained) => retained.fields.differing(&identity_hashes(candidate).1),
                 None => Vec::new(),
             },
