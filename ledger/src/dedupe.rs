@@ -77,10 +77,9 @@ impl Family {
         }
         let expected = item(candidate.header.event_id.clone());
         let mut differing = match self.compaction_queue.get(&stored.retained) {
-            Some((item, retained)) if *item == expected => match retained {
-                Some(retained) => retained.fields.differing(&identity_hashes(candidate).1),
-                None => Vec::new(),
-            },
+            Some((item, Some(retained))) if *item == expected => {
+                retained.fields.differing(&identity_hashes(candidate).1)
+            }
             _ => Vec::new(),
         };
         if differing.is_empty() {
