@@ -151,7 +151,9 @@ impl ClientCommand {
                         "exposure needs a grant currency",
                     ));
                 }
-                validate_ancestors(&h.account(), limits, ancestors)?;
+                if !ancestors.is_empty() {
+                    validate_ancestors(&h.account(), limits, ancestors)?;
+                }
                 if let Some(timeout) = hold_timeout_ms {
                     if *timeout == 0 || *timeout > MAX_HOLD_TIMEOUT_MS {
                         return Err(LedgerError::invalid(

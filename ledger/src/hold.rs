@@ -6,6 +6,10 @@ use crate::account::AccountKey;
 use crate::commit_index::BudgetCommitIndex;
 use crate::ids::{AttemptId, CapabilityId, EventId, HoldId};
 
+/// A hold's accounts. Most holds reserve on their grant's account alone, which sits inline in
+/// the hold: no allocation per hold.
+pub type HoldAccounts = smallvec::SmallVec<[AccountKey; 1]>;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum InvocationState {
     Authorized,
@@ -42,7 +46,7 @@ pub struct Hold {
     pub capability_id: CapabilityId,
     pub grant_index: u32,
     /// The grant account first, then up to 7 ancestor accounts (SPEC.md §8).
-    pub accounts: Vec<AccountKey>,
+    pub accounts: HoldAccounts,
     pub authorized_exposure_units: u64,
     pub remaining_exposure_units: u64,
     pub released_units: u64,

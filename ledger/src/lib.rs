@@ -37,7 +37,9 @@ pub use decision::{Decision, DenyReason, DenyRule, Outcome, Resolution};
 pub use error::{ConflictReason, LedgerError, PreconditionCode};
 pub use event::{AccountImage, AfterImages, EventKind, EventLookup, EventRecord};
 pub use family::{ApplyCtx, Family};
-pub use hold::{ArchivedHold, Hold, HoldStates, HoldView, InvocationState, MonetaryState};
+pub use hold::{
+    ArchivedHold, Hold, HoldAccounts, HoldStates, HoldView, InvocationState, MonetaryState,
+};
 pub use id_map::{IdKey, IdMap};
 pub use id_table::IdTable;
 pub use ids::{AttemptId, CapabilityId, EventId, FamilyId, HoldId, NonceId};

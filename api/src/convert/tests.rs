@@ -482,7 +482,7 @@ fn live_hold() -> Hold {
         hold_id: "h".into(),
         capability_id: "cap".into(),
         grant_index: 3,
-        accounts: vec![AccountKey::new("cap", 3), AccountKey::new("parent", 0)],
+        accounts: vec![AccountKey::new("cap", 3), AccountKey::new("parent", 0)].into(),
         authorized_exposure_units: 100,
         remaining_exposure_units: 0,
         released_units: 10,

@@ -8,7 +8,7 @@ use crate::decision::{Decision, Outcome};
 use crate::error::{checked_add, ConflictReason, LedgerError, PreconditionCode};
 use crate::event::{AfterImages, EventKind, EventRecord};
 use crate::family::{stamped, Family, Keep, NewEvent, Step};
-use crate::hold::{Hold, HoldSlot, HoldTransition, InvocationState, MonetaryState};
+use crate::hold::{Hold, HoldAccounts, HoldSlot, HoldTransition, InvocationState, MonetaryState};
 use crate::id_table::Entry;
 use crate::limits::MAX_LIVE_HOLDS_PER_FAMILY;
 
@@ -133,8 +133,7 @@ impl Family {
             ));
         }
 
-        let accounts: Vec<AccountKey> =
-            after_images.iter().map(|image| image.key.clone()).collect();
+        let accounts: HoldAccounts = after_images.iter().map(|image| image.key.clone()).collect();
         let hold = Hold {
             hold_id: hold_id.clone(),
             capability_id: cmd.header.capability_id.clone(),
