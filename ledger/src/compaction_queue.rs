@@ -47,17 +47,6 @@ pub(crate) struct Queued {
     pub retained: Option<Retained>,
 }
 
-/// Items in `(due_ms, seq)` order. Items come in a few streams whose due times each rise
-/// with cluster time: commands (`not_after_ms + retention`), holds that just ended (`now +
-/// retention`), expiry events. Each stream is appended to a lane, a deque sorted by
-/// construction, so a push and a pop cost no tree search and no allocation. A push goes to
-/// the lane whose last item is due latest but not after it (patience sorting); an item that
-/// fits no lane opens a new one, up to `MAX_LANES`, and past that waits in a tree. A pop takes
-/// the smallest of the fronts, so the order is exactly the key order either way.
-///
-/// Encoded, compared and restored as one map in key order: how items are split between the
-/// lanes and the tree depends on the order they were pushed in, never on the state.
-///
 /// Where an item waits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Side {
@@ -154,6 +143,16 @@ impl From<Queued> for DueItem {
     }
 }
 
+/// Items in `(due_ms, seq)` order. Items come in a few streams whose due times each rise
+/// with cluster time: commands (`not_after_ms + retention`), holds that just ended (`now +
+/// retention`), expiry events. Each stream is appended to a lane, a deque sorted by
+/// construction, so a push and a pop cost no tree search and no allocation. A push goes to
+/// the lane whose last item is due latest but not after it (patience sorting); an item that
+/// fits no lane opens a new one, up to `MAX_LANES`, and past that waits in a tree. A pop takes
+/// the smallest of the fronts, so the order is exactly the key order either way.
+///
+/// Encoded, compared and restored as one map in key order: how items are split between the
+/// lanes and the tree depends on the order they were pushed in, never on the state.
 #[derive(Clone, Default)]
 pub(crate) struct CompactionQueue {
     /// No lane is empty.

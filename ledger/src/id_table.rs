@@ -6,8 +6,13 @@
 //! node, moving half of it; kernels name requests by random UUIDs, so the path is cold. Here a
 //! lookup is one hash of the id and, mostly, one probe. Measured on `Family::apply` (20,000
 //! calls on a fresh family, old and new binaries back to back): UUID-named requests 1.2–1.3×
-//! faster with these tables (and the compaction queue's lanes); counter-named ones, whose
-//! tree paths stayed in cache, no slower.
+//! faster with these tables (and the compaction queue's lanes), counter-named ones about as
+//! fast; with counter-named requests on a family grown past 3M rows, where the tree's path
+//! stayed cached, ~6% slower (`ledger/apply`, README).
+//!
+//! This is the one place replicated state lives in a hash table (DESIGN.md asks for ordered
+//! containers): what that rule protects, that no answer, byte or digest depends on an
+//! iteration order, holds here by construction.
 //!
 //! Nothing that applies, encodes or digests depends on the table's iteration order: commands
 //! only look rows up by id, and the encoding sorts the rows by id first, so the bytes are

@@ -566,6 +566,46 @@ mod tests {
         );
     }
 
+    /// A 1,419-byte identity: past the inline buffer, so it is encoded on the heap.
+    fn long_authorize(last_ancestor_max: u32) -> ClientCommand {
+        let ancestors = (0..7u8)
+            .rev()
+            .map(|n| {
+                let capability = char::from(b'a' + n).to_string().repeat(100);
+                ancestor(
+                    &capability,
+                    if n == 0 {
+                        last_ancestor_max
+                    } else {
+                        u32::from(n) + 1
+                    },
+                )
+            })
+            .collect();
+        let mut cmd = authorize(&"f".repeat(300), &"c".repeat(200), ancestors);
+        if let Operation::AuthorizeHold { hold_id, .. } = &mut cmd.op {
+            *hold_id = "h".repeat(150).into();
+        }
+        cmd
+    }
+
+    #[test]
+    fn a_long_identity_spills_to_the_heap_and_encodes_the_same() {
+        // (Checked independently: a Python transcription of `digest_of`'s doc comment, which
+        // also gives `the_encoding_is_fixed`'s digest.)
+        let digest = digest_of(&long_authorize(1));
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            hex,
+            "b2e19374642c4f4bd88197afb6d40010439ad8c053ceea8e8530bbe2d4ed1a3a"
+        );
+        // Field spans stay right past the spill: only the changed field is named.
+        let named = identity_hashes(&long_authorize(1))
+            .1
+            .differing(&identity_hashes(&long_authorize(9)).1);
+        assert_eq!(named, ["ancestors"]);
+    }
+
     #[test]
     fn field_hashes_name_the_fields_the_full_identity_names() {
         let base = authorize("fam", "cap", vec![ancestor("a", 1)]);
