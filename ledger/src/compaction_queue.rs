@@ -89,12 +89,7 @@ impl Lane {
     fn pop_front(&mut self) -> Option<DueItem> {
         self.keys.pop_front()?;
         let item = self.items.pop_front()?;
-        let retained = self.retained.front()?;
-        let due = DueItem {
-            item,
-            retained: retained.is_some(),
-            own_event: retained.as_ref().and_then(|retained| retained.event),
-        };
+        let due = DueItem::new(item, self.retained.front()?.as_ref());
         // Dropped in place: moving the field hashes out only to drop them costs a copy.
         drop(self.retained.drain(..1));
         release_spare(&mut self.keys);
@@ -133,12 +128,12 @@ pub(crate) struct DueItem {
     pub own_event: Option<BudgetCommitIndex>,
 }
 
-impl From<Queued> for DueItem {
-    fn from(queued: Queued) -> Self {
+impl DueItem {
+    fn new(item: CompactionItem, retained: Option<&Retained>) -> Self {
         Self {
-            item: queued.item,
-            retained: queued.retained.is_some(),
-            own_event: queued.retained.and_then(|retained| retained.event),
+            item,
+            retained: retained.is_some(),
+            own_event: retained.and_then(|retained| retained.event),
         }
     }
 }
@@ -256,7 +251,7 @@ impl CompactionQueue {
             Side::OutOfOrder => self
                 .out_of_order
                 .pop_first()
-                .map(|(_, queued)| queued.into()),
+                .map(|(_, queued)| DueItem::new(queued.item, queued.retained.as_ref())),
         }
     }
 

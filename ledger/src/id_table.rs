@@ -186,21 +186,24 @@ impl<K: Serialize + Hash + Eq + Ord, V: Serialize> Serialize for IdTable<K, V> {
     }
 }
 
-impl<K: Hash + Eq + Clone, V> UniqueRows<K, V> for IdTable<K, V> {
-    fn insert_new(&mut self, id: K, row: V) -> Result<(), K> {
-        match self.entry(id.clone()) {
-            Entry::Vacant(slot) => {
-                slot.insert(row);
+impl<K: Hash + Eq, V> UniqueRows<K, V> for IdTable<K, V> {
+    /// Moves the id in: decoding clones no id per row.
+    fn insert_new(&mut self, id: K, value: V) -> Result<(), K> {
+        let hash = self.hash(&id);
+        let eq = |row: &Row<K, V>| row.hash == hash && row.id == id;
+        match self.rows.entry(hash, eq, |row| row.hash) {
+            hash_table::Entry::Occupied(_) => Err(id),
+            hash_table::Entry::Vacant(slot) => {
+                slot.insert(Row { hash, id, value });
                 Ok(())
             }
-            Entry::Occupied(_) => Err(id),
         }
     }
 }
 
 impl<'de, K, V> Deserialize<'de> for IdTable<K, V>
 where
-    K: Deserialize<'de> + Hash + Eq + Clone + fmt::Debug,
+    K: Deserialize<'de> + Hash + Eq + fmt::Debug,
     V: Deserialize<'de>,
 {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {

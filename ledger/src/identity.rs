@@ -419,15 +419,18 @@ impl HashWriter {
         self.option(limits.currency.as_deref(), Self::str);
     }
 
-    fn finish(&self) -> ([u8; 32], FieldHashes) {
-        let encoding = match &self.spilled {
+    fn finish(&mut self) -> ([u8; 32], FieldHashes) {
+        let Self {
+            inline,
+            len,
+            spilled,
+            fields,
+        } = self;
+        let encoding = match spilled {
             Some(spilled) => spilled.as_slice(),
-            None => &self.inline[..self.len],
+            None => &inline[..*len],
         };
-        (
-            Sha256::digest(encoding).into(),
-            self.fields.finish(encoding),
-        )
+        (Sha256::digest(encoding).into(), fields.finish(encoding))
     }
 }
 

@@ -115,7 +115,7 @@ impl FieldSpans {
     }
 
     /// The hash of each field's slice of `encoding` (the whole encoding, now written).
-    pub fn finish(&self, encoding: &[u8]) -> FieldHashes {
+    pub fn finish(&mut self, encoding: &[u8]) -> FieldHashes {
         let mut hashes = FieldHashes {
             operation_code: self.operation_code,
             hashes: [0; FIELD_COUNT],
@@ -123,11 +123,8 @@ impl FieldSpans {
         if !self.enabled {
             return hashes;
         }
-        let mut spans = self.spans;
-        if let Some((field, start)) = self.current {
-            spans[field as usize] = span(start, encoding.len());
-        }
-        for (hash, (start, end)) in hashes.hashes.iter_mut().zip(spans) {
+        self.close(encoding.len());
+        for (hash, (start, end)) in hashes.hashes.iter_mut().zip(self.spans) {
             if end > start {
                 *hash = field_hash(&encoding[start as usize..end as usize]);
             }
