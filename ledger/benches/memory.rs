@@ -1,0 +1,169 @@
+//! Memory per applied command, the figure an operator sizes `retention_ms` with (SPEC.md
+//! §5.5): what a command costs while its full event is retained (until `not_after_ms +
+//! retention_ms`), and what stays for ever once it is compacted (the dedupe row that keeps
+//! replays exact, the archived hold). Counted by a global allocator that tracks live heap
+//! bytes, spare capacity of the family's tables and deques included (the allocator's own
+//! per-block overhead is not). Prints its figures; `cargo bench -p tally-ledger --bench memory`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tally_ledger::*;
+
+mod common;
+
+use common::{tool_call, RequestIds, T0};
+
+/// Live heap bytes and blocks of the whole process (the bench is single-threaded).
+struct Counting;
+
+static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+static LIVE_BLOCKS: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwards the caller's layout to the system allocator unchanged.
+        let block = unsafe { System.alloc(layout) };
+        if !block.is_null() {
+            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+            LIVE_BLOCKS.fetch_add(1, Ordering::Relaxed);
+        }
+        block
+    }
+
+    unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
+        // SAFETY: `block` came from `alloc` or `realloc` above with this layout.
+        unsafe { System.dealloc(block, layout) };
+        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        LIVE_BLOCKS.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: `block` came from this allocator with `layout`; the caller upholds the rest.
+        let moved = unsafe { System.realloc(block, layout, new_size) };
+        if !moved.is_null() {
+            LIVE_BYTES.fetch_add(new_size, Ordering::Relaxed);
+            LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        }
+        moved
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn live() -> (usize, usize) {
+    (
+        LIVE_BYTES.load(Ordering::Relaxed),
+        LIVE_BLOCKS.load(Ordering::Relaxed),
+    )
+}
+
+/// Calls per run: enough that table growth steps average out.
+const CALLS: u64 = 100_000;
+/// Long enough that nothing is compacted while the calls apply, as with the default 24 h.
+const RETENTION_MS: u64 = 24 * 3_600_000;
+
+struct Footprint {
+    full_bytes: usize,
+    full_blocks: usize,
+    compacted_bytes: usize,
+    compacted_blocks: usize,
+    snapshot_full: usize,
+    snapshot_compacted: usize,
+}
+
+fn measure(ids: RequestIds) -> Footprint {
+    let params = ClusterParams {
+        retention_ms: RETENTION_MS,
+        max_clock_step_ms: 10_000,
+    };
+    let mut log_index = 0;
+    let mut ctx = |now_ms: u64| {
+        log_index += 1;
+        ApplyCtx {
+            log_id: LogPosition {
+                term: 1,
+                index: log_index,
+            },
+            command_position: 0,
+            now_ms,
+            params,
+        }
+    };
+    let (base_bytes, base_blocks) = live();
+    let mut family = Family::new("fam".into());
+    let mut end_ms = T0;
+    for call in 0..CALLS {
+        // Built per call and dropped after it: what stays is what the family keeps.
+        end_ms = T0 + call;
+        for command in tool_call(ids, call, end_ms) {
+            let decision = family.apply(&command, &ctx(end_ms));
+            assert!(decision.is_ok(), "bench command failed: {decision:?}");
+        }
+    }
+    assert_eq!(
+        family.journal_len() as u64,
+        3 * CALLS,
+        "nothing may be compacted before retention ends"
+    );
+    let (full_bytes, full_blocks) = live();
+    let snapshot_full = family.to_snapshot_bytes().len();
+
+    // Past every command's `not_after_ms + retention_ms`: each command compacts a bounded
+    // number of items (MAX_COMPACTIONS_PER_COMMAND), so apply expiry sweeps until all is done.
+    let after_ms = end_ms + 1_000 + RETENTION_MS + 1;
+    let sweep = Command::ExpireHolds {
+        family_id: "fam".into(),
+        up_to_ms: after_ms,
+    };
+    for _ in 0..(4 * CALLS) {
+        if family.journal_len() == 0 && family.live_hold_count() == 0 {
+            break;
+        }
+        family.apply(&sweep, &ctx(after_ms)).expect("sweep applies");
+    }
+    // A few more sweeps drain what the last items left due at the same time.
+    for _ in 0..4 {
+        family.apply(&sweep, &ctx(after_ms)).expect("sweep applies");
+    }
+    assert_eq!(family.journal_len(), 0, "every event compacted");
+    assert_eq!(family.live_hold_count(), 0, "every hold archived");
+    let (compacted_bytes, compacted_blocks) = live();
+    let snapshot_compacted = family.to_snapshot_bytes().len();
+    drop(family);
+    Footprint {
+        full_bytes: full_bytes - base_bytes,
+        full_blocks: full_blocks - base_blocks,
+        compacted_bytes: compacted_bytes - base_bytes,
+        compacted_blocks: compacted_blocks - base_blocks,
+        snapshot_full,
+        snapshot_compacted,
+    }
+}
+
+fn main() {
+    let commands = 3 * CALLS as usize;
+    for (name, ids) in [
+        ("counter-named requests", RequestIds::Sequential),
+        (
+            "UUID-named requests (as kernels name them)",
+            RequestIds::Random,
+        ),
+    ] {
+        let f = measure(ids);
+        println!("ledger memory, {CALLS} calls (authorize+capture+reconcile, {commands} commands), {name}:");
+        println!(
+            "  retained in full:  {:>6} bytes/command on the heap ({:.2} blocks/command); snapshot {} bytes/command",
+            f.full_bytes / commands,
+            f.full_blocks as f64 / commands as f64,
+            f.snapshot_full / commands
+        );
+        println!(
+            "  after compaction:  {:>6} bytes/command on the heap ({:.2} blocks/command); snapshot {} bytes/command",
+            f.compacted_bytes / commands,
+            f.compacted_blocks as f64 / commands as f64,
+            f.snapshot_compacted / commands
+        );
+    }
+}
