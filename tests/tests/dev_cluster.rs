@@ -169,6 +169,27 @@ fn the_dev_cluster_serves_stops_on_sigterm_and_restarts_with_its_state() {
         .filter(|n| n["role"] == "leader")
         .count();
     assert_eq!(leaders, 1, "{out}");
+
+    // Cluster parameters: the defaults, then a change through the log that a restart keeps.
+    let (code, out) = tally(base_port, &["params", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let params: serde_json::Value = serde_json::from_str(&out).expect("JSON params");
+    assert_eq!(params["retention_ms"], 24 * 3_600_000, "{out}");
+    assert_eq!(params["max_clock_step_ms"], 10_000, "{out}");
+    let (code, out) = tally(
+        base_port,
+        &["params", "--retention-ms", "3600000", "--json"],
+    );
+    assert_eq!(code, 0, "{out}");
+    let params: serde_json::Value = serde_json::from_str(&out).expect("JSON params");
+    assert_eq!(params["retention_ms"], 3_600_000, "{out}");
+    assert_eq!(
+        params["max_clock_step_ms"], 10_000,
+        "unset keeps its value: {out}"
+    );
+    assert!(params["committed_at_log_index"].as_u64().is_some(), "{out}");
+    let (code, out) = tally(base_port, &["params", "--max-clock-step-ms", "0"]);
+    assert_eq!(code, 2, "a zero clock step is bad usage: {out}");
     dev.stop();
 
     let dev = Dev::start(&data_dir, base_port);
@@ -185,6 +206,13 @@ fn the_dev_cluster_serves_stops_on_sigterm_and_restarts_with_its_state() {
     assert_eq!(
         usage[0]["account"]["invocation_count"], 1,
         "the restarted cluster kept its state: {out}"
+    );
+    let (code, out) = tally(base_port, &["params", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let params: serde_json::Value = serde_json::from_str(&out).expect("JSON params");
+    assert_eq!(
+        params["retention_ms"], 3_600_000,
+        "the restarted cluster kept its parameters: {out}"
     );
     // The same command again is a replay, answered from the stored outcome.
     let (code, out) = tally(base_port, AUTHORIZE);

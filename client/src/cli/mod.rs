@@ -5,6 +5,7 @@
 pub mod bench;
 mod command_args;
 mod output;
+mod params;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +18,7 @@ use self::command_args::HoldCommand;
 use self::output::{print_decision_outcome, print_json, Table};
 use crate::{ClientConfig, Outcome, TallyClient};
 
-/// Operate a Tally cluster: status, membership, usage, events, holds, and load.
+/// Operate a Tally cluster: status, membership, parameters, usage, events, holds, and load.
 #[derive(Debug, Parser)]
 #[command(name = "tally", version, after_help = EXIT_CODES)]
 pub struct Cli {
@@ -68,6 +69,9 @@ pub enum TallyCommand {
         #[arg(long)]
         event_id: String,
     },
+    /// Show the replicated cluster parameters (retention, clock step), or change them
+    /// through the log.
+    Params(params::ParamsArgs),
     /// Drive a load against the cluster and print throughput and latency percentiles.
     Bench(bench::BenchArgs),
 }
@@ -169,6 +173,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
             }
             Ok(0)
         }
+        TallyCommand::Params(args) => params::run(&client, args, cli.json).await,
         TallyCommand::Bench(args) => bench::run(client, args, cli.json).await,
     }
 }
