@@ -22,6 +22,11 @@ fn hold_help_lists_every_hold_command() {
 }
 
 #[test]
+fn params_help_explains_retention_and_sizing() {
+    insta::assert_snapshot!("tally_params_help", help(&["params", "--help"]));
+}
+
+#[test]
 fn bench_help_explains_its_knobs() {
     insta::assert_snapshot!("tally_bench_help", help(&["bench", "--help"]));
 }
