@@ -2,7 +2,8 @@
 //!
 //! Events are appended in strictly increasing commit index (the log order), so the journal is
 //! a deque kept sorted by construction: appending is a push at the back, a lookup is a binary
-//! search, and records live inline (no allocation per event). Compaction removes records in
+//! search, and records live inline (no allocation per event) in fixed-size chunks (a family
+//! retaining millions of events never copies them to grow; see `chunked_deque.rs`). Compaction removes records in
 //! due order, which is close to but not exactly commit order, so a removed record leaves an
 //! empty slot until every older one is gone; the front is trimmed as soon as it is empty. A
 //! slot outlives its record by at most the longest retention of an older record
@@ -18,6 +19,7 @@ use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::chunked_deque::ChunkedDeque;
 use crate::commit_index::BudgetCommitIndex;
 use crate::event::EventRecord;
 use crate::spare_capacity::release_spare;
@@ -27,7 +29,7 @@ use crate::spare_capacity::release_spare;
 #[derive(Clone, Default)]
 pub(crate) struct Journal {
     indices: VecDeque<BudgetCommitIndex>,
-    records: VecDeque<Option<EventRecord>>,
+    records: ChunkedDeque<Option<EventRecord>>,
     /// Slots that still hold a record.
     live: usize,
 }
@@ -52,7 +54,7 @@ impl Journal {
 
     pub fn get(&self, index: BudgetCommitIndex) -> Option<&EventRecord> {
         self.position(index)
-            .and_then(|at| self.records[at].as_ref())
+            .and_then(|at| self.records.get(at)?.as_ref())
     }
 
     /// Drops the record at `index` in place (records are large: moving one out to drop it
@@ -66,7 +68,7 @@ impl Journal {
         let Some(at) = self.position(index) else {
             return false;
         };
-        let slot = &mut self.records[at];
+        let slot = self.records.get_mut(at).expect("every index has a slot");
         let passed = slot.as_ref().is_some_and(check);
         if slot.is_some() {
             *slot = None;
@@ -76,7 +78,6 @@ impl Journal {
             self.records.pop_front();
             self.indices.pop_front();
         }
-        release_spare(&mut self.records);
         release_spare(&mut self.indices);
         passed
     }
@@ -92,7 +93,7 @@ impl Journal {
         after: Option<BudgetCommitIndex>,
     ) -> impl Iterator<Item = &EventRecord> {
         let start = after.map_or(0, |after| self.indices.partition_point(|i| *i <= after));
-        self.records.range(start..).flatten()
+        self.records.iter_from(start).flatten()
     }
 
     pub fn len(&self) -> usize {
@@ -119,7 +120,7 @@ impl fmt::Debug for Journal {
 impl Serialize for Journal {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(Some(self.live))?;
-        for (index, record) in self.indices.iter().zip(&self.records) {
+        for (index, record) in self.indices.iter().zip(self.records.iter()) {
             if let Some(record) = record {
                 map.serialize_entry(index, record)?;
             }

@@ -6,6 +6,7 @@
 
 pub mod account;
 mod apply;
+mod chunked_deque;
 pub mod cluster_time;
 pub mod command;
 pub mod commit_index;

@@ -1,6 +1,8 @@
-//! Giving memory back after a burst. The journal and the compaction queue are deques that
-//! grow with a family's in-flight commands; a deque never shrinks by itself, so a family that
-//! once held a burst would keep its peak allocation for as long as it stays live.
+//! Giving memory back after a burst. The journal's commit indices and the compaction queue's
+//! lanes are deques that grow with a family's in-flight commands; a deque never shrinks by
+//! itself, so a family that once held a burst would keep its peak allocation for as long as it
+//! stays live. (The journal's records, the bulk of it, sit in chunks that are freed as they
+//! empty: `chunked_deque.rs`.)
 
 use std::collections::VecDeque;
 

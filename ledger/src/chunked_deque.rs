@@ -1,0 +1,241 @@
+//! A deque stored as a queue of fixed-size chunks, for the journal's records.
+//!
+//! A `VecDeque` grows by doubling: every growth copies all its elements (for the journal,
+//! hundreds of megabytes under a long retention) into fresh memory the kernel must fault in,
+//! and between growths up to half its capacity is spare. Here growth allocates one chunk of
+//! about `CHUNK_BYTES`, nothing ever moves, and at most one chunk at each end is partly
+//! empty (plus one emptied chunk kept to take the next pushes). Popping from the front
+//! releases chunks as they empty, so a drained burst gives its memory back by itself.
+
+use std::collections::VecDeque;
+
+/// Bytes per chunk: big enough that the chunk index is small and a chunk is one allocation
+/// of the allocator's main heap, small enough that a family's spare memory stays small.
+const CHUNK_BYTES: usize = 32 * 1024;
+
+/// Elements per chunk of `T`.
+const fn chunk_len<T>() -> usize {
+    let fit = match CHUNK_BYTES.checked_div(std::mem::size_of::<T>()) {
+        Some(fit) => fit,
+        None => CHUNK_BYTES,
+    };
+    if fit < 16 {
+        16
+    } else {
+        fit
+    }
+}
+
+pub(crate) struct ChunkedDeque<T> {
+    /// Every chunk but the first and the last is full; pushes go to the last, pops come from
+    /// the first, so element `i` is found by arithmetic (see `locate`).
+    chunks: VecDeque<VecDeque<T>>,
+    len: usize,
+    /// One emptied chunk, kept so a steady push/pop stream does not allocate.
+    spare: Option<VecDeque<T>>,
+}
+
+impl<T> Default for ChunkedDeque<T> {
+    fn default() -> Self {
+        Self {
+            chunks: VecDeque::new(),
+            len: 0,
+            spare: None,
+        }
+    }
+}
+
+impl<T: Clone> Clone for ChunkedDeque<T> {
+    fn clone(&self) -> Self {
+        Self {
+            chunks: self.chunks.clone(),
+            len: self.len,
+            spare: None,
+        }
+    }
+}
+
+impl<T> ChunkedDeque<T> {
+    const CHUNK: usize = chunk_len::<T>();
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn push_back(&mut self, value: T) {
+        if self
+            .chunks
+            .back()
+            .is_none_or(|last| last.len() >= Self::CHUNK)
+        {
+            let chunk = self
+                .spare
+                .take()
+                .unwrap_or_else(|| VecDeque::with_capacity(Self::CHUNK));
+            self.chunks.push_back(chunk);
+        }
+        let last = self.chunks.back_mut().expect("a chunk was just ensured");
+        last.push_back(value);
+        self.len += 1;
+    }
+
+    pub fn pop_front(&mut self) -> Option<T> {
+        let first = self.chunks.front_mut()?;
+        let value = first.pop_front()?;
+        self.len -= 1;
+        if first.is_empty() {
+            let emptied = self.chunks.pop_front().expect("the first chunk exists");
+            if self.spare.is_none() && emptied.capacity() >= Self::CHUNK {
+                self.spare = Some(emptied);
+            }
+        }
+        Some(value)
+    }
+
+    pub fn front(&self) -> Option<&T> {
+        self.chunks.front()?.front()
+    }
+
+    /// The chunk and offset of element `at`, which must be below `len`.
+    fn locate(&self, at: usize) -> (usize, usize) {
+        assert!(at < self.len, "index {at} past a deque of {}", self.len);
+        let first = self.chunks[0].len();
+        if at < first {
+            return (0, at);
+        }
+        let rest = at - first;
+        (1 + rest / Self::CHUNK, rest % Self::CHUNK)
+    }
+
+    pub fn get(&self, at: usize) -> Option<&T> {
+        if at >= self.len {
+            return None;
+        }
+        let (chunk, offset) = self.locate(at);
+        self.chunks[chunk].get(offset)
+    }
+
+    pub fn get_mut(&mut self, at: usize) -> Option<&mut T> {
+        if at >= self.len {
+            return None;
+        }
+        let (chunk, offset) = self.locate(at);
+        self.chunks[chunk].get_mut(offset)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.chunks.iter().flatten()
+    }
+
+    /// Elements from position `start` on (none when `start >= len`).
+    pub fn iter_from(&self, start: usize) -> impl Iterator<Item = &T> {
+        let (first_chunk, offset) = if start < self.len {
+            self.locate(start)
+        } else {
+            (self.chunks.len(), 0)
+        };
+        self.chunks
+            .range(first_chunk..)
+            .enumerate()
+            .flat_map(move |(k, chunk)| chunk.range(if k == 0 { offset } else { 0 }..))
+    }
+
+    /// Chunks allocated, the spare included: memory is bounded by this times the chunk size.
+    #[cfg(test)]
+    fn allocated_chunks(&self) -> usize {
+        self.chunks.len() + usize::from(self.spare.is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Push,
+        Pop,
+    }
+
+    /// 2 KiB elements, 16 to a chunk, so a few hundred operations cross many chunk
+    /// boundaries.
+    #[derive(Clone, Debug, PartialEq)]
+    struct Wide(u64, [u8; 2040]);
+
+    fn wide(value: u64) -> Wide {
+        Wide(value, [0; 2040])
+    }
+
+    proptest! {
+        /// Against a `VecDeque`: same elements, same positions, same ranges, after any mix of
+        /// pushes and pops crossing chunk boundaries.
+        #[test]
+        fn behaves_as_a_vec_deque(ops in prop::collection::vec(
+            prop_oneof![3 => Just(Op::Push), 2 => Just(Op::Pop)], 0..600,
+        )) {
+            assert_eq!(ChunkedDeque::<Wide>::CHUNK, 16);
+            let mut chunked = ChunkedDeque::<Wide>::default();
+            let mut model = VecDeque::new();
+            let mut next = 0;
+            for op in ops {
+                match op {
+                    Op::Push => {
+                        chunked.push_back(wide(next));
+                        model.push_back(wide(next));
+                        next += 1;
+                    }
+                    Op::Pop => prop_assert_eq!(chunked.pop_front(), model.pop_front()),
+                }
+                prop_assert_eq!(chunked.len(), model.len());
+                prop_assert_eq!(chunked.front(), model.front());
+                prop_assert!(
+                    chunked.allocated_chunks() <= model.len().div_ceil(16) + 2,
+                    "{} chunks for {} elements", chunked.allocated_chunks(), model.len()
+                );
+            }
+            prop_assert!(chunked.iter().eq(model.iter()));
+            let copy = chunked.clone();
+            prop_assert!(copy.iter().eq(model.iter()));
+            for at in 0..=model.len() {
+                prop_assert_eq!(chunked.get(at), model.get(at));
+                prop_assert!(chunked.iter_from(at).eq(model.range(at..)));
+            }
+            for at in 0..model.len() {
+                chunked.get_mut(at).expect("in range").0 += 1_000_000;
+            }
+            prop_assert!(chunked.iter().map(|v| v.0 - 1_000_000).eq(model.iter().map(|v| v.0)));
+        }
+    }
+
+    #[test]
+    fn memory_follows_the_length_and_nothing_moves() {
+        let chunk = ChunkedDeque::<u64>::CHUNK;
+        let mut deque = ChunkedDeque::<u64>::default();
+        for value in 0..(10 * chunk as u64) {
+            deque.push_back(value);
+        }
+        assert_eq!(deque.allocated_chunks(), 10);
+        let first = deque.get(0).expect("first") as *const u64;
+        for value in 0..(5 * chunk as u64) {
+            deque.push_back(value);
+        }
+        assert_eq!(
+            deque.get(0).expect("first") as *const u64,
+            first,
+            "growing never moves an element"
+        );
+        while deque.len() > 3 {
+            deque.pop_front();
+        }
+        assert!(
+            deque.allocated_chunks() <= 2,
+            "a drained deque keeps its last chunk and one spare, has {}",
+            deque.allocated_chunks()
+        );
+        let large = ChunkedDeque::<[u8; 4096]>::CHUNK;
+        assert_eq!(large, 16, "large elements still come 16 to a chunk");
+    }
+}
