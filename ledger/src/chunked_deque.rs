@@ -85,12 +85,49 @@ impl<T> ChunkedDeque<T> {
         let value = first.pop_front()?;
         self.len -= 1;
         if first.is_empty() {
-            let emptied = self.chunks.pop_front().expect("the first chunk exists");
-            if self.spare.is_none() && emptied.capacity() >= Self::CHUNK {
-                self.spare = Some(emptied);
-            }
+            self.retire_front_chunk();
         }
         Some(value)
+    }
+
+    /// Drops the first element where it lies (a large element is not copied out to be
+    /// dropped); whether there was one.
+    pub fn discard_front(&mut self) -> bool {
+        let Some(first) = self.chunks.front_mut() else {
+            return false;
+        };
+        if first.is_empty() {
+            return false;
+        }
+        drop(first.drain(..1));
+        self.len -= 1;
+        if first.is_empty() {
+            self.retire_front_chunk();
+        }
+        true
+    }
+
+    pub fn pop_back(&mut self) -> Option<T> {
+        let last = self.chunks.back_mut()?;
+        let value = last.pop_back()?;
+        self.len -= 1;
+        if last.is_empty() {
+            let emptied = self.chunks.pop_back().expect("the last chunk exists");
+            self.keep_spare(emptied);
+        }
+        Some(value)
+    }
+
+    fn retire_front_chunk(&mut self) {
+        let emptied = self.chunks.pop_front().expect("the first chunk exists");
+        self.keep_spare(emptied);
+    }
+
+    fn keep_spare(&mut self, emptied: VecDeque<T>) {
+        assert!(emptied.is_empty(), "only an emptied chunk is kept as spare");
+        if self.spare.is_none() && emptied.capacity() >= Self::CHUNK {
+            self.spare = Some(emptied);
+        }
     }
 
     pub fn front(&self) -> Option<&T> {
@@ -158,6 +195,8 @@ mod tests {
     enum Op {
         Push,
         Pop,
+        PopBack,
+        DiscardFront,
     }
 
     /// 2 KiB elements, 16 to a chunk, so a few hundred operations cross many chunk
@@ -174,7 +213,13 @@ mod tests {
         /// pushes and pops crossing chunk boundaries.
         #[test]
         fn behaves_as_a_vec_deque(ops in prop::collection::vec(
-            prop_oneof![3 => Just(Op::Push), 2 => Just(Op::Pop)], 0..600,
+            prop_oneof![
+                6 => Just(Op::Push),
+                2 => Just(Op::Pop),
+                1 => Just(Op::PopBack),
+                1 => Just(Op::DiscardFront),
+            ],
+            0..600,
         )) {
             assert_eq!(ChunkedDeque::<Wide>::CHUNK, 16);
             let mut chunked = ChunkedDeque::<Wide>::default();
@@ -188,6 +233,10 @@ mod tests {
                         next += 1;
                     }
                     Op::Pop => prop_assert_eq!(chunked.pop_front(), model.pop_front()),
+                    Op::PopBack => prop_assert_eq!(chunked.pop_back(), model.pop_back()),
+                    Op::DiscardFront => {
+                        prop_assert_eq!(chunked.discard_front(), model.pop_front().is_some())
+                    }
                 }
                 prop_assert_eq!(chunked.len(), model.len());
                 prop_assert_eq!(chunked.front(), model.front());

@@ -12,6 +12,7 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::chunked_deque::ChunkedDeque;
 use crate::commit_index::BudgetCommitIndex;
 use crate::dedupe::Retained;
 use crate::ids::{EventId, HoldId, NonceId};
@@ -69,7 +70,8 @@ struct Lane {
     /// Strictly increasing.
     keys: VecDeque<QueueKey>,
     items: VecDeque<CompactionItem>,
-    retained: VecDeque<Option<Retained>>,
+    /// The bulk of a lane's bytes, in chunks that never move (see `chunked_deque.rs`).
+    retained: ChunkedDeque<Option<Retained>>,
 }
 
 impl Lane {
@@ -91,15 +93,21 @@ impl Lane {
         let item = self.items.pop_front()?;
         let due = DueItem::new(item, self.retained.front()?.as_ref());
         // Dropped in place: moving the field hashes out only to drop them costs a copy.
-        drop(self.retained.drain(..1));
+        assert!(
+            self.retained.discard_front(),
+            "a lane's deques have one length"
+        );
         release_spare(&mut self.keys);
         release_spare(&mut self.items);
-        release_spare(&mut self.retained);
         Some(due)
     }
 
     fn get(&self, at: usize) -> (&CompactionItem, Option<&Retained>) {
-        (&self.items[at], self.retained[at].as_ref())
+        let retained = self
+            .retained
+            .get(at)
+            .expect("a lane's deques have one length");
+        (&self.items[at], retained.as_ref())
     }
 
     fn len(&self) -> usize {
