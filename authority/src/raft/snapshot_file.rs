@@ -7,6 +7,7 @@
 use std::fs;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use sha2::{Digest, Sha256};
 
@@ -48,6 +49,11 @@ impl From<SnapshotFileError> for io::Error {
 #[derive(Clone, Debug)]
 pub struct SnapshotDir {
     dir: PathBuf,
+    /// Held while a file is written and old ones pruned. The node's own snapshot builder and
+    /// an install from the leader may save at the same time (a chaos run caught it): each
+    /// pruned what the other had just removed, and the install failed with "No such file",
+    /// which openraft treats as fatal.
+    writing: Arc<Mutex<()>>,
 }
 
 impl SnapshotDir {
@@ -57,7 +63,10 @@ impl SnapshotDir {
             path: dir.clone(),
             source,
         })?;
-        Ok(Self { dir })
+        Ok(Self {
+            dir,
+            writing: Arc::default(),
+        })
     }
 
     /// Writes `snapshot` durably, then removes all but the newest `KEEP` files.
@@ -72,6 +81,8 @@ impl SnapshotDir {
             move |source| SnapshotFileError::Io { path, source }
         };
         let bytes = encode(&snapshot.meta, &snapshot.snapshot)?;
+        // The lock guards no data, so a writer that panicked left nothing half-updated here.
+        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
         {
             let mut file = fs::File::create(&tmp).map_err(io_err(&tmp))?;
             file.write_all(&bytes).map_err(io_err(&tmp))?;
@@ -115,10 +126,17 @@ impl SnapshotDir {
     fn prune(&self) -> Result<(), SnapshotFileError> {
         let files = self.files()?;
         for old in files.iter().take(files.len().saturating_sub(KEEP)) {
-            fs::remove_file(old).map_err(|source| SnapshotFileError::Io {
-                path: old.clone(),
-                source,
-            })?;
+            match fs::remove_file(old) {
+                // Gone already (an operator, or a node sharing the directory by mistake):
+                // what pruning wanted.
+                Err(source) if source.kind() != io::ErrorKind::NotFound => {
+                    return Err(SnapshotFileError::Io {
+                        path: old.clone(),
+                        source,
+                    })
+                }
+                _ => {}
+            }
         }
         Ok(())
     }
@@ -213,6 +231,42 @@ mod tests {
         let checksum = Sha256::digest(&bytes[..body_len]);
         bytes[body_len..].copy_from_slice(&checksum);
         fs::write(path, bytes).expect("write");
+    }
+
+    fn snapshot_at(index: u64, data: &[u8]) -> Snapshot {
+        let mut snapshot = snapshot(data);
+        snapshot.meta.last_log_id = Some(
+            openraft::testing::log_id::<crate::raft::types::TypeConfig>(1, 1, index),
+        );
+        snapshot
+    }
+
+    /// The snapshot builder and an install from the leader may save at the same time, and
+    /// each prunes old files: neither may fail because the other removed a file first.
+    #[test]
+    fn concurrent_saves_all_succeed_and_keep_the_newest_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let snapshots = SnapshotDir::open(dir.path()).expect("open");
+        let writers: Vec<_> = (0..4u64)
+            .map(|writer| {
+                let snapshots = snapshots.clone();
+                std::thread::spawn(move || {
+                    for round in 0..40u64 {
+                        let index = round * 4 + writer + 1;
+                        snapshots
+                            .save(&snapshot_at(index, &[7; 4096]))
+                            .unwrap_or_else(|error| panic!("save of {index} failed: {error}"));
+                    }
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer.join().expect("a writer panicked");
+        }
+        let files = snapshots.files().expect("lists");
+        assert_eq!(files.len(), KEEP, "{files:?}");
+        let newest = snapshots.load_latest().expect("loads").expect("a file");
+        assert_eq!(newest.meta.last_log_id.map(|id| id.index), Some(160));
     }
 
     #[test]
