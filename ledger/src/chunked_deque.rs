@@ -81,13 +81,10 @@ impl<T> ChunkedDeque<T> {
     }
 
     pub fn pop_front(&mut self) -> Option<T> {
-        let first = self.chunks.front_mut()?;
-        let value = first.pop_front()?;
-        self.len -= 1;
-        if first.is_empty() {
-            self.retire_front_chunk();
-        }
-        Some(value)
+        let value = self.chunks.front_mut()?.pop_front();
+        assert!(value.is_some(), "a chunk in the queue is never empty");
+        self.front_removed();
+        value
     }
 
     /// Drops the first element where it lies (a large element is not copied out to be
@@ -96,14 +93,8 @@ impl<T> ChunkedDeque<T> {
         let Some(first) = self.chunks.front_mut() else {
             return false;
         };
-        if first.is_empty() {
-            return false;
-        }
         drop(first.drain(..1));
-        self.len -= 1;
-        if first.is_empty() {
-            self.retire_front_chunk();
-        }
+        self.front_removed();
         true
     }
 
@@ -118,9 +109,14 @@ impl<T> ChunkedDeque<T> {
         Some(value)
     }
 
-    fn retire_front_chunk(&mut self) {
-        let emptied = self.chunks.pop_front().expect("the first chunk exists");
-        self.keep_spare(emptied);
+    /// After one element left the first chunk (a chunk in the queue is never empty: the one
+    /// that empties is retired at once).
+    fn front_removed(&mut self) {
+        self.len -= 1;
+        if self.chunks.front().is_some_and(VecDeque::is_empty) {
+            let emptied = self.chunks.pop_front().expect("the first chunk exists");
+            self.keep_spare(emptied);
+        }
     }
 
     fn keep_spare(&mut self, emptied: VecDeque<T>) {
@@ -134,30 +130,26 @@ impl<T> ChunkedDeque<T> {
         self.chunks.front()?.front()
     }
 
-    /// The chunk and offset of element `at`, which must be below `len`.
-    fn locate(&self, at: usize) -> (usize, usize) {
-        assert!(at < self.len, "index {at} past a deque of {}", self.len);
-        let first = self.chunks[0].len();
-        if at < first {
-            return (0, at);
-        }
-        let rest = at - first;
-        (1 + rest / Self::CHUNK, rest % Self::CHUNK)
-    }
-
-    pub fn get(&self, at: usize) -> Option<&T> {
+    /// The chunk and offset of element `at`; `None` past the end.
+    fn locate(&self, at: usize) -> Option<(usize, usize)> {
         if at >= self.len {
             return None;
         }
-        let (chunk, offset) = self.locate(at);
+        let first = self.chunks[0].len();
+        if at < first {
+            return Some((0, at));
+        }
+        let rest = at - first;
+        Some((1 + rest / Self::CHUNK, rest % Self::CHUNK))
+    }
+
+    pub fn get(&self, at: usize) -> Option<&T> {
+        let (chunk, offset) = self.locate(at)?;
         self.chunks[chunk].get(offset)
     }
 
     pub fn get_mut(&mut self, at: usize) -> Option<&mut T> {
-        if at >= self.len {
-            return None;
-        }
-        let (chunk, offset) = self.locate(at);
+        let (chunk, offset) = self.locate(at)?;
         self.chunks[chunk].get_mut(offset)
     }
 
@@ -167,11 +159,7 @@ impl<T> ChunkedDeque<T> {
 
     /// Elements from position `start` on (none when `start >= len`).
     pub fn iter_from(&self, start: usize) -> impl Iterator<Item = &T> {
-        let (first_chunk, offset) = if start < self.len {
-            self.locate(start)
-        } else {
-            (self.chunks.len(), 0)
-        };
+        let (first_chunk, offset) = self.locate(start).unwrap_or((self.chunks.len(), 0));
         self.chunks
             .range(first_chunk..)
             .enumerate()
