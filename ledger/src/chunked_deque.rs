@@ -80,13 +80,6 @@ impl<T> ChunkedDeque<T> {
         self.len += 1;
     }
 
-    pub fn pop_front(&mut self) -> Option<T> {
-        let value = self.chunks.front_mut()?.pop_front();
-        assert!(value.is_some(), "a chunk in the queue is never empty");
-        self.front_removed();
-        value
-    }
-
     /// Drops the first element where it lies (a large element is not copied out to be
     /// dropped); whether there was one.
     pub fn discard_front(&mut self) -> bool {
@@ -182,7 +175,6 @@ mod tests {
     #[derive(Clone, Debug)]
     enum Op {
         Push,
-        Pop,
         PopBack,
         DiscardFront,
     }
@@ -203,9 +195,8 @@ mod tests {
         fn behaves_as_a_vec_deque(ops in prop::collection::vec(
             prop_oneof![
                 6 => Just(Op::Push),
-                2 => Just(Op::Pop),
                 1 => Just(Op::PopBack),
-                1 => Just(Op::DiscardFront),
+                3 => Just(Op::DiscardFront),
             ],
             0..600,
         )) {
@@ -220,7 +211,6 @@ mod tests {
                         model.push_back(wide(next));
                         next += 1;
                     }
-                    Op::Pop => prop_assert_eq!(chunked.pop_front(), model.pop_front()),
                     Op::PopBack => prop_assert_eq!(chunked.pop_back(), model.pop_back()),
                     Op::DiscardFront => {
                         prop_assert_eq!(chunked.discard_front(), model.pop_front().is_some())
@@ -265,7 +255,7 @@ mod tests {
             "growing never moves an element"
         );
         while deque.len() > 3 {
-            deque.pop_front();
+            deque.discard_front();
         }
         assert!(
             deque.allocated_chunks() <= 2,

@@ -114,7 +114,9 @@ impl Hold {
                 && self.authorized_exposure_units == 0)
     }
 
-    pub fn archive(&self) -> ArchivedHold {
+    /// The archive record of this final hold. Its transitions and attempt id move out, not
+    /// copied: the live hold is dropped right after (see `Family::compact`).
+    pub fn archive(&mut self) -> ArchivedHold {
         assert!(
             self.is_final(),
             "hold {} archived before it was final",
@@ -124,9 +126,9 @@ impl Hold {
             capability_id: self.capability_id.clone(),
             grant_index: self.grant_index,
             states: self.states(),
-            capture_attempt_id: self.capture_attempt_id.clone(),
-            captured: self.captured.clone(),
-            terminal: self.terminal.clone(),
+            capture_attempt_id: self.capture_attempt_id.take(),
+            captured: self.captured.take(),
+            terminal: self.terminal.take(),
         }
     }
 }

@@ -2,7 +2,6 @@
 //! Not part of it: `attempt_id`, `hold_timeout_ms`, `not_after_ms`, a nonce's expiry.
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::account::{AccountKey, GrantLimits};
 use crate::command::{ClientCommand, Operation};
@@ -330,6 +329,7 @@ impl HashWriter {
 
     /// What is written from now on belongs to `field` (for the per-field hashes only: the
     /// digest's encoding has no field markers).
+    #[inline]
     fn field(&mut self, field: Field) {
         self.fields.begin(field, self.len());
     }
@@ -353,11 +353,13 @@ impl HashWriter {
         }
     }
 
+    #[inline]
     fn u8(&mut self, value: u8) {
         self.bytes(&[value]);
     }
 
     /// Unsigned LEB128, minimal: seven bits a byte, low first, high bit set on all but the last.
+    #[inline]
     fn uint(&mut self, mut value: u64) {
         if value < 0x80 {
             return self.u8(value as u8);
@@ -378,19 +380,23 @@ impl HashWriter {
         self.bytes(&encoded[..len]);
     }
 
+    #[inline]
     fn u32(&mut self, value: u32) {
         self.uint(u64::from(value));
     }
 
+    #[inline]
     fn u64(&mut self, value: u64) {
         self.uint(value);
     }
 
+    #[inline]
     fn str(&mut self, text: &str) {
         self.uint(text.len() as u64);
         self.bytes(text.as_bytes());
     }
 
+    #[inline]
     fn option<T>(&mut self, value: Option<T>, write: impl FnOnce(&mut Self, T)) {
         match value {
             None => self.u8(0),
@@ -430,8 +436,48 @@ impl HashWriter {
             Some(spilled) => spilled.as_slice(),
             None => &inline[..*len],
         };
-        (Sha256::digest(encoding).into(), fields.finish(encoding))
+        (sha256(encoding), fields.finish(encoding))
     }
+}
+
+/// SHA-256 of `message`, fed to the compression function straight from the slice: an
+/// identity is one to three blocks, and the streaming hasher's block buffer (a copy of every
+/// partial block, a second one to pad) cost about as much as a block's compression. Checked
+/// against the streaming hasher at every length across three blocks.
+fn sha256(message: &[u8]) -> [u8; 32] {
+    use sha2::digest::generic_array::GenericArray;
+    const INITIAL_STATE: [u32; 8] = [
+        0x6a09_e667,
+        0xbb67_ae85,
+        0x3c6e_f372,
+        0xa54f_f53a,
+        0x510e_527f,
+        0x9b05_688c,
+        0x1f83_d9ab,
+        0x5be0_cd19,
+    ];
+    let mut state = INITIAL_STATE;
+    let whole = message.len() / 64 * 64;
+    for block in message[..whole].chunks_exact(64) {
+        sha2::compress256(&mut state, &[*GenericArray::from_slice(block)]);
+    }
+    // The tail, the 0x80 marker, zeros, and the length in bits: one block, or two when the
+    // tail leaves no room for the nine bytes.
+    let tail = &message[whole..];
+    let mut padded = [0u8; 128];
+    padded[..tail.len()].copy_from_slice(tail);
+    padded[tail.len()] = 0x80;
+    let padded_len = if tail.len() < 56 { 64 } else { 128 };
+    let bits = (message.len() as u64) * 8;
+    padded[padded_len - 8..padded_len].copy_from_slice(&bits.to_be_bytes());
+    for block in padded[..padded_len].chunks_exact(64) {
+        sha2::compress256(&mut state, &[*GenericArray::from_slice(block)]);
+    }
+    let mut digest = [0u8; 32];
+    for (out, word) in digest.chunks_exact_mut(4).zip(state) {
+        out.copy_from_slice(&word.to_be_bytes());
+    }
+    digest
 }
 
 fn limits_text(limits: &crate::account::GrantLimits) -> String {
@@ -514,6 +560,22 @@ mod tests {
     }
 
     #[test]
+    fn sha256_matches_the_streaming_hasher_at_every_length() {
+        use sha2::{Digest, Sha256};
+        let message: Vec<u8> = (0..200u32).map(|i| (i * 31 + 7) as u8).collect();
+        for len in 0..=message.len() {
+            let expected: [u8; 32] = Sha256::digest(&message[..len]).into();
+            assert_eq!(sha256(&message[..len]), expected, "{len} bytes");
+        }
+        // The standard's own example, "abc".
+        assert_eq!(
+            sha256(b"abc")[..4],
+            [0xba, 0x78, 0x16, 0xbf],
+            "FIPS 180-2 example"
+        );
+    }
+
+    #[test]
     fn the_digest_covers_the_identity_and_nothing_else() {
         let cmd = authorize("fam", "cap", vec![ancestor("a", 1), ancestor("b", 2)]);
         let digest = digest_of(&cmd);
@@ -566,6 +628,40 @@ mod tests {
         assert_eq!(
             hex,
             "990e5d3fbb063e447ab635f807b50d58bf766de80c5bc25c93ebcb36c502f635"
+        );
+    }
+
+    #[test]
+    fn field_hashes_are_fixed() {
+        // Retained commands keep these hashes in snapshots: a faster encoder or hash must give
+        // the same values (pinned as the SHA-256 of their encoding, one case per shape).
+        let hold = "budget-hold:7f3c1f0e-2a51-4d0c-9c7b-2f1e6c3b9a10:cap:0";
+        let mut capture = authorize("fam", "cap", vec![]);
+        capture.op = Operation::CaptureInvocation {
+            hold_id: hold.into(),
+            attempt_id: "attempt".into(),
+        };
+        let mut reconcile = capture.clone();
+        reconcile.op = Operation::ReconcileHold {
+            hold_id: hold.into(),
+            exposed_cost_units: 100,
+            realized_spend_units: 60,
+        };
+        let cases = [
+            authorize("fam", "cap", vec![ancestor("a", 1), ancestor("b", 2)]),
+            capture,
+            reconcile,
+            long_authorize(1),
+        ];
+        let hashes: Vec<FieldHashes> = cases.iter().map(|c| identity_hashes(c).1).collect();
+        let encoded = rmp_serde::to_vec(&hashes).expect("encodes");
+        let hex: String = sha256(&encoded)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            hex,
+            "80e7de13d82b9ebc833d8b10f463dbf62c08e6ed0bf275101af7a285cb199651"
         );
     }
 

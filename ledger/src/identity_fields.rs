@@ -161,10 +161,9 @@ pub(crate) fn field_hash(bytes: &[u8]) -> u64 {
     let tail = chunks.remainder();
     if !tail.is_empty() {
         // Zero-padded to 16 bytes, little-endian like the whole chunks.
-        let block = tail.iter().enumerate().fold(0u128, |block, (at, byte)| {
-            block | u128::from(*byte) << (8 * at)
-        });
-        state = mix(state, block);
+        let mut block = [0u8; 16];
+        block[..tail.len()].copy_from_slice(tail);
+        state = mix(state, u128::from_le_bytes(block));
     }
     state ^= state >> 30;
     state = state.wrapping_mul(0xbf58_476d_1ce4_e5b9);
