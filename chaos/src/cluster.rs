@@ -24,6 +24,12 @@ use crate::proxy::Network;
 
 /// One control call's timeout.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One call of the final state read (the digest, a page of events, the usages, the holds).
+/// Their cost grows with the state: after a 20-minute soak (~150k commands retained in full,
+/// debug-built nodes) the digest alone took longer than `CONTROL_TIMEOUT`, so every read
+/// failed and no invariant could be checked.
+const STATE_READ_TIMEOUT: Duration = Duration::from_secs(120);
 /// Rows per final-state read page, and pages per family.
 const PAGE: u32 = 5_000;
 const MAX_PAGES: usize = 200;
@@ -145,24 +151,27 @@ impl ChaosCluster {
         self.nodes.get_mut(&id).is_some_and(NodeProcess::is_running)
     }
 
-    async fn channel(&self, id: u64) -> anyhow::Result<Channel> {
+    async fn channel(&self, id: u64, call_timeout: Duration) -> anyhow::Result<Channel> {
         let node = self.nodes.get(&id).context("no such node")?;
         let endpoint = Endpoint::from_shared(format!("http://{}", node.spec.listen))?
             .connect_timeout(CONTROL_TIMEOUT)
-            .timeout(CONTROL_TIMEOUT);
+            .timeout(call_timeout);
         Ok(tokio::time::timeout(CONTROL_TIMEOUT, endpoint.connect())
             .await
             .context("connect timed out")??)
     }
 
     pub async fn admin(&self, id: u64) -> anyhow::Result<AdminClient<Channel>> {
-        Ok(AdminClient::new(self.channel(id).await?))
+        Ok(AdminClient::new(self.channel(id, CONTROL_TIMEOUT).await?))
     }
 
-    async fn budget(&self, id: u64) -> anyhow::Result<BudgetClient<Channel>> {
-        Ok(BudgetClient::new(self.channel(id).await?)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES))
+    /// A client for the final state read (see `STATE_READ_TIMEOUT`).
+    async fn state_reader(&self, id: u64) -> anyhow::Result<BudgetClient<Channel>> {
+        Ok(
+            BudgetClient::new(self.channel(id, STATE_READ_TIMEOUT).await?)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
     }
 
     pub async fn status(&self, id: u64) -> Option<pb::StatusReply> {
@@ -232,7 +241,7 @@ impl ChaosCluster {
 
     /// Node `id`'s state digest and the applied index it was taken at.
     pub async fn digest(&self, id: u64) -> anyhow::Result<(u64, String)> {
-        let mut admin = self.admin(id).await?;
+        let mut admin = AdminClient::new(self.channel(id, STATE_READ_TIMEOUT).await?);
         let reply = admin
             .state_digest(pb::StateDigestRequest {})
             .await?
@@ -244,7 +253,7 @@ impl ChaosCluster {
     /// Node `id`'s final state of `families`, read LOCAL from that node alone.
     pub async fn read_state(&self, id: u64, families: &[String]) -> anyhow::Result<ReplicaState> {
         let (applied_index, digest) = self.digest(id).await?;
-        let mut budget = self.budget(id).await?;
+        let mut budget = self.state_reader(id).await?;
         let mut out = ReplicaState {
             node_id: id,
             applied_index,
