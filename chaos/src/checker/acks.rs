@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use tally_ledger::{Decision, EventKind, Operation};
 
+use super::state::EventsById;
 use super::{CheckReport, ReplicaState};
 use crate::history::{Op, OpResult, Resolution, Settlement};
 
@@ -37,9 +38,9 @@ pub(super) fn check_acknowledged(
                 ));
         }
     }
+    let events = EventsById::new(reference);
     for ((family, event_id), decisions) in &seen {
-        let state = reference.families.get(*family);
-        let record = state.and_then(|f| f.event(event_id));
+        let record = events.get(family, event_id);
         for (decision, source) in decisions {
             let Some(index) = decision.commit_index else {
                 continue;
@@ -78,8 +79,8 @@ pub(super) fn check_acknowledged(
             );
         }
     }
-    check_unknowns(reference, history, resolutions, report);
-    check_tombstones(reference, history, report);
+    check_unknowns(reference, &events, history, resolutions, report);
+    check_tombstones(&events, history, report);
     check_no_free_after_unknown(history, report);
 }
 
@@ -120,6 +121,7 @@ fn check_no_free_after_unknown(history: &[Op], report: &mut CheckReport) {
 /// Every unknown has a settlement, and the settlement matches the state.
 fn check_unknowns(
     reference: &ReplicaState,
+    events: &EventsById<'_>,
     history: &[Op],
     resolutions: &[Resolution],
     report: &mut CheckReport,
@@ -130,10 +132,7 @@ fn check_unknowns(
             continue;
         }
         let family = op.family.as_str();
-        let record = reference
-            .families
-            .get(family)
-            .and_then(|f| f.event(&op.event_id));
+        let record = events.get(family, &op.event_id);
         match by_op.get(&op.index).map(|r| &r.settlement) {
             None => report.report(
                 8,
@@ -200,7 +199,7 @@ fn check_fail_closed(reference: &ReplicaState, op: &Op, report: &mut CheckReport
 }
 
 /// A tombstoned id can never be in the state.
-fn check_tombstones(reference: &ReplicaState, history: &[Op], report: &mut CheckReport) {
+fn check_tombstones(events: &EventsById<'_>, history: &[Op], report: &mut CheckReport) {
     for op in history {
         let OpResult::Fail {
             tombstoned: true, ..
@@ -208,11 +207,7 @@ fn check_tombstones(reference: &ReplicaState, history: &[Op], report: &mut Check
         else {
             continue;
         };
-        let present = reference
-            .families
-            .get(&op.family)
-            .and_then(|f| f.event(&op.event_id))
-            .is_some();
+        let present = events.get(&op.family, &op.event_id).is_some();
         if present {
             report.report(
                 8,

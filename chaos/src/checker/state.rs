@@ -1,7 +1,7 @@
 //! A replica's final state as the checker sees it: per family, the journal, the account rows
 //! and the holds, read with LOCAL consistency from that node alone.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 use tally_ledger::{EventRecord, Hold, UsageRecord};
@@ -15,9 +15,30 @@ pub struct FamilyState {
     pub holds: Vec<Hold>,
 }
 
-impl FamilyState {
-    pub fn event(&self, event_id: &str) -> Option<&EventRecord> {
-        self.events.iter().find(|e| e.event_id.as_str() == event_id)
+/// Every family's events by id, built once: the checks look an event up per operation, and a
+/// soak's journals hold tens of thousands of events each.
+pub struct EventsById<'r>(BTreeMap<&'r str, HashMap<&'r str, &'r EventRecord>>);
+
+impl<'r> EventsById<'r> {
+    pub fn new(replica: &'r ReplicaState) -> Self {
+        Self(
+            replica
+                .families
+                .iter()
+                .map(|(family, state)| {
+                    let events = state
+                        .events
+                        .iter()
+                        .map(|event| (event.event_id.as_str(), event))
+                        .collect();
+                    (family.as_str(), events)
+                })
+                .collect(),
+        )
+    }
+
+    pub fn get(&self, family: &str, event_id: &str) -> Option<&'r EventRecord> {
+        self.0.get(family)?.get(event_id).copied()
     }
 }
 

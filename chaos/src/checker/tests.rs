@@ -242,6 +242,22 @@ fn two_clients_told_they_own_the_capture_is_reported() {
 }
 
 #[test]
+fn a_reconcile_from_a_process_that_does_not_own_the_capture_is_reported() {
+    let mut sim = clean();
+    // The reconcile of h1 came from process 2, whose twin capture was told it is not the owner.
+    sim.history[3].process = 2;
+    let report = check(&input(&sim, vec![sim.replica(1)]));
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.invariant == 3 && v.message.contains("without owning the capture")),
+        "{:#?}",
+        report.violations
+    );
+}
+
+#[test]
 fn overspend_is_reported() {
     let sim = clean();
     let mut replica = sim.replica(1);
