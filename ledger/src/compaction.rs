@@ -52,7 +52,7 @@ impl Family {
                 if !hold.is_final() {
                     return;
                 }
-                *slot = HoldSlot::Archived(Box::new(hold.archive()));
+                *slot = HoldSlot::Archived(Box::new(hold.take_archive()));
                 self.live_holds -= 1;
             }
             CompactionItem::Nonce(nonce_id) => {

@@ -115,8 +115,9 @@ impl Hold {
     }
 
     /// The archive record of this final hold. Its transitions and attempt id move out, not
-    /// copied: the live hold is dropped right after (see `Family::compact`).
-    pub fn archive(&mut self) -> ArchivedHold {
+    /// copied, so the hold is left without them: only for a hold about to be replaced by its
+    /// archive (`Family::compact`).
+    pub(crate) fn take_archive(&mut self) -> ArchivedHold {
         assert!(
             self.is_final(),
             "hold {} archived before it was final",

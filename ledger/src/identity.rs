@@ -446,6 +446,7 @@ impl HashWriter {
 /// against the streaming hasher at every length across three blocks.
 fn sha256(message: &[u8]) -> [u8; 32] {
     use sha2::digest::generic_array::GenericArray;
+    // FIPS 180-4 §5.3.3 (the crate keeps its copy private).
     const INITIAL_STATE: [u32; 8] = [
         0x6a09_e667,
         0xbb67_ae85,

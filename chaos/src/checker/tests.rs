@@ -165,6 +165,18 @@ fn input(sim: &Sim, replicas: Vec<ReplicaState>) -> CheckInput {
     }
 }
 
+/// `report` holds a violation of `invariant` whose message says `text`.
+fn assert_reported(report: &CheckReport, invariant: u8, text: &str) {
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.invariant == invariant && v.message.contains(text)),
+        "no violation of invariant {invariant} saying {text:?}: {:#?}",
+        report.violations
+    );
+}
+
 fn family_mut(replica: &mut ReplicaState) -> &mut FamilyState {
     replica.families.get_mut(FAMILY).expect("the family")
 }
@@ -247,14 +259,7 @@ fn a_reconcile_from_a_process_that_does_not_own_the_capture_is_reported() {
     // The reconcile of h1 came from process 2, whose twin capture was told it is not the owner.
     sim.history[3].process = 2;
     let report = check(&input(&sim, vec![sim.replica(1)]));
-    assert!(
-        report
-            .violations
-            .iter()
-            .any(|v| v.invariant == 3 && v.message.contains("without owning the capture")),
-        "{:#?}",
-        report.violations
-    );
+    assert_reported(&report, 3, "without owning the capture");
 }
 
 #[test]
@@ -330,14 +335,7 @@ fn unresolved_and_wrongly_resolved_unknowns_are_reported() {
         settlement: Settlement::NotApplied,
     }];
     let report = check(&checked);
-    assert!(
-        report
-            .violations
-            .iter()
-            .any(|v| v.invariant == 8 && v.message.contains("not applied")),
-        "{:#?}",
-        report.violations
-    );
+    assert_reported(&report, 8, "not applied");
 }
 
 #[test]
