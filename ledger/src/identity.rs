@@ -7,6 +7,7 @@ use crate::account::{AccountKey, GrantLimits};
 use crate::command::{ClientCommand, Operation};
 use crate::identity_fields::{Field, FieldHashes, FieldSpans};
 use crate::ids::AttemptId;
+use crate::short_copy::copy_short;
 
 /// A client command with everything outside its identity blanked and ancestors sorted.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -343,7 +344,7 @@ impl HashWriter {
         if let Some(spilled) = &mut self.spilled {
             spilled.extend_from_slice(bytes);
         } else if let Some(room) = self.inline.get_mut(self.len..self.len + bytes.len()) {
-            room.copy_from_slice(bytes);
+            copy_short(room, bytes);
             self.len += bytes.len();
         } else {
             let mut spilled = Vec::with_capacity(2 * (self.len + bytes.len()));
@@ -466,7 +467,7 @@ fn sha256(message: &[u8]) -> [u8; 32] {
     // tail leaves no room for the nine bytes.
     let tail = &message[whole..];
     let mut padded = [0u8; 128];
-    padded[..tail.len()].copy_from_slice(tail);
+    copy_short(&mut padded[..tail.len()], tail);
     padded[tail.len()] = 0x80;
     let padded_len = if tail.len() < 56 { 64 } else { 128 };
     let bits = (message.len() as u64) * 8;

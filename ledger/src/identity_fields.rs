@@ -17,6 +17,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::short_copy::copy_short;
+
 /// An identity field. The order of the variants is the order a conflict names them in, which
 /// is the order `Identity::fields` lists them for every operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,7 +164,7 @@ pub(crate) fn field_hash(bytes: &[u8]) -> u64 {
     if !tail.is_empty() {
         // Zero-padded to 16 bytes, little-endian like the whole chunks.
         let mut block = [0u8; 16];
-        block[..tail.len()].copy_from_slice(tail);
+        copy_short(&mut block[..tail.len()], tail);
         state = mix(state, u128::from_le_bytes(block));
     }
     state ^= state >> 30;

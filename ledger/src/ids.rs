@@ -12,8 +12,27 @@ use crate::limits::{MAX_ID_BYTES, RESERVED_EVENT_ID_PREFIX};
 macro_rules! id_type {
     ($(#[$doc:meta])* $name:ident, $field:literal) => {
         $(#[$doc])*
-        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        ///
+        /// Equal ids are often one shared string (a hold's id in its table row, its expiry
+        /// entry and its records), so comparisons look at the pointer before the bytes.
+        #[derive(Clone, PartialEq, Eq, Hash)]
         pub struct $name(Arc<str>);
+
+        impl Ord for $name {
+            fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+                if Arc::ptr_eq(&self.0, &other.0) {
+                    std::cmp::Ordering::Equal
+                } else {
+                    self.0.cmp(&other.0)
+                }
+            }
+        }
+
+        impl PartialOrd for $name {
+            fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+                Some(self.cmp(other))
+            }
+        }
 
         impl $name {
             /// Wraps any string; `validate` decides whether a client may use it.

@@ -27,6 +27,7 @@ mod invariants;
 mod journal;
 pub mod limits;
 pub mod reads;
+mod short_copy;
 pub mod snapshot;
 mod spare_capacity;
 

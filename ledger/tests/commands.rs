@@ -873,3 +873,55 @@ fn snapshot_round_trips_byte_identically_and_digest_tracks_state() {
     assert_ne!(before, h.family.digest());
     assert!(Family::from_snapshot_bytes(&bytes[..bytes.len() / 2]).is_err());
 }
+
+/// Memory (README "Sizing memory"): each command arrives with its own copies of the
+/// capability id and currency. Once the account exists, a new hold, its after-images and its
+/// record keep the account row's strings instead, and a capture's or reconcile's answer keeps
+/// the hold's id, so those copies are freed with the command.
+#[test]
+fn holds_records_and_answers_share_the_strings_already_stored() {
+    fn same(a: &str, b: &str) -> bool {
+        std::ptr::eq(a.as_ptr(), b.as_ptr())
+    }
+    let mut h = Harness::new();
+    h.ok(h.authorize("h1", 40));
+    h.ok(h.authorize("h2", 40));
+    let (first, second) = (h.hold("h1"), h.hold("h2"));
+    assert!(
+        same(first.capability_id.as_str(), second.capability_id.as_str()),
+        "the second hold keeps its own copy of the capability id"
+    );
+    assert!(same(
+        first.accounts[0].capability_id.as_str(),
+        second.accounts[0].capability_id.as_str()
+    ));
+    let events = h.events();
+    let record = &events[1];
+    assert!(same(
+        record.capability_id.as_str(),
+        first.capability_id.as_str()
+    ));
+    assert!(same(
+        record.after_images[0].key.capability_id.as_str(),
+        first.capability_id.as_str()
+    ));
+    let currency = |limits: &Option<GrantLimits>| {
+        limits
+            .as_ref()
+            .and_then(|l| l.currency.clone())
+            .expect("monetary limits name a currency")
+    };
+    assert!(same(
+        &currency(&events[0].limits),
+        &currency(&record.limits)
+    ));
+
+    let captured = h.ok(h.capture("h2", "attempt-1"));
+    let Outcome::Captured { hold_id, .. } = &captured.outcome else {
+        panic!("capture answered {captured:?}");
+    };
+    assert!(
+        same(hold_id.as_str(), second.hold_id.as_str()),
+        "the answer keeps the capture command's copy of the hold id"
+    );
+}

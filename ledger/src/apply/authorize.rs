@@ -79,6 +79,13 @@ impl Family {
             after_images.reserve_exact(1 + ancestors.len());
             for (key, limits) in targets() {
                 let next = current(key, limits).admitted(requested, false)?;
+                // The row's own key where the account exists: the hold, its images and its
+                // records then share one string with the row instead of keeping the
+                // command's copy alive (and compare by pointer).
+                let key = books
+                    .accounts
+                    .get_key_value(key)
+                    .map_or(key, |(stored, _)| stored);
                 after_images.push(stamped(key, next, index, now_ms));
             }
         }
@@ -94,13 +101,16 @@ impl Family {
             MonetaryState::None
         };
         let allowed = denial.is_none();
+        let capability_id = after_images
+            .first()
+            .map_or(&cmd.header.capability_id, |grant| &grant.key.capability_id);
         let mut record = EventRecord {
             event_id: cmd.header.event_id.clone(),
             kind,
             commit_index: Default::default(),
             log_id: Default::default(),
             at_ms: 0,
-            capability_id: cmd.header.capability_id.clone(),
+            capability_id: capability_id.clone(),
             grant_index: cmd.header.grant_index,
             hold_id: Some(hold_id.clone()),
             attempt_id: None,
@@ -109,7 +119,14 @@ impl Family {
             deny_reason: denial.clone(),
             exposure_units: requested,
             realized_units: 0,
-            limits: Some(limits.clone()),
+            // Equal to the pinned limits where the account exists: share the row's copy.
+            limits: Some(
+                books
+                    .accounts
+                    .get(&grant)
+                    .map_or(limits, |account| &account.limits)
+                    .clone(),
+            ),
             hold_before: None,
             hold_after: None,
             after_images: AfterImages::new(),
@@ -136,7 +153,7 @@ impl Family {
         let accounts: HoldAccounts = after_images.iter().map(|image| image.key.clone()).collect();
         let hold = Hold {
             hold_id: hold_id.clone(),
-            capability_id: cmd.header.capability_id.clone(),
+            capability_id: capability_id.clone(),
             grant_index: cmd.header.grant_index,
             accounts,
             authorized_exposure_units: requested,

@@ -61,7 +61,7 @@ impl Family {
             step,
         )?;
         let outcome = Outcome::Cancelled {
-            hold_id: hold_id.clone(),
+            hold_id: hold.hold_id.clone(),
             exposure_units,
         };
         Ok(Family::decided(

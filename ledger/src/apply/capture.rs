@@ -69,7 +69,7 @@ impl Family {
         };
         if let Some(at) = hold.expires_at_ms {
             // Captured holds never expire: the tool may have run.
-            books.expiry_index.remove(&(at, hold_id.clone()));
+            books.expiry_index.remove(&(at, hold.hold_id.clone()));
         }
         let appended = books.append(
             step,
@@ -87,11 +87,11 @@ impl Family {
             books.schedule(
                 now_ms,
                 step.ctx.params,
-                CompactionItem::Hold(hold_id.clone()),
+                CompactionItem::Hold(hold.hold_id.clone()),
             );
         }
         let outcome = Outcome::Captured {
-            hold_id: hold_id.clone(),
+            hold_id: hold.hold_id.clone(),
             attempt_id: attempt_id.clone(),
         };
         Ok(Family::decided(

@@ -87,10 +87,10 @@ impl Family {
         books.schedule(
             now_ms,
             step.ctx.params,
-            CompactionItem::Hold(hold_id.clone()),
+            CompactionItem::Hold(hold.hold_id.clone()),
         );
         let outcome = Outcome::Reconciled {
-            hold_id: hold_id.clone(),
+            hold_id: hold.hold_id.clone(),
             realized_units,
             unspent_units,
         };

@@ -76,7 +76,7 @@ impl Family {
             "the release event must be the command's first"
         );
         let outcome = Outcome::Released {
-            hold_id: hold_id.clone(),
+            hold_id: hold.hold_id.clone(),
             released_units,
             remaining_units,
         };

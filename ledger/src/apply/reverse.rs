@@ -42,7 +42,7 @@ impl Family {
                     step,
                 )?;
                 let outcome = Outcome::Reversed {
-                    hold_id: hold_id.clone(),
+                    hold_id: hold.hold_id.clone(),
                     exposure_units,
                 };
                 return Ok(Family::decided(
