@@ -33,6 +33,9 @@ const STATE_READ_TIMEOUT: Duration = Duration::from_secs(120);
 /// Rows per final-state read page, and pages per family.
 const PAGE: u32 = 5_000;
 const MAX_PAGES: usize = 200;
+/// What one `ListUsages` or `ListHolds` call returns at most (the server's cap); those reads
+/// have no cursor, so a family with more cannot be read whole.
+const MAX_LIST_ROWS: u32 = 10_000;
 /// `ListEvents` consistency LOCAL: this node's applied state.
 const LOCAL: i32 = pb::Consistency::Local as i32;
 
@@ -266,6 +269,7 @@ impl ChaosCluster {
                 ..FamilyState::default()
             };
             let mut after = None;
+            let mut complete = false;
             for _ in 0..MAX_PAGES {
                 let page = budget
                     .list_events(pb::ListEventsRequest {
@@ -283,36 +287,56 @@ impl ChaosCluster {
                 after = page.last().map(|e| e.commit_index.0).or(after);
                 state.events.extend(page);
                 if !full {
+                    complete = true;
                     break;
                 }
             }
+            // A check of part of the state would pass on what it could not see.
+            anyhow::ensure!(
+                complete,
+                "node {id}: family {family} retains more than {} events; the final check \
+                 cannot read them all (shorten the run or raise MAX_PAGES)",
+                MAX_PAGES * PAGE as usize
+            );
             state.usages = budget
                 .list_usages(pb::ListUsagesRequest {
                     family_id: Some(family.clone()),
                     capability_id: None,
-                    limit: 10_000,
+                    limit: MAX_LIST_ROWS,
                     consistency: LOCAL,
                 })
                 .await?
                 .into_inner()
                 .into_records()?;
             state.usages.sort_by(|a, b| a.key.cmp(&b.key));
+            ensure_whole(id, family, "accounts", state.usages.len())?;
             state.holds = budget
                 .list_holds(pb::ListHoldsRequest {
                     family_id: Some(family.clone()),
                     state: None,
                     created_before_ms: None,
-                    limit: 10_000,
+                    limit: MAX_LIST_ROWS,
                     consistency: LOCAL,
                     with_remaining_exposure: false,
                 })
                 .await?
                 .into_inner()
                 .into_holds()?;
+            ensure_whole(id, family, "live holds", state.holds.len())?;
             out.families.insert(family.clone(), state);
         }
         Ok(out)
     }
+}
+
+/// A list that came back full may have left rows out: refuse to check part of a family.
+fn ensure_whole(node: u64, family: &str, what: &str, rows: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        rows < MAX_LIST_ROWS as usize,
+        "node {node}: family {family} has {MAX_LIST_ROWS} or more {what}, more than one read \
+         returns; the final check cannot see them all (shorten the run)"
+    );
+    Ok(())
 }
 
 impl Drop for ChaosCluster {
@@ -321,5 +345,23 @@ impl Drop for ChaosCluster {
             task.abort();
         }
         // Each NodeProcess kills its process on drop.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_list_is_refused_and_a_shorter_one_accepted() {
+        let full = ensure_whole(2, "fam-1", "live holds", MAX_LIST_ROWS as usize)
+            .expect_err("a list that came back full may have left rows out");
+        assert!(
+            full.to_string()
+                .contains("family fam-1 has 10000 or more live holds"),
+            "{full}"
+        );
+        ensure_whole(2, "fam-1", "live holds", MAX_LIST_ROWS as usize - 1)
+            .expect("a list shorter than the cap is whole");
     }
 }
