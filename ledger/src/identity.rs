@@ -360,7 +360,7 @@ impl HashWriter {
     }
 
     /// Unsigned LEB128, minimal: seven bits a byte, low first, high bit set on all but the last.
-    #[inline]
+    #[inline(always)]
     fn uint(&mut self, mut value: u64) {
         if value < 0x80 {
             return self.u8(value as u8);
@@ -397,7 +397,7 @@ impl HashWriter {
         self.bytes(text.as_bytes());
     }
 
-    #[inline]
+    #[inline(always)]
     fn option<T>(&mut self, value: Option<T>, write: impl FnOnce(&mut Self, T)) {
         match value {
             None => self.u8(0),
