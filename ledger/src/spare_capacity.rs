@@ -11,11 +11,18 @@ const MIN_SHRINK_CAPACITY: usize = 4096;
 
 /// Halves `deque`'s capacity (keeping room for twice its length) once it is a quarter full
 /// or less. Called after removals; amortized O(1), and never on a small deque.
+/// Inlined: it runs after every removal and almost always only compares.
+#[inline]
 pub(crate) fn release_spare<T>(deque: &mut VecDeque<T>) {
     let capacity = deque.capacity();
     if capacity > MIN_SHRINK_CAPACITY && deque.len() <= capacity / 4 {
-        deque.shrink_to((deque.len() * 2).max(MIN_SHRINK_CAPACITY / 2));
+        shrink(deque);
     }
+}
+
+#[cold]
+fn shrink<T>(deque: &mut VecDeque<T>) {
+    deque.shrink_to((deque.len() * 2).max(MIN_SHRINK_CAPACITY / 2));
 }
 
 #[cfg(test)]
