@@ -63,6 +63,7 @@ impl<T> ChunkedDeque<T> {
         self.len
     }
 
+    #[inline]
     pub fn push_back(&mut self, value: T) {
         if self
             .chunks

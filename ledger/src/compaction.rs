@@ -4,7 +4,6 @@
 //! Items are ordered by due time, so each step pops the queue's first entry.
 
 use crate::compaction_queue::{CompactionItem, DueItem};
-use crate::dedupe::DedupeEntry;
 use crate::family::Family;
 use crate::hold::HoldSlot;
 use crate::limits::MAX_COMPACTIONS_PER_COMMAND;
@@ -40,10 +39,12 @@ impl Family {
                     );
                 }
             }
-            CompactionItem::Tombstone(event_id) => match self.dedupe.remove(&event_id) {
-                Some(DedupeEntry::Tombstoned(_)) => {}
-                other => panic!("tombstone {event_id:?} compacted, found {other:?}"),
-            },
+            CompactionItem::Tombstone(event_id) => {
+                assert!(
+                    self.dedupe.remove_tombstone(&event_id).is_some(),
+                    "tombstone {event_id:?} compacted, found no tombstone"
+                );
+            }
             CompactionItem::Hold(hold_id) => {
                 let Some(slot) = self.holds.get_mut(&hold_id) else {
                     return;

@@ -15,8 +15,8 @@ use crate::identity::{digest_of, identity_hashes};
 use crate::identity_fields::FieldHashes;
 use crate::ids::EventId;
 
-/// Boxed, so the table's tree nodes stay small: every command inserts a row in the middle of
-/// a leaf, and the table keeps a row per applied event for ever.
+/// A row as encoded in snapshots (the table keeps applied rows unboxed, see
+/// `dedupe_table.rs`, and encodes them in this form).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum DedupeEntry {
     Applied(Box<AppliedRow>),

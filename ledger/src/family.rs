@@ -11,11 +11,12 @@ use crate::command::{ClientCommand, Command, Operation};
 use crate::commit_index::{BudgetCommitIndex, LogPosition};
 use crate::compaction_queue::{CompactionItem, CompactionQueue};
 use crate::decision::{Decision, Outcome};
-use crate::dedupe::{AppliedRow, DedupeEntry};
+use crate::dedupe::AppliedRow;
+use crate::dedupe_table::{DedupeEntryMut, DedupeRow, DedupeTable, VacantRow};
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::{AccountImage, AfterImages, EventRecord};
 use crate::hold::HoldSlot;
-use crate::id_table::{Entry, IdTable};
+use crate::id_table::IdTable;
 use crate::ids::{EventId, FamilyId, HoldId, NonceId};
 use crate::journal::Journal;
 use crate::limits::MAX_EVENTS_PER_COMMAND;
@@ -43,7 +44,7 @@ pub struct Family {
     pub(crate) family_id: FamilyId,
     pub(crate) accounts: BTreeMap<AccountKey, Account>,
     pub(crate) holds: IdTable<HoldId, HoldSlot>,
-    pub(crate) dedupe: IdTable<EventId, DedupeEntry>,
+    pub(crate) dedupe: DedupeTable,
     pub(crate) journal: Journal,
     /// Consumed nonces and their expiry.
     pub(crate) nonces: BTreeMap<NonceId, u64>,
@@ -219,7 +220,7 @@ impl Family {
             family_id,
             accounts: BTreeMap::new(),
             holds: IdTable::default(),
-            dedupe: IdTable::default(),
+            dedupe: DedupeTable::default(),
             journal: Journal::default(),
             nonces: BTreeMap::new(),
             expiry_index: BTreeSet::new(),
@@ -285,11 +286,8 @@ impl Family {
         // table, and it is back before compaction. (After a panic the family is discarded.)
         let mut dedupe = std::mem::take(&mut self.dedupe);
         let result = match dedupe.entry(cmd.header.event_id.clone()) {
-            Entry::Occupied(row) => self.answer_again(row, cmd, step),
-            Entry::Vacant(slot) => self.apply_fresh(cmd, step).map(|(decision, row)| {
-                slot.insert(row);
-                decision
-            }),
+            DedupeEntryMut::Occupied(row) => self.answer_again(row, cmd, step),
+            DedupeEntryMut::Vacant(slot) => self.apply_fresh(cmd, step, slot),
         };
         assert!(self.dedupe.is_empty(), "a command wrote the dedupe table");
         self.dedupe = dedupe;
@@ -299,19 +297,19 @@ impl Family {
     /// A command whose `event_id` has a row: a replay, or a conflict (SPEC.md §5.2–5.4).
     fn answer_again(
         &self,
-        entry: &DedupeEntry,
+        entry: DedupeRow<'_>,
         cmd: &ClientCommand,
         step: &Step<'_>,
     ) -> Result<Decision, LedgerError> {
         match entry {
-            DedupeEntry::Tombstoned(stored) => {
+            DedupeRow::Tombstoned(stored) => {
                 self.same_command(stored, CompactionItem::Tombstone, cmd)?;
                 Err(LedgerError::precondition(
                     PreconditionCode::EventAborted,
                     "event aborted: ResolveEvent made it final that this command never applies",
                 ))
             }
-            DedupeEntry::Applied(row) => {
+            DedupeRow::Applied(row) => {
                 self.same_command(&row.identity, CompactionItem::Command, cmd)?;
                 let decision = row.decision(&cmd.header.event_id);
                 self.replay(cmd, decision, step.now_ms())
@@ -319,12 +317,13 @@ impl Family {
         }
     }
 
-    /// A command seen for the first time: its decision, and the dedupe row to store.
+    /// A command seen for the first time: its decision, its dedupe row stored in `slot`.
     fn apply_fresh(
         &mut self,
         cmd: &ClientCommand,
         step: &mut Step<'_>,
-    ) -> Result<(Decision, DedupeEntry), LedgerError> {
+        slot: VacantRow<'_>,
+    ) -> Result<Decision, LedgerError> {
         self.check_fresh(cmd, step.now_ms())?;
         let decision = match &cmd.op {
             Operation::AuthorizeHold { .. } => self.authorize_hold(cmd, step)?,
@@ -364,8 +363,8 @@ impl Family {
                 expires_at_ms,
             } => self.consume_nonce(cmd, nonce_id, *expires_at_ms, step)?,
         };
-        let row = self.remember(cmd, &decision, step);
-        Ok((decision, row))
+        self.remember(cmd, &decision, step, slot);
+        Ok(decision)
     }
 
     /// A new command must still be in time, and must not ask to stay in memory for ever.
@@ -391,26 +390,27 @@ impl Family {
         Ok(())
     }
 
-    /// The row of a command that applied; queues the compaction of its field hashes and
-    /// own event.
+    /// Stores the row of a command that applied; queues the compaction of its field hashes
+    /// and own event.
     fn remember(
         &mut self,
         cmd: &ClientCommand,
         decision: &Decision,
         step: &Step<'_>,
-    ) -> DedupeEntry {
+        slot: VacantRow<'_>,
+    ) {
         let due = cmd
             .header
             .not_after_ms
             .max(step.now_ms())
             .saturating_add(step.ctx.params.retention_ms);
         let identity = self.retain(cmd, due, CompactionItem::Command, step.own_event);
-        DedupeEntry::Applied(Box::new(AppliedRow {
+        slot.insert_applied(AppliedRow {
             identity,
             outcome: decision.outcome.clone(),
             commit_index: decision.commit_index,
             log_id: decision.log_id,
-        }))
+        });
     }
 
     /// The holds, and everything else a command writes, borrowed apart: a hold command looks

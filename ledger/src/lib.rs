@@ -14,6 +14,7 @@ mod compaction;
 mod compaction_queue;
 pub mod decision;
 mod dedupe;
+mod dedupe_table;
 pub mod error;
 pub mod event;
 pub mod family;

@@ -2,7 +2,7 @@
 
 use crate::account::{AccountKey, UsageRecord};
 use crate::commit_index::BudgetCommitIndex;
-use crate::dedupe::DedupeEntry;
+use crate::dedupe_table::DedupeRow;
 use crate::event::{EventLookup, EventRecord};
 use crate::family::Family;
 use crate::hold::{Hold, HoldSlot, HoldView, InvocationState};
@@ -67,7 +67,7 @@ impl Family {
     /// `Unknown` is never a no: only `ResolveEvent` makes "not applied" final.
     pub fn get_event(&self, event_id: &EventId) -> EventLookup {
         match self.dedupe.get(event_id) {
-            Some(DedupeEntry::Applied(row)) => {
+            Some(DedupeRow::Applied(row)) => {
                 let decision = row.decision(event_id);
                 let record = decision
                     .commit_index
@@ -76,7 +76,7 @@ impl Family {
                     .cloned();
                 EventLookup::Applied { decision, record }
             }
-            Some(DedupeEntry::Tombstoned(_)) => EventLookup::Tombstoned,
+            Some(DedupeRow::Tombstoned(_)) => EventLookup::Tombstoned,
             None if event_id.is_reserved() => self.cluster_event(event_id),
             None => EventLookup::Unknown,
         }

@@ -4,7 +4,7 @@
 use crate::command::ClientCommand;
 use crate::compaction_queue::CompactionItem;
 use crate::decision::{Decision, Outcome, Resolution};
-use crate::dedupe::DedupeEntry;
+use crate::dedupe_table::DedupeRow;
 use crate::error::LedgerError;
 use crate::family::{Family, Step};
 
@@ -17,11 +17,11 @@ impl Family {
         original.validate()?;
         let event_id = &original.header.event_id;
         let resolution = match self.dedupe.get(event_id) {
-            Some(DedupeEntry::Tombstoned(stored)) => {
+            Some(DedupeRow::Tombstoned(stored)) => {
                 self.same_command(stored, CompactionItem::Tombstone, original)?;
                 Resolution::NotApplied
             }
-            Some(DedupeEntry::Applied(row)) => {
+            Some(DedupeRow::Applied(row)) => {
                 self.same_command(&row.identity, CompactionItem::Command, original)?;
                 Resolution::Applied(Box::new(row.decision(event_id).replay_of()))
             }
@@ -34,9 +34,10 @@ impl Family {
                         .max(step.now_ms())
                         .saturating_add(retention_ms);
                     let identity = self.retain(original, due, CompactionItem::Tombstone, None);
-                    let tombstone = DedupeEntry::Tombstoned(Box::new(identity));
-                    let previous = self.dedupe.insert(event_id.clone(), tombstone);
-                    assert!(previous.is_none(), "event {event_id} was resolved twice");
+                    assert!(
+                        self.dedupe.insert_tombstone(event_id.clone(), identity),
+                        "event {event_id} was resolved twice"
+                    );
                 }
                 Resolution::NotApplied
             }

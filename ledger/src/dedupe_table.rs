@@ -1,0 +1,198 @@
+//! The dedupe table (SPEC.md §5): for each `event_id` a family has seen, its stored answer or
+//! its tombstone.
+//!
+//! Every applied command adds a row that is kept for ever (SPEC.md §5.5), and rows of applied
+//! commands are never removed, so they sit in an append-only chunked store and the hash table
+//! keeps each one's position. Boxing each row instead cost every command an allocation (a
+//! trip into the allocator's bins, since these blocks are never freed to refill its caches)
+//! and 16 bytes of allocator header per row for ever. Tombstones are removed when they are
+//! compacted, so they stay boxed.
+//!
+//! Encoded exactly as the id-keyed map of `DedupeEntry` it replaced, rows in id order, so
+//! snapshots and digests are unchanged. Decoding appends the applied rows in that id order,
+//! so every replica lays the store out alike (nothing reads the layout but this table).
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::chunked_deque::ChunkedDeque;
+use crate::dedupe::{AppliedRow, DedupeEntry, RowIdentity};
+use crate::id_map::{deserialize_unique_rows, UniqueRows};
+use crate::id_table::{self, IdTable};
+use crate::ids::EventId;
+
+#[derive(Clone, Default)]
+pub(crate) struct DedupeTable {
+    slots: IdTable<EventId, Slot>,
+    /// Applied rows in the order they were stored; a slot names its row by position.
+    applied: ChunkedDeque<AppliedRow>,
+    applied_len: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Slot {
+    Applied(usize),
+    Tombstoned(Box<RowIdentity>),
+}
+
+/// A row as read: an applied command's answer or a tombstone. Encodes as `DedupeEntry`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename = "DedupeEntry")]
+pub(crate) enum DedupeRow<'t> {
+    Applied(&'t AppliedRow),
+    Tombstoned(&'t RowIdentity),
+}
+
+/// Where a new id's row goes: found once, filled once the command has applied.
+pub(crate) enum DedupeEntryMut<'t> {
+    Occupied(DedupeRow<'t>),
+    Vacant(VacantRow<'t>),
+}
+
+pub(crate) struct VacantRow<'t> {
+    slot: id_table::VacantEntry<'t, EventId, Slot>,
+    applied: &'t mut ChunkedDeque<AppliedRow>,
+    applied_len: &'t mut usize,
+}
+
+impl VacantRow<'_> {
+    #[inline]
+    pub fn insert_applied(self, row: AppliedRow) {
+        self.applied.push_back(row);
+        self.slot.insert(Slot::Applied(*self.applied_len));
+        *self.applied_len += 1;
+    }
+}
+
+fn row_of<'t>(applied: &'t ChunkedDeque<AppliedRow>, slot: &'t Slot) -> DedupeRow<'t> {
+    match slot {
+        Slot::Applied(at) => DedupeRow::Applied(
+            applied
+                .get(*at)
+                .expect("an applied slot names a stored row"),
+        ),
+        Slot::Tombstoned(identity) => DedupeRow::Tombstoned(identity),
+    }
+}
+
+impl DedupeTable {
+    fn row<'t>(&'t self, slot: &'t Slot) -> DedupeRow<'t> {
+        row_of(&self.applied, slot)
+    }
+
+    pub fn get(&self, event_id: &EventId) -> Option<DedupeRow<'_>> {
+        self.slots.get(event_id).map(|slot| self.row(slot))
+    }
+
+    pub fn entry(&mut self, event_id: EventId) -> DedupeEntryMut<'_> {
+        let Self {
+            slots,
+            applied,
+            applied_len,
+        } = self;
+        match slots.entry(event_id) {
+            id_table::Entry::Occupied(slot) => DedupeEntryMut::Occupied(row_of(applied, slot)),
+            id_table::Entry::Vacant(slot) => DedupeEntryMut::Vacant(VacantRow {
+                slot,
+                applied,
+                applied_len,
+            }),
+        }
+    }
+
+    /// Stores a tombstone under a new id; `false` (and nothing changed) if the id has a row.
+    pub fn insert_tombstone(&mut self, event_id: EventId, identity: RowIdentity) -> bool {
+        match self.slots.entry(event_id) {
+            id_table::Entry::Occupied(_) => false,
+            id_table::Entry::Vacant(slot) => {
+                slot.insert(Slot::Tombstoned(Box::new(identity)));
+                true
+            }
+        }
+    }
+
+    /// Removes a tombstone. An applied row is never removed: asking to is a broken invariant.
+    pub fn remove_tombstone(&mut self, event_id: &EventId) -> Option<RowIdentity> {
+        match self.slots.get(event_id)? {
+            Slot::Tombstoned(_) => match self.slots.remove(event_id) {
+                Some(Slot::Tombstoned(identity)) => Some(*identity),
+                other => unreachable!("the slot just read was a tombstone, removed {other:?}"),
+            },
+            Slot::Applied(_) => panic!("event {event_id:?}: an applied row cannot be removed"),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Rows in id order (sorts them: for encoding and reports, not the apply path).
+    fn sorted(&self) -> Vec<(&EventId, DedupeRow<'_>)> {
+        self.slots
+            .sorted()
+            .into_iter()
+            .map(|(id, slot)| (id, self.row(slot)))
+            .collect()
+    }
+}
+
+impl PartialEq for DedupeTable {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len()
+            && self
+                .slots
+                .iter_unordered()
+                .all(|(id, slot)| other.get(id) == Some(self.row(slot)))
+    }
+}
+
+impl Eq for DedupeTable {}
+
+impl fmt::Debug for DedupeTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.sorted()).finish()
+    }
+}
+
+impl Serialize for DedupeTable {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.len()))?;
+        for (id, row) in self.sorted() {
+            map.serialize_entry(id, &row)?;
+        }
+        map.end()
+    }
+}
+
+impl UniqueRows<EventId, DedupeEntry> for DedupeTable {
+    fn insert_new(&mut self, event_id: EventId, row: DedupeEntry) -> Result<(), EventId> {
+        if self.slots.contains_key(&event_id) {
+            return Err(event_id);
+        }
+        match row {
+            DedupeEntry::Applied(row) => match self.entry(event_id) {
+                DedupeEntryMut::Vacant(slot) => slot.insert_applied(*row),
+                DedupeEntryMut::Occupied(_) => unreachable!("the id was just found absent"),
+            },
+            DedupeEntry::Tombstoned(identity) => {
+                assert!(
+                    self.insert_tombstone(event_id, *identity),
+                    "the id was just found absent"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<'de> Deserialize<'de> for DedupeTable {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserialize_unique_rows(deserializer)
+    }
+}
