@@ -58,8 +58,7 @@ impl<T: Clone> Clone for ChunkedDeque<T> {
 impl<T> ChunkedDeque<T> {
     const CHUNK: usize = chunk_len::<T>();
 
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.len
     }
 

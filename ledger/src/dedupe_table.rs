@@ -27,7 +27,6 @@ pub(crate) struct DedupeTable {
     slots: IdTable<EventId, Slot>,
     /// Applied rows in the order they were stored; a slot names its row by position.
     applied: ChunkedDeque<AppliedRow>,
-    applied_len: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,15 +52,17 @@ pub(crate) enum DedupeEntryMut<'t> {
 pub(crate) struct VacantRow<'t> {
     slot: id_table::VacantEntry<'t, EventId, Slot>,
     applied: &'t mut ChunkedDeque<AppliedRow>,
-    applied_len: &'t mut usize,
 }
 
 impl VacantRow<'_> {
     #[inline]
     pub fn insert_applied(self, row: AppliedRow) {
+        self.slot.insert(Slot::Applied(self.applied.len()));
         self.applied.push_back(row);
-        self.slot.insert(Slot::Applied(*self.applied_len));
-        *self.applied_len += 1;
+    }
+
+    fn insert_tombstoned(self, identity: Box<RowIdentity>) {
+        self.slot.insert(Slot::Tombstoned(identity));
     }
 }
 
@@ -86,39 +87,29 @@ impl DedupeTable {
     }
 
     pub fn entry(&mut self, event_id: EventId) -> DedupeEntryMut<'_> {
-        let Self {
-            slots,
-            applied,
-            applied_len,
-        } = self;
+        let Self { slots, applied } = self;
         match slots.entry(event_id) {
             id_table::Entry::Occupied(slot) => DedupeEntryMut::Occupied(row_of(applied, slot)),
-            id_table::Entry::Vacant(slot) => DedupeEntryMut::Vacant(VacantRow {
-                slot,
-                applied,
-                applied_len,
-            }),
+            id_table::Entry::Vacant(slot) => DedupeEntryMut::Vacant(VacantRow { slot, applied }),
         }
     }
 
     /// Stores a tombstone under a new id; `false` (and nothing changed) if the id has a row.
     pub fn insert_tombstone(&mut self, event_id: EventId, identity: RowIdentity) -> bool {
-        match self.slots.entry(event_id) {
-            id_table::Entry::Occupied(_) => false,
-            id_table::Entry::Vacant(slot) => {
-                slot.insert(Slot::Tombstoned(Box::new(identity)));
+        match self.entry(event_id) {
+            DedupeEntryMut::Occupied(_) => false,
+            DedupeEntryMut::Vacant(slot) => {
+                slot.insert_tombstoned(Box::new(identity));
                 true
             }
         }
     }
 
-    /// Removes a tombstone. An applied row is never removed: asking to is a broken invariant.
+    /// Removes a tombstone. An applied row is never removed: asking to is a broken invariant
+    /// (and a family that panicked is discarded, so the row taken out is never missed).
     pub fn remove_tombstone(&mut self, event_id: &EventId) -> Option<RowIdentity> {
-        match self.slots.get(event_id)? {
-            Slot::Tombstoned(_) => match self.slots.remove(event_id) {
-                Some(Slot::Tombstoned(identity)) => Some(*identity),
-                other => unreachable!("the slot just read was a tombstone, removed {other:?}"),
-            },
+        match self.slots.remove(event_id)? {
+            Slot::Tombstoned(identity) => Some(*identity),
             Slot::Applied(_) => panic!("event {event_id:?}: an applied row cannot be removed"),
         }
     }
@@ -175,17 +166,12 @@ impl UniqueRows<EventId, DedupeEntry> for DedupeTable {
         if self.slots.contains_key(&event_id) {
             return Err(event_id);
         }
+        let DedupeEntryMut::Vacant(slot) = self.entry(event_id) else {
+            unreachable!("the id was just found absent");
+        };
         match row {
-            DedupeEntry::Applied(row) => match self.entry(event_id) {
-                DedupeEntryMut::Vacant(slot) => slot.insert_applied(*row),
-                DedupeEntryMut::Occupied(_) => unreachable!("the id was just found absent"),
-            },
-            DedupeEntry::Tombstoned(identity) => {
-                assert!(
-                    self.insert_tombstone(event_id, *identity),
-                    "the id was just found absent"
-                );
-            }
+            DedupeEntry::Applied(row) => slot.insert_applied(*row),
+            DedupeEntry::Tombstoned(identity) => slot.insert_tombstoned(identity),
         }
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! `AuthorizeHold`: reserve on the grant account and every ancestor account, atomically.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 use crate::account::{Account, AccountKey, GrantLimits};
 use crate::command::{ClientCommand, Operation};
@@ -62,13 +63,10 @@ impl Family {
                 account.check_pinned(limits)?;
             }
         }
-        let current = |key: &AccountKey, limits: &GrantLimits| match books.accounts.get(key) {
-            Some(account) => Cow::Borrowed(account),
-            None => Cow::Owned(Account::new(limits.clone())),
-        };
         let mut denial = None;
         for (key, limits) in targets() {
-            if let Some(reason) = current(key, limits).admit(key, requested, true)? {
+            let (key, account) = current(books.accounts, key, limits);
+            if let Some(reason) = account.admit(key, requested, true)? {
                 denial = Some(reason);
                 break;
             }
@@ -78,14 +76,8 @@ impl Family {
         if denial.is_none() {
             after_images.reserve_exact(1 + ancestors.len());
             for (key, limits) in targets() {
-                let next = current(key, limits).admitted(requested, false)?;
-                // The row's own key where the account exists: the hold, its images and its
-                // records then share one string with the row instead of keeping the
-                // command's copy alive (and compare by pointer).
-                let key = books
-                    .accounts
-                    .get_key_value(key)
-                    .map_or(key, |(stored, _)| stored);
+                let (key, account) = current(books.accounts, key, limits);
+                let next = account.admitted(requested, false)?;
                 after_images.push(stamped(key, next, index, now_ms));
             }
         }
@@ -119,12 +111,12 @@ impl Family {
             deny_reason: denial.clone(),
             exposure_units: requested,
             realized_units: 0,
-            // Equal to the pinned limits where the account exists: share the row's copy.
+            // The grant's image holds the pinned limits, equal to the command's: its copy is
+            // the row's where the account existed.
             limits: Some(
-                books
-                    .accounts
-                    .get(&grant)
-                    .map_or(limits, |account| &account.limits)
+                after_images
+                    .first()
+                    .map_or(limits, |grant| &grant.account.limits)
                     .clone(),
             ),
             hold_before: None,
@@ -205,5 +197,19 @@ impl Family {
             Some(index),
             step,
         ))
+    }
+}
+
+/// An account as it stands before the command, under the row's own key where the account
+/// exists: the hold, its images and its records then share one string with the row (and
+/// compare by pointer) instead of keeping the command's copy alive.
+fn current<'a>(
+    accounts: &'a BTreeMap<AccountKey, Account>,
+    key: &'a AccountKey,
+    limits: &GrantLimits,
+) -> (&'a AccountKey, Cow<'a, Account>) {
+    match accounts.get_key_value(key) {
+        Some((stored, account)) => (stored, Cow::Borrowed(account)),
+        None => (key, Cow::Owned(Account::new(limits.clone()))),
     }
 }
