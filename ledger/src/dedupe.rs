@@ -15,14 +15,6 @@ use crate::identity::{digest_of, identity_hashes};
 use crate::identity_fields::FieldHashes;
 use crate::ids::EventId;
 
-/// A row as encoded in snapshots (the table keeps applied rows unboxed, see
-/// `dedupe_table.rs`, and encodes them in this form).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum DedupeEntry {
-    Applied(Box<AppliedRow>),
-    Tombstoned(Box<RowIdentity>),
-}
-
 /// What a row keeps of its command's identity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct RowIdentity {

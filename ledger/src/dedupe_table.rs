@@ -8,7 +8,7 @@
 //! and 16 bytes of allocator header per row for ever. Tombstones are removed when they are
 //! compacted, so they stay boxed.
 //!
-//! Encoded exactly as the id-keyed map of `DedupeEntry` it replaced, rows in id order, so
+//! Encoded exactly as the id-keyed map of boxed rows it replaced, rows in id order, so
 //! snapshots and digests are unchanged. Decoding appends the applied rows in that id order,
 //! so every replica lays the store out alike (nothing reads the layout but this table).
 
@@ -17,7 +17,7 @@ use std::fmt;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::chunked_deque::ChunkedDeque;
-use crate::dedupe::{AppliedRow, DedupeEntry, RowIdentity};
+use crate::dedupe::{AppliedRow, RowIdentity};
 use crate::id_map::{deserialize_unique_rows, UniqueRows};
 use crate::id_table::{self, IdTable};
 use crate::ids::EventId;
@@ -35,12 +35,21 @@ enum Slot {
     Tombstoned(Box<RowIdentity>),
 }
 
-/// A row as read: an applied command's answer or a tombstone. Encodes as `DedupeEntry`.
+/// A row as read: an applied command's answer or a tombstone. Its encoding is a row's in
+/// snapshots; `DecodedRow` reads it back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename = "DedupeEntry")]
 pub(crate) enum DedupeRow<'t> {
     Applied(&'t AppliedRow),
     Tombstoned(&'t RowIdentity),
+}
+
+/// A row as decoded from a snapshot: `DedupeRow`'s encoding, owned.
+#[derive(Deserialize)]
+#[serde(rename = "DedupeEntry")]
+enum DecodedRow {
+    Applied(AppliedRow),
+    Tombstoned(Box<RowIdentity>),
 }
 
 /// Where a new id's row goes: found once, filled once the command has applied.
@@ -161,8 +170,8 @@ impl Serialize for DedupeTable {
     }
 }
 
-impl UniqueRows<EventId, DedupeEntry> for DedupeTable {
-    fn insert_new(&mut self, event_id: EventId, row: DedupeEntry) -> Result<(), EventId> {
+impl UniqueRows<EventId, DecodedRow> for DedupeTable {
+    fn insert_new(&mut self, event_id: EventId, row: DecodedRow) -> Result<(), EventId> {
         if self.slots.contains_key(&event_id) {
             return Err(event_id);
         }
@@ -170,8 +179,8 @@ impl UniqueRows<EventId, DedupeEntry> for DedupeTable {
             unreachable!("the id was just found absent");
         };
         match row {
-            DedupeEntry::Applied(row) => slot.insert_applied(*row),
-            DedupeEntry::Tombstoned(identity) => slot.insert_tombstoned(identity),
+            DecodedRow::Applied(row) => slot.insert_applied(row),
+            DecodedRow::Tombstoned(identity) => slot.insert_tombstoned(identity),
         }
         Ok(())
     }
