@@ -824,3 +824,144 @@ async fn a_node_that_is_not_chaos_node_refuses_to_arm_failpoints() {
     ));
     cluster.shutdown().await;
 }
+
+/// `ListHolds` and `ListUsages` across families, page by page over gRPC: the pages joined are
+/// the whole list in order, each row names its family, only a full page has `next`, and a
+/// malformed position is refused (definite) without touching anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_reads_page_through_every_family() {
+    init_logs();
+    let cluster = TestCluster::start(1).await;
+    let leader = cluster.wait_leader().await;
+    let mut client = cluster.budget(leader).await;
+    for family in ["pages-a", "pages-b", "pages-c", "pages-d"] {
+        for hold in ["h0", "h1", "h2"] {
+            client
+                .authorize_hold(authorize(family, hold, 5))
+                .await
+                .expect("authorize");
+        }
+    }
+    let holds = |limit: u32, after: Option<pb::HoldPosition>| pb::ListHoldsRequest {
+        limit,
+        after,
+        ..Default::default()
+    };
+    let whole = client
+        .list_holds(holds(100, None))
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(whole.holds.len(), 12);
+    assert_eq!(whole.next, None, "a short page is the last");
+    let mut paged = Vec::new();
+    let mut after = None;
+    let mut pages = 0;
+    loop {
+        let page = client
+            .list_holds(holds(5, after))
+            .await
+            .expect("page")
+            .into_inner();
+        pages += 1;
+        assert!(page.holds.len() <= 5);
+        assert_eq!(page.next.is_some(), page.holds.len() == 5, "{page:?}");
+        paged.extend(page.holds);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3, "5 + 5 + 2");
+    assert_eq!(paged, whole.holds, "the pages joined are the whole list");
+    let named: std::collections::BTreeSet<_> = paged
+        .iter()
+        .map(|h| (h.family_id.clone(), h.hold_id.clone()))
+        .collect();
+    assert_eq!(named.len(), 12, "each hold names its family: {named:?}");
+
+    let usages = |limit: u32, after: Option<pb::UsagePosition>| pb::ListUsagesRequest {
+        limit,
+        after,
+        ..Default::default()
+    };
+    let whole = client
+        .list_usages(usages(100, None))
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(whole.usages.len(), 4, "one account per family");
+    let first = client
+        .list_usages(usages(3, None))
+        .await
+        .expect("page")
+        .into_inner();
+    let rest = client
+        .list_usages(usages(3, first.next.clone()))
+        .await
+        .expect("page")
+        .into_inner();
+    assert_eq!(rest.next, None);
+    let joined: Vec<_> = first.usages.into_iter().chain(rest.usages).collect();
+    assert_eq!(joined, whole.usages, "the pages joined are the whole list");
+    let order: Vec<_> = joined
+        .iter()
+        .map(|u| {
+            let updated = u.account.as_ref().expect("account").updated_at_ms;
+            (std::cmp::Reverse(updated), u.family_id.clone())
+        })
+        .collect();
+    let mut sorted = order.clone();
+    sorted.sort();
+    assert_eq!(order, sorted, "most recently updated first, then by family");
+    let families: std::collections::BTreeSet<_> = order.iter().map(|(_, f)| f.as_str()).collect();
+    assert_eq!(families.len(), 4, "each row names its family: {families:?}");
+
+    let before = cluster.family_state("pages-a").await;
+    let refused = [
+        client
+            .list_holds(holds(
+                5,
+                Some(pb::HoldPosition {
+                    created_at_ms: 1,
+                    family_id: String::new(),
+                    hold_id: "h0".into(),
+                }),
+            ))
+            .await
+            .map(|_| ()),
+        client
+            .list_holds(holds(
+                5,
+                Some(pb::HoldPosition {
+                    created_at_ms: 1,
+                    family_id: "pages-a".into(),
+                    hold_id: "x".repeat(513),
+                }),
+            ))
+            .await
+            .map(|_| ()),
+        client
+            .list_usages(usages(
+                5,
+                Some(pb::UsagePosition {
+                    updated_at_ms: 1,
+                    account: None,
+                    family_id: "pages-a".into(),
+                }),
+            ))
+            .await
+            .map(|_| ()),
+    ];
+    for result in refused {
+        let status = result.expect_err("a malformed position is refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert_eq!(
+            definiteness(&status),
+            Some(tally_api::status::Definiteness::Definite)
+        );
+        assert!(detail(&status).field.contains("after"), "{status:?}");
+    }
+    assert_eq!(cluster.family_state("pages-a").await, before);
+    cluster.shutdown().await;
+}

@@ -380,7 +380,7 @@ async fn reads_merge_across_families_and_leave_passivation_alone() -> anyhow::Re
         .collect();
     router.apply(entries).await?;
     let live = router.live_actors();
-    let usages = router.list_usages(None, None, 100).await?;
+    let usages = router.list_usages(None, None, None, 100).await?;
     let order: Vec<_> = usages.iter().map(|(f, _)| f.clone()).collect();
     assert_eq!(
         order,
@@ -395,7 +395,10 @@ async fn reads_merge_across_families_and_leave_passivation_alone() -> anyhow::Re
         "oldest first"
     );
     assert_eq!(
-        router.list_usages(Some(&family(4)), None, 100).await?.len(),
+        router
+            .list_usages(Some(&family(4)), None, None, 100)
+            .await?
+            .len(),
         1
     );
     assert_eq!(router.live_actors(), live);

@@ -19,6 +19,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::checker::{FamilyState, ReplicaState};
 use crate::kernel::KernelProcess;
 use crate::listen_port::reserved_listen_addr;
+use crate::paged_read::read_all_pages;
 use crate::process::{NodeProcess, NodeSpec};
 use crate::proxy::Network;
 
@@ -30,12 +31,9 @@ const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
 /// debug-built nodes) the digest alone took longer than `CONTROL_TIMEOUT`, so every read
 /// failed and no invariant could be checked.
 const STATE_READ_TIMEOUT: Duration = Duration::from_secs(120);
-/// Rows per final-state read page, and pages per family.
+/// Rows per final-state read page, and pages per list of a family.
 const PAGE: u32 = 5_000;
 const MAX_PAGES: usize = 200;
-/// What one `ListUsages` or `ListHolds` call returns at most (the server's cap); those reads
-/// have no cursor, so a family with more cannot be read whole.
-const MAX_LIST_ROWS: u32 = 10_000;
 /// `ListEvents` consistency LOCAL: this node's applied state.
 const LOCAL: i32 = pb::Consistency::Local as i32;
 
@@ -256,7 +254,7 @@ impl ChaosCluster {
     /// Node `id`'s final state of `families`, read LOCAL from that node alone.
     pub async fn read_state(&self, id: u64, families: &[String]) -> anyhow::Result<ReplicaState> {
         let (applied_index, digest) = self.digest(id).await?;
-        let mut budget = self.state_reader(id).await?;
+        let budget = self.state_reader(id).await?;
         let mut out = ReplicaState {
             node_id: id,
             applied_index,
@@ -268,75 +266,82 @@ impl ChaosCluster {
                 family: family.clone(),
                 ..FamilyState::default()
             };
-            let mut after = None;
-            let mut complete = false;
-            for _ in 0..MAX_PAGES {
-                let page = budget
-                    .list_events(pb::ListEventsRequest {
+            state.events = read_all_pages(
+                &format!("node {id}: events of family {family}"),
+                MAX_PAGES,
+                |after: Option<u64>| {
+                    let request = pb::ListEventsRequest {
                         family_id: family.clone(),
                         capability_id: None,
                         grant_index: None,
                         after_commit_index: after,
                         limit: PAGE,
                         consistency: LOCAL,
-                    })
-                    .await?
-                    .into_inner()
-                    .into_records()?;
-                let full = page.len() == PAGE as usize;
-                after = page.last().map(|e| e.commit_index.0).or(after);
-                state.events.extend(page);
-                if !full {
-                    complete = true;
-                    break;
-                }
-            }
-            // A check of part of the state would pass on what it could not see.
-            anyhow::ensure!(
-                complete,
-                "node {id}: family {family} retains more than {} events; the final check \
-                 cannot read them all (shorten the run or raise MAX_PAGES)",
-                MAX_PAGES * PAGE as usize
-            );
-            state.usages = budget
-                .list_usages(pb::ListUsagesRequest {
-                    family_id: Some(family.clone()),
-                    capability_id: None,
-                    limit: MAX_LIST_ROWS,
-                    consistency: LOCAL,
-                })
-                .await?
-                .into_inner()
-                .into_records()?;
+                    };
+                    let mut budget = budget.clone();
+                    async move {
+                        let page = budget
+                            .list_events(request)
+                            .await?
+                            .into_inner()
+                            .into_records()?;
+                        let next = (page.len() == PAGE as usize)
+                            .then(|| page.last().map(|event| event.commit_index.0))
+                            .flatten();
+                        Ok((page, next))
+                    }
+                },
+            )
+            .await?;
+            let usages = read_all_pages(
+                &format!("node {id}: accounts of family {family}"),
+                MAX_PAGES,
+                |after: Option<pb::UsagePosition>| {
+                    let request = pb::ListUsagesRequest {
+                        family_id: Some(family.clone()),
+                        capability_id: None,
+                        limit: PAGE,
+                        consistency: LOCAL,
+                        after,
+                    };
+                    let mut budget = budget.clone();
+                    async move {
+                        let reply = budget.list_usages(request).await?.into_inner();
+                        let next = reply.next.clone();
+                        Ok((reply.into_page()?.rows, next))
+                    }
+                },
+            )
+            .await?;
+            state.usages = usages.into_iter().map(|(_, usage)| usage).collect();
             state.usages.sort_by(|a, b| a.key.cmp(&b.key));
-            ensure_whole(id, family, "accounts", state.usages.len())?;
-            state.holds = budget
-                .list_holds(pb::ListHoldsRequest {
-                    family_id: Some(family.clone()),
-                    state: None,
-                    created_before_ms: None,
-                    limit: MAX_LIST_ROWS,
-                    consistency: LOCAL,
-                    with_remaining_exposure: false,
-                })
-                .await?
-                .into_inner()
-                .into_holds()?;
-            ensure_whole(id, family, "live holds", state.holds.len())?;
+            let holds = read_all_pages(
+                &format!("node {id}: live holds of family {family}"),
+                MAX_PAGES,
+                |after: Option<pb::HoldPosition>| {
+                    let request = pb::ListHoldsRequest {
+                        family_id: Some(family.clone()),
+                        state: None,
+                        created_before_ms: None,
+                        limit: PAGE,
+                        consistency: LOCAL,
+                        with_remaining_exposure: false,
+                        after,
+                    };
+                    let mut budget = budget.clone();
+                    async move {
+                        let reply = budget.list_holds(request).await?.into_inner();
+                        let next = reply.next.clone();
+                        Ok((reply.into_page()?.holds, next))
+                    }
+                },
+            )
+            .await?;
+            state.holds = holds.into_iter().map(|(_, hold)| hold).collect();
             out.families.insert(family.clone(), state);
         }
         Ok(out)
     }
-}
-
-/// A list that came back full may have left rows out: refuse to check part of a family.
-fn ensure_whole(node: u64, family: &str, what: &str, rows: usize) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        rows < MAX_LIST_ROWS as usize,
-        "node {node}: family {family} has {MAX_LIST_ROWS} or more {what}, more than one read \
-         returns; the final check cannot see them all (shorten the run)"
-    );
-    Ok(())
 }
 
 impl Drop for ChaosCluster {
@@ -345,23 +350,5 @@ impl Drop for ChaosCluster {
             task.abort();
         }
         // Each NodeProcess kills its process on drop.
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_full_list_is_refused_and_a_shorter_one_accepted() {
-        let full = ensure_whole(2, "fam-1", "live holds", MAX_LIST_ROWS as usize)
-            .expect_err("a list that came back full may have left rows out");
-        assert!(
-            full.to_string()
-                .contains("family fam-1 has 10000 or more live holds"),
-            "{full}"
-        );
-        ensure_whole(2, "fam-1", "live holds", MAX_LIST_ROWS as usize - 1)
-            .expect("a list shorter than the cap is whole");
     }
 }

@@ -16,6 +16,7 @@
 //! | `kernel`, `kernel_workload` | kernel processes, shared rail and tool server, `EvaluateToolCall` flows |
 //! | `nemesis` | the seeded fault schedule, incl. failpoint kills of the leader |
 //! | `history`, `checker` | the recorded history and the pure SPEC.md §11 checker |
+//! | `paged_read` | reading a whole list page by page for the final check |
 //! | `leader_watch`, `report`, `timeline` | who led, the summary/JSON, the PNG |
 //! | `run`, `profile`, `cli` | one run end to end, its profiles and command line |
 
@@ -28,6 +29,7 @@ pub mod kernel_workload;
 pub mod leader_watch;
 pub mod listen_port;
 pub mod nemesis;
+pub mod paged_read;
 pub mod process;
 pub mod profile;
 pub mod proxy;

@@ -18,3 +18,4 @@ pub use clock::wall_clock_ms;
 pub use config::{BatchConfig, ClientConfig};
 pub use error::ClientError;
 pub use outcome::Outcome;
+pub use tally_api::convert::list_page::{HoldPage, UsagePage};

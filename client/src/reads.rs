@@ -1,9 +1,10 @@
 //! The reads of SPEC.md §7, linearizable by default. `EventLookup::Unknown` is never a no.
 
+use tally_api::convert::list_page::{HoldPage, UsagePage};
 use tally_api::pb;
 use tally_ledger::{
-    AccountKey, EventId, EventLookup, EventRecord, FamilyId, Hold, HoldFilter, HoldId, HoldView,
-    UsageRecord,
+    AccountKey, EventId, EventLookup, EventRecord, FamilyId, HoldFilter, HoldId, HoldView,
+    UsagePosition, UsageRecord,
 };
 
 use crate::client::TallyClient;
@@ -29,17 +30,21 @@ impl TallyClient {
         Ok(reply.into_record()?)
     }
 
+    /// One page of accounts, most recently updated first, each with its family; `after` is
+    /// the previous page's `next`.
     pub async fn list_usages(
         &self,
         family: Option<&FamilyId>,
         capability: Option<&str>,
+        after: Option<&UsagePosition>,
         limit: u32,
-    ) -> Result<Vec<UsageRecord>, ClientError> {
+    ) -> Result<UsagePage, ClientError> {
         let request = pb::ListUsagesRequest {
             family_id: family.map(ToString::to_string),
             capability_id: capability.map(str::to_owned),
             limit,
             consistency: 0,
+            after: after.map(Into::into),
         };
         let reply = self
             .read(|mut c| {
@@ -47,7 +52,7 @@ impl TallyClient {
                 async move { c.list_usages(r).await }
             })
             .await?;
-        Ok(reply.into_records()?)
+        Ok(reply.into_page()?)
     }
 
     pub async fn list_events(
@@ -113,12 +118,14 @@ impl TallyClient {
         Ok(reply.into_view()?)
     }
 
+    /// One page of live holds matching `filter`, oldest first, each with its family; set
+    /// `filter.after` to the previous page's `next`.
     pub async fn list_holds(
         &self,
         family: Option<&FamilyId>,
         filter: &HoldFilter,
         limit: u32,
-    ) -> Result<Vec<Hold>, ClientError> {
+    ) -> Result<HoldPage, ClientError> {
         let request = pb::ListHoldsRequest {
             family_id: family.map(ToString::to_string),
             state: filter.state.map(|s| pb::InvocationState::from(s) as i32),
@@ -126,6 +133,7 @@ impl TallyClient {
             limit,
             consistency: 0,
             with_remaining_exposure: filter.with_remaining_exposure,
+            after: filter.after.as_ref().map(Into::into),
         };
         let reply = self
             .read(|mut c| {
@@ -133,7 +141,7 @@ impl TallyClient {
                 async move { c.list_holds(r).await }
             })
             .await?;
-        Ok(reply.into_holds()?)
+        Ok(reply.into_page()?)
     }
 
     /// A node's status (role, term, leader, indexes, members).

@@ -158,9 +158,10 @@ async fn bad_tokens_are_denied_with_a_clear_reason_and_nothing_is_written() {
     }
     let rows = env
         .client
-        .list_usages(None, None, 100)
+        .list_usages(None, None, None, 100)
         .await
-        .expect("usages");
+        .expect("usages")
+        .rows;
     assert!(rows.is_empty(), "no account rows: {rows:?}");
     assert_eq!(rail.total_authorizations(), 0);
     assert_eq!(invocations.load(Ordering::SeqCst), 0);

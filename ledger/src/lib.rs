@@ -27,6 +27,7 @@ pub mod ids;
 mod invariants;
 mod journal;
 pub mod limits;
+pub mod list_position;
 pub mod reads;
 mod short_copy;
 pub mod snapshot;
@@ -46,5 +47,6 @@ pub use hold::{
 pub use id_map::{IdKey, IdMap};
 pub use id_table::IdTable;
 pub use ids::{AttemptId, CapabilityId, EventId, FamilyId, HoldId, NonceId};
+pub use list_position::{HoldPosition, UsagePosition};
 pub use reads::HoldFilter;
 pub use snapshot::SnapshotError;

@@ -8,6 +8,7 @@ use crate::family::Family;
 use crate::hold::{Hold, HoldSlot, HoldView, InvocationState};
 use crate::ids::{CapabilityId, EventId, HoldId};
 use crate::limits::MAX_LIST_LIMIT;
+use crate::list_position::{hold_order, usage_order, HoldPosition, UsagePosition};
 
 /// Which holds `list_holds` returns (for reconcilers).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -17,6 +18,8 @@ pub struct HoldFilter {
     /// Only holds that still expose funds (remaining exposure > 0): the ones a reconciler can
     /// finish. Captured calls without exposure are final and would otherwise crowd them out.
     pub with_remaining_exposure: bool,
+    /// Only holds after this one in list order: the next page after a full one.
+    pub after: Option<HoldPosition>,
 }
 
 impl Family {
@@ -27,10 +30,12 @@ impl Family {
         })
     }
 
-    /// Ordered by `(updated_at_ms desc, capability_id, grant_index)`.
+    /// Ordered by `(updated_at_ms desc, capability_id, grant_index)`; after `after` (a
+    /// position in the cross-family order, see `list_position.rs`) when given.
     pub fn list_usages(
         &self,
         capability_id: Option<&CapabilityId>,
+        after: Option<&UsagePosition>,
         limit: usize,
     ) -> Vec<UsageRecord> {
         let mut rows: Vec<UsageRecord> = self
@@ -41,8 +46,9 @@ impl Family {
                 key: key.clone(),
                 account: account.clone(),
             })
+            .filter(|row| after.is_none_or(|after| after.compare_row(&self.family_id, row).is_gt()))
             .collect();
-        rows.sort_by(usage_order);
+        rows.sort_by(|a, b| usage_order((&self.family_id, a), (&self.family_id, b)));
         rows.truncate(limit.min(MAX_LIST_LIMIT));
         rows
     }
@@ -116,7 +122,7 @@ impl Family {
         })
     }
 
-    /// Live holds matching `filter`, oldest first, for reconcilers.
+    /// Live holds matching `filter`, oldest first (then by hold id), for reconcilers.
     pub fn list_holds(&self, filter: &HoldFilter, limit: usize) -> Vec<Hold> {
         let mut holds: Vec<&Hold> = self
             .holds
@@ -128,8 +134,12 @@ impl Family {
             .filter(|h| filter.state.is_none_or(|s| h.invocation_state == s))
             .filter(|h| filter.created_before_ms.is_none_or(|t| h.created_at_ms < t))
             .filter(|h| !filter.with_remaining_exposure || h.remaining_exposure_units > 0)
+            .filter(|h| {
+                (filter.after.as_ref())
+                    .is_none_or(|after| after.compare_hold(&self.family_id, h).is_gt())
+            })
             .collect();
-        holds.sort_by(|a, b| (a.created_at_ms, &a.hold_id).cmp(&(b.created_at_ms, &b.hold_id)));
+        holds.sort_by(|a, b| hold_order((&self.family_id, a), (&self.family_id, b)));
         holds
             .into_iter()
             .take(limit.min(MAX_LIST_LIMIT))
@@ -148,12 +158,4 @@ impl Family {
     pub fn journal_len(&self) -> usize {
         self.journal.len()
     }
-}
-
-/// `(updated_at_ms desc, capability_id, grant_index)`.
-pub fn usage_order(a: &UsageRecord, b: &UsageRecord) -> std::cmp::Ordering {
-    b.account
-        .updated_at_ms
-        .cmp(&a.account.updated_at_ms)
-        .then_with(|| a.key.cmp(&b.key))
 }

@@ -809,13 +809,13 @@ fn reads_order_usages_and_page_events() {
         },
     );
     h.ok(other);
-    let usages = h.family.list_usages(None, 10);
+    let usages = h.family.list_usages(None, None, 10);
     assert_eq!(
         usages[0].key,
         AccountKey::new("cap-0", 3),
         "most recently updated first"
     );
-    assert_eq!(h.family.list_usages(Some(&CAP.into()), 10).len(), 1);
+    assert_eq!(h.family.list_usages(Some(&CAP.into()), None, 10).len(), 1);
     let first = h.events()[0].commit_index;
     let after = h.family.list_events(None, None, Some(first), 10);
     assert_eq!(after.len(), 1);
@@ -831,6 +831,7 @@ fn reads_order_usages_and_page_events() {
             state: Some(InvocationState::Authorized),
             created_before_ms: None,
             with_remaining_exposure: false,
+            after: None,
         },
         10,
     );
@@ -840,6 +841,7 @@ fn reads_order_usages_and_page_events() {
             state: None,
             created_before_ms: Some(T0 + 1),
             with_remaining_exposure: false,
+            after: None,
         },
         10,
     );
@@ -855,6 +857,94 @@ fn reads_order_usages_and_page_events() {
     );
     assert_eq!(exposed.len(), 1);
     assert_eq!(exposed[0].hold_id.as_str(), "x");
+}
+
+#[test]
+fn list_pages_return_every_row_once_in_order() {
+    let mut h = Harness::new();
+    // Seven accounts and seven holds; several share an update time or a creation time, so
+    // the pages must break ties by key and hold id.
+    for n in 0..7u32 {
+        let op = Operation::AuthorizeHold {
+            hold_id: format!("h{}", 6 - n).into(),
+            requested_exposure_units: 10,
+            limits: limits(),
+            ancestors: vec![],
+            hold_timeout_ms: None,
+        };
+        h.ok(h.on(
+            h.header_on(&format!("cap-{}", n % 4), n / 4, &format!("e{n}")),
+            op,
+        ));
+        if n % 3 == 2 {
+            h.advance(5);
+        }
+    }
+    let family = h.family.family_id().clone();
+    let all_usages = h.family.list_usages(None, None, 100);
+    assert_eq!(all_usages.len(), 7);
+    let mut paged = Vec::new();
+    let mut after: Option<UsagePosition> = None;
+    loop {
+        let page = h.family.list_usages(None, after.as_ref(), 3);
+        let full = page.len() == 3;
+        after = page.last().map(|row| UsagePosition::of(&family, row));
+        paged.extend(page);
+        if !full {
+            break;
+        }
+    }
+    assert_eq!(
+        paged, all_usages,
+        "pages of usages, joined, are the whole list"
+    );
+
+    let all_holds = h.family.list_holds(&HoldFilter::default(), 100);
+    assert_eq!(all_holds.len(), 7);
+    let mut paged = Vec::new();
+    let mut filter = HoldFilter::default();
+    loop {
+        let page = h.family.list_holds(&filter, 2);
+        let full = page.len() == 2;
+        filter.after = page.last().map(|hold| HoldPosition::of(&family, hold));
+        paged.extend(page);
+        if !full {
+            break;
+        }
+    }
+    assert_eq!(
+        paged, all_holds,
+        "pages of holds, joined, are the whole list"
+    );
+    let order: Vec<_> = paged
+        .iter()
+        .map(|hold| (hold.created_at_ms, hold.hold_id.as_str()))
+        .collect();
+    let mut sorted = order.clone();
+    sorted.sort();
+    assert_eq!(order, sorted, "oldest first, then by hold id");
+
+    // A position in another family: rows of this family sort by where the family id falls.
+    let last = all_holds.last().expect("holds");
+    let before_us = HoldPosition {
+        family_id: "a-family-before".into(),
+        ..HoldPosition::of(&family, last)
+    };
+    let after_us = HoldPosition {
+        family_id: "z-family-after".into(),
+        ..HoldPosition::of(&family, last)
+    };
+    let tail = |position: HoldPosition| {
+        h.family.list_holds(
+            &HoldFilter {
+                after: Some(position),
+                ..HoldFilter::default()
+            },
+            100,
+        )
+    };
+    assert_eq!(tail(before_us), vec![last.clone()]);
+    assert_eq!(tail(after_us), vec![]);
 }
 
 #[test]

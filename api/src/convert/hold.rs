@@ -3,11 +3,11 @@
 
 use tally_ledger::hold::HoldTransition;
 use tally_ledger::{
-    ArchivedHold, BudgetCommitIndex, Hold, HoldFilter, HoldStates, HoldView, InvocationState,
-    MonetaryState,
+    ArchivedHold, BudgetCommitIndex, FamilyId, Hold, HoldFilter, HoldStates, HoldView,
+    InvocationState, MonetaryState,
 };
 
-use super::{enum_field, optional_into, repeated_into, required, required_into};
+use super::{enum_field, optional_into, required, required_into};
 use crate::error::WireError;
 use crate::pb;
 
@@ -96,6 +96,7 @@ fn optional_transition(transition: Option<pb::HoldTransition>) -> Option<HoldTra
     transition.map(Into::into)
 }
 
+/// Without its family, which the hold does not know: `of_family` and the replies set it.
 impl From<&Hold> for pb::Hold {
     fn from(hold: &Hold) -> Self {
         Self {
@@ -119,6 +120,17 @@ impl From<&Hold> for pb::Hold {
             last_release: hold.last_release.as_ref().map(Into::into),
             terminal: hold.terminal.as_ref().map(Into::into),
             terminal_at_ms: hold.terminal_at_ms,
+            family_id: String::new(),
+        }
+    }
+}
+
+impl pb::Hold {
+    /// A hold of `family_id`, as a list read returns it.
+    pub fn of_family(family_id: &FamilyId, hold: &Hold) -> Self {
+        Self {
+            family_id: family_id.to_string(),
+            ..hold.into()
         }
     }
 }
@@ -231,27 +243,21 @@ impl TryFrom<&pb::ListHoldsRequest> for HoldFilter {
             state,
             created_before_ms: request.created_before_ms,
             with_remaining_exposure: request.with_remaining_exposure,
+            after: request.after.clone().map(Into::into),
         })
     }
 }
 
-impl pb::ListHoldsReply {
-    pub fn from_holds(holds: &[Hold]) -> Self {
-        Self {
-            holds: holds.iter().map(Into::into).collect(),
-        }
-    }
-
-    pub fn into_holds(self) -> Result<Vec<Hold>, WireError> {
-        repeated_into(self.holds, "holds")
-    }
-}
-
 impl pb::GetHoldReply {
-    pub fn from_view(view: Option<&HoldView>) -> Self {
-        Self {
-            hold: view.map(Into::into),
+    pub fn from_view(family_id: &FamilyId, view: Option<&HoldView>) -> Self {
+        let mut view = view.map(pb::HoldView::from);
+        if let Some(pb::HoldView {
+            view: Some(pb::hold_view::View::Live(hold)),
+        }) = &mut view
+        {
+            hold.family_id = family_id.to_string();
         }
+        Self { hold: view }
     }
 
     pub fn into_view(self) -> Result<Option<HoldView>, WireError> {

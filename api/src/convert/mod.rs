@@ -8,6 +8,7 @@ pub mod decision;
 pub mod error;
 pub mod event;
 pub mod hold;
+pub mod list_page;
 pub mod params;
 pub mod usage;
 

@@ -7,9 +7,9 @@ use tally_ledger::hold::HoldTransition;
 use tally_ledger::{
     Account, AccountImage, AccountKey, AncestorAccount, ArchivedHold, BudgetCommitIndex,
     ClientCommand, Command, CommandHeader, ConflictReason, Decision, DenyReason, DenyRule,
-    EventKind, EventLookup, EventRecord, GrantLimits, Hold, HoldFilter, HoldStates, HoldView,
-    InvocationState, LedgerError, LegacyUnheld, LogPosition, MonetaryState, Operation, Outcome,
-    PreconditionCode, Resolution, UsageRecord,
+    EventKind, EventLookup, EventRecord, FamilyId, GrantLimits, Hold, HoldFilter, HoldPosition,
+    HoldStates, HoldView, InvocationState, LedgerError, LegacyUnheld, LogPosition, MonetaryState,
+    Operation, Outcome, PreconditionCode, Resolution, UsagePosition, UsageRecord,
 };
 
 use super::error::{precondition_code, precondition_index, PRECONDITION_CODES_FOR_TESTS};
@@ -359,27 +359,75 @@ fn usage_records_round_trip() {
         key: AccountKey::new("cap", 4_095),
         account: account(),
     };
+    let family = FamilyId::from("fam");
+    let wire = pb::UsageRecord::of_family(&family, &record);
+    assert_eq!(wire.family_id, "fam", "a row names its family");
+    let decoded = pb::UsageRecord::decode(wire.encode_to_vec().as_slice()).expect("decodes");
+    assert_eq!(UsageRecord::try_from(decoded).expect("converts"), record);
     assert_eq!(
-        through_bytes::<UsageRecord, pb::UsageRecord>(&record),
-        record
-    );
-    let reply = pb::ListUsagesReply::from_records(std::slice::from_ref(&record));
-    assert_eq!(
-        reply.into_records().expect("converts"),
-        vec![record.clone()]
-    );
-    assert_eq!(
-        pb::GetUsageReply::from_record(Some(&record))
+        pb::GetUsageReply::from_record(&family, Some(&record))
             .into_record()
             .expect("converts"),
         Some(record)
     );
     assert_eq!(
-        pb::GetUsageReply::from_record(None)
+        pb::GetUsageReply::from_record(&family, None)
             .into_record()
             .expect("converts"),
         None
     );
+}
+
+#[test]
+fn usage_pages_carry_each_rows_family_and_a_next_position_only_when_full() {
+    let row = |cap: &str, updated_at_ms: u64| UsageRecord {
+        key: AccountKey::new(cap, 1),
+        account: Account {
+            updated_at_ms,
+            ..account()
+        },
+    };
+    let rows = vec![
+        (FamilyId::from("fam-b"), row("cap-1", 9)),
+        (FamilyId::from("fam-a"), row("cap-2", 7)),
+    ];
+    let full = pb::ListUsagesReply::from_rows(&rows, 2);
+    let bytes = full.encode_to_vec();
+    let page = pb::ListUsagesReply::decode(bytes.as_slice())
+        .expect("decodes")
+        .into_page()
+        .expect("converts");
+    assert_eq!(page.rows, rows, "every row with its own family");
+    assert_eq!(
+        page.next,
+        Some(UsagePosition {
+            updated_at_ms: 7,
+            key: AccountKey::new("cap-2", 1),
+            family_id: "fam-a".into(),
+        }),
+        "a full page ends where its last row sits"
+    );
+    let short = pb::ListUsagesReply::from_rows(&rows, 3)
+        .into_page()
+        .expect("converts");
+    assert_eq!(
+        short.next, None,
+        "a page shorter than the limit is the last"
+    );
+
+    let mut nameless = pb::ListUsagesReply::from_rows(&rows, 3);
+    nameless.usages[1].family_id.clear();
+    let error = nameless.into_page().expect_err("a row without its family");
+    assert!(
+        error.to_string().contains("usages[1]") && error.to_string().contains("family_id"),
+        "{error}"
+    );
+    let mut broken = pb::ListUsagesReply::from_rows(&rows, 2);
+    broken.next.as_mut().expect("full").account = None;
+    let error = broken
+        .into_page()
+        .expect_err("a position without its account");
+    assert!(error.to_string().contains("account"), "{error}");
 }
 
 fn event_record(kind: EventKind) -> EventRecord {
@@ -544,22 +592,53 @@ fn every_hold_view_round_trips() {
     for view in views {
         assert_eq!(through_bytes::<HoldView, pb::HoldView>(&view), view);
     }
-    let holds = vec![live_hold(), fresh];
+    let holds = vec![
+        (FamilyId::from("fam-a"), live_hold()),
+        (FamilyId::from("fam-b"), fresh),
+    ];
+    let full = pb::ListHoldsReply::from_holds(&holds, 2);
+    assert!(full.holds.iter().all(|hold| !hold.family_id.is_empty()));
+    let page = pb::ListHoldsReply::decode(full.encode_to_vec().as_slice())
+        .expect("decodes")
+        .into_page()
+        .expect("converts");
+    assert_eq!(page.holds, holds, "every hold with its own family");
+    let (last_family, last) = holds.last().expect("two holds");
     assert_eq!(
-        pb::ListHoldsReply::from_holds(&holds)
-            .into_holds()
-            .expect("converts"),
-        holds
+        page.next,
+        Some(HoldPosition {
+            created_at_ms: last.created_at_ms,
+            family_id: last_family.clone(),
+            hold_id: last.hold_id.clone(),
+        }),
+        "a full page ends where its last hold sits"
     );
+    assert_eq!(
+        pb::ListHoldsReply::from_holds(&holds, 3)
+            .into_page()
+            .expect("converts")
+            .next,
+        None,
+        "a page shorter than the limit is the last"
+    );
+    let mut nameless = pb::ListHoldsReply::from_holds(&holds, 3);
+    nameless.holds[0].family_id.clear();
+    let error = nameless.into_page().expect_err("a hold without its family");
+    assert!(error.to_string().contains("holds[0]"), "{error}");
+
     let view = HoldView::Live(live_hold());
-    assert_eq!(
-        pb::GetHoldReply::from_view(Some(&view))
-            .into_view()
-            .expect("converts"),
-        Some(view)
+    let family = FamilyId::from("fam-a");
+    let reply = pb::GetHoldReply::from_view(&family, Some(&view));
+    assert!(
+        matches!(
+            &reply.hold,
+            Some(pb::HoldView { view: Some(pb::hold_view::View::Live(hold)) }) if hold.family_id == "fam-a"
+        ),
+        "a live hold names its family: {reply:?}"
     );
+    assert_eq!(reply.into_view().expect("converts"), Some(view));
     assert_eq!(
-        pb::GetHoldReply::from_view(None)
+        pb::GetHoldReply::from_view(&family, None)
             .into_view()
             .expect("converts"),
         None
@@ -599,8 +678,23 @@ fn list_holds_filter_treats_unset_and_unspecified_as_any_state() {
             state: Option::None,
             created_before_ms: Some(9),
             with_remaining_exposure: false,
+            after: None,
         })
     );
+    request.after = Some(pb::HoldPosition {
+        created_at_ms: 5,
+        family_id: "fam".into(),
+        hold_id: "h".into(),
+    });
+    assert_eq!(
+        HoldFilter::try_from(&request).map(|f| f.after),
+        Ok(Some(HoldPosition {
+            created_at_ms: 5,
+            family_id: "fam".into(),
+            hold_id: "h".into(),
+        }))
+    );
+    request.after = None;
     request.state = Some(0);
     assert_eq!(
         HoldFilter::try_from(&request).map(|f| f.state),
@@ -928,6 +1022,7 @@ fn malformed_outcomes_and_reads_name_the_field() {
     let usage = pb::UsageRecord {
         key: Some(Default::default()),
         account: Some(Default::default()),
+        family_id: "fam".into(),
     };
     assert_eq!(
         UsageRecord::try_from(usage),

@@ -1,7 +1,7 @@
 //! Accounts (SPEC.md §2): keys, grant limits, rows and `GetUsage`/`ListUsages` records.
 
 use tally_ledger::{
-    Account, AccountKey, BudgetCommitIndex, GrantLimits, LegacyUnheld, UsageRecord,
+    Account, AccountKey, BudgetCommitIndex, FamilyId, GrantLimits, LegacyUnheld, UsageRecord,
 };
 
 use super::{required, required_into};
@@ -89,11 +89,13 @@ impl TryFrom<pb::Account> for Account {
     }
 }
 
-impl From<&UsageRecord> for pb::UsageRecord {
-    fn from(record: &UsageRecord) -> Self {
+impl pb::UsageRecord {
+    /// The row of an account of `family_id`.
+    pub fn of_family(family_id: &FamilyId, record: &UsageRecord) -> Self {
         Self {
             key: Some((&record.key).into()),
             account: Some((&record.account).into()),
+            family_id: family_id.to_string(),
         }
     }
 }
@@ -110,25 +112,13 @@ impl TryFrom<pb::UsageRecord> for UsageRecord {
 }
 
 impl pb::GetUsageReply {
-    pub fn from_record(record: Option<&UsageRecord>) -> Self {
+    pub fn from_record(family_id: &FamilyId, record: Option<&UsageRecord>) -> Self {
         Self {
-            usage: record.map(Into::into),
+            usage: record.map(|record| pb::UsageRecord::of_family(family_id, record)),
         }
     }
 
     pub fn into_record(self) -> Result<Option<UsageRecord>, WireError> {
         super::optional_into(self.usage, "usage")
-    }
-}
-
-impl pb::ListUsagesReply {
-    pub fn from_records(records: &[UsageRecord]) -> Self {
-        Self {
-            usages: records.iter().map(Into::into).collect(),
-        }
-    }
-
-    pub fn into_records(self) -> Result<Vec<UsageRecord>, WireError> {
-        super::repeated_into(self.usages, "usages")
     }
 }

@@ -9,7 +9,7 @@ use tally_api::pb::{self, Consistency};
 use tally_api::WireError;
 use tally_ledger::{
     AccountKey, BudgetCommitIndex, CapabilityId, ClientCommand, Command, EventId, FamilyId,
-    HoldFilter, HoldId,
+    HoldFilter, HoldId, LedgerError, UsagePosition,
 };
 use tonic::{Request, Response, Status};
 
@@ -168,6 +168,32 @@ fn valid_id<I>(
 
 fn family(value: &str) -> Result<FamilyId, Status> {
     valid_id(FamilyId::from(value), FamilyId::validate)
+}
+
+/// Where the previous page of `ListUsages` ended; malformed or invalid ids are refused.
+fn usage_position(position: pb::UsagePosition) -> Result<UsagePosition, Status> {
+    let position = UsagePosition::try_from(position)
+        .map_err(|e| failure_status(e.at("after").into(), None))?;
+    valid_position(&position.family_id, "after.family_id")?;
+    valid_position(&position.key.capability_id, "after.account.capability_id")?;
+    position
+        .key
+        .validate()
+        .map_err(|e| failure_status(e.into(), None))?;
+    Ok(position)
+}
+
+/// An id of a list position: what a reply's `next` held, so never empty or oversized.
+fn valid_position(id: &impl std::fmt::Display, field: &str) -> Result<(), Status> {
+    let id = id.to_string();
+    if id.is_empty() || id.len() > tally_ledger::limits::MAX_ID_BYTES {
+        let reason = format!("must be 1-{} bytes", tally_ledger::limits::MAX_ID_BYTES);
+        return Err(failure_status(
+            LedgerError::invalid(field, reason).into(),
+            None,
+        ));
+    }
+    Ok(())
 }
 
 fn limit(value: u32) -> usize {
@@ -366,7 +392,10 @@ impl Budget for BudgetService {
             .get_usage(&family_id, &key)
             .await
             .map_err(router_status)?;
-        Ok(definite(pb::GetUsageReply::from_record(usage.as_ref())))
+        Ok(definite(pb::GetUsageReply::from_record(
+            &family_id,
+            usage.as_ref(),
+        )))
     }
 
     async fn list_usages(
@@ -376,6 +405,8 @@ impl Budget for BudgetService {
         let request = request.into_inner();
         let family_id = request.family_id.as_deref().map(family).transpose()?;
         let capability = request.capability_id.map(CapabilityId::from);
+        let after = request.after.map(usage_position).transpose()?;
+        let limit = limit(request.limit);
         self.read_barrier(request.consistency).await?;
         let rows = self
             .router
@@ -384,12 +415,12 @@ impl Budget for BudgetService {
             .list_usages(
                 family_id.as_ref(),
                 capability.as_ref(),
-                limit(request.limit),
+                after.as_ref(),
+                limit,
             )
             .await
             .map_err(router_status)?;
-        let usages: Vec<_> = rows.into_iter().map(|(_, usage)| usage).collect();
-        Ok(definite(pb::ListUsagesReply::from_records(&usages)))
+        Ok(definite(pb::ListUsagesReply::from_rows(&rows, limit)))
     }
 
     async fn list_events(
@@ -449,7 +480,10 @@ impl Budget for BudgetService {
             .get_hold(&family_id, &hold_id)
             .await
             .map_err(router_status)?;
-        Ok(definite(pb::GetHoldReply::from_view(view.as_ref())))
+        Ok(definite(pb::GetHoldReply::from_view(
+            &family_id,
+            view.as_ref(),
+        )))
     }
 
     async fn list_holds(
@@ -458,16 +492,20 @@ impl Budget for BudgetService {
     ) -> Result<Response<pb::ListHoldsReply>, Status> {
         let request = request.into_inner();
         let filter = HoldFilter::try_from(&request).map_err(|e| failure_status(e.into(), None))?;
+        if let Some(after) = &filter.after {
+            valid_position(&after.family_id, "after.family_id")?;
+            valid_position(&after.hold_id, "after.hold_id")?;
+        }
         let family_id = request.family_id.as_deref().map(family).transpose()?;
+        let limit = limit(request.limit);
         self.read_barrier(request.consistency).await?;
         let holds = self
             .router
             .lock()
             .await
-            .list_holds(family_id.as_ref(), &filter, limit(request.limit))
+            .list_holds(family_id.as_ref(), &filter, limit)
             .await
             .map_err(router_status)?;
-        let holds: Vec<_> = holds.into_iter().map(|(_, hold)| hold).collect();
-        Ok(definite(pb::ListHoldsReply::from_holds(&holds)))
+        Ok(definite(pb::ListHoldsReply::from_holds(&holds, limit)))
     }
 }

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tally_ledger::limits::MAX_LIST_LIMIT;
-use tally_ledger::reads::usage_order;
+use tally_ledger::list_position::{hold_order, usage_order};
 use tally_ledger::{
     AccountKey, BudgetCommitIndex, CapabilityId, EventId, EventLookup, EventRecord, Family,
-    FamilyId, Hold, HoldFilter, HoldView, UsageRecord,
+    FamilyId, Hold, HoldFilter, HoldView, UsagePosition, UsageRecord,
 };
 use tokio::sync::oneshot;
 
@@ -32,19 +32,21 @@ impl FamilyRouter {
     }
 
     /// Across every family when `family_id` is `None`, merged in SPEC.md order
-    /// (`updated_at_ms desc, capability_id, grant_index`, then family id).
+    /// (`updated_at_ms desc, capability_id, grant_index`, then family id), after `after`.
     pub async fn list_usages(
         &self,
         family_id: Option<&FamilyId>,
         capability_id: Option<&CapabilityId>,
+        after: Option<&UsagePosition>,
         limit: usize,
     ) -> Result<Vec<(FamilyId, UsageRecord)>, RouterError> {
         let limit = limit.min(MAX_LIST_LIMIT);
         let capability_id = capability_id.cloned();
-        let read = move |f: &Family| f.list_usages(capability_id.as_ref(), limit);
+        let after = after.cloned();
+        let read = move |f: &Family| f.list_usages(capability_id.as_ref(), after.as_ref(), limit);
         let per_family = self.read_some(family_id, read).await?;
         let order = |a: &(FamilyId, UsageRecord), b: &(FamilyId, UsageRecord)| {
-            usage_order(&a.1, &b.1).then_with(|| a.0.cmp(&b.0))
+            usage_order((&a.0, &a.1), (&b.0, &b.1))
         };
         Ok(merge(per_family, limit, order))
     }
@@ -90,7 +92,7 @@ impl FamilyRouter {
     }
 
     /// Live holds for reconcilers, oldest first (`created_at_ms`, family id, hold id), across
-    /// every family when `family_id` is `None`.
+    /// every family when `family_id` is `None`, after `filter.after`.
     pub async fn list_holds(
         &self,
         family_id: Option<&FamilyId>,
@@ -102,9 +104,8 @@ impl FamilyRouter {
         let per_family = self
             .read_some(family_id, move |f: &Family| f.list_holds(&filter, limit))
             .await?;
-        let order = |a: &(FamilyId, Hold), b: &(FamilyId, Hold)| {
-            (a.1.created_at_ms, &a.0, &a.1.hold_id).cmp(&(b.1.created_at_ms, &b.0, &b.1.hold_id))
-        };
+        let order =
+            |a: &(FamilyId, Hold), b: &(FamilyId, Hold)| hold_order((&a.0, &a.1), (&b.0, &b.1));
         Ok(merge(per_family, limit, order))
     }
 

@@ -112,7 +112,7 @@ impl Sim {
         let state = FamilyState {
             family: FAMILY.to_owned(),
             events: self.family.list_events(None, None, None, 10_000),
-            usages: self.family.list_usages(None, 10_000),
+            usages: self.family.list_usages(None, None, 10_000),
             holds: self.family.list_holds(&HoldFilter::default(), 10_000),
         };
         ReplicaState {

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use tally_api::pb;
-use tally_ledger::{AccountKey, EventId, EventLookup, FamilyId};
+use tally_ledger::limits::MAX_LIST_LIMIT;
+use tally_ledger::{AccountKey, EventId, EventLookup, FamilyId, UsageRecord};
 
 use self::command_args::HoldCommand;
 use self::output::{print_decision_outcome, print_json, Table};
@@ -103,6 +104,8 @@ pub struct UsageArgs {
     pub capability: Option<String>,
     #[arg(long, requires = "capability")]
     pub grant: Option<u32>,
+    /// Rows to print at most, most recently updated first; past 10,000 (one page) the rows
+    /// are read page by page.
     #[arg(long, default_value_t = 100)]
     pub limit: u32,
 }
@@ -330,6 +333,14 @@ async fn find_leader(client: &TallyClient) -> anyhow::Result<String> {
     anyhow::bail!("no node knows a leader")
 }
 
+/// A usage row as `--json` prints it: the account and its family.
+#[derive(serde::Serialize)]
+struct UsageRow {
+    family_id: FamilyId,
+    #[serde(flatten)]
+    usage: UsageRecord,
+}
+
 async fn usage(client: &TallyClient, args: UsageArgs, json: bool) -> anyhow::Result<u8> {
     let family = args.family.map(FamilyId::from);
     let rows = match (&family, &args.capability, args.grant) {
@@ -337,18 +348,28 @@ async fn usage(client: &TallyClient, args: UsageArgs, json: bool) -> anyhow::Res
             .get_usage(family, &AccountKey::new(capability.as_str(), grant))
             .await?
             .into_iter()
+            .map(|usage| (family.clone(), usage))
             .collect(),
         _ => {
-            client
-                .list_usages(family.as_ref(), args.capability.as_deref(), args.limit)
-                .await?
+            list_usages(
+                client,
+                family.as_ref(),
+                args.capability.as_deref(),
+                args.limit,
+            )
+            .await?
         }
     };
     if json {
+        let rows: Vec<_> = rows
+            .into_iter()
+            .map(|(family_id, usage)| UsageRow { family_id, usage })
+            .collect();
         print_json(&rows);
         return Ok(0);
     }
     let mut table = Table::new(&[
+        "FAMILY",
         "CAPABILITY",
         "GRANT",
         "CALLS",
@@ -359,9 +380,10 @@ async fn usage(client: &TallyClient, args: UsageArgs, json: bool) -> anyhow::Res
         "LIMIT",
         "UPDATED MS",
     ]);
-    for row in &rows {
+    for (family_id, row) in &rows {
         let a = &row.account;
         table.row(vec![
+            family_id.to_string(),
             row.key.capability_id.to_string(),
             row.key.grant_index.to_string(),
             a.invocation_count.to_string(),
@@ -375,6 +397,32 @@ async fn usage(client: &TallyClient, args: UsageArgs, json: bool) -> anyhow::Res
     }
     table.print();
     Ok(0)
+}
+
+/// Up to `limit` rows, page after page (a page holds at most `MAX_LIST_LIMIT`).
+async fn list_usages(
+    client: &TallyClient,
+    family: Option<&FamilyId>,
+    capability: Option<&str>,
+    limit: u32,
+) -> anyhow::Result<Vec<(FamilyId, UsageRecord)>> {
+    let mut rows = Vec::new();
+    let mut after = None;
+    while rows.len() < limit as usize {
+        let wanted = (limit as usize - rows.len()).min(MAX_LIST_LIMIT) as u32;
+        let page = client
+            .list_usages(family, capability, after.as_ref(), wanted)
+            .await?;
+        rows.extend(page.rows);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+        if rows.len() < limit as usize {
+            eprintln!("read {} rows, reading the next page", rows.len());
+        }
+    }
+    Ok(rows)
 }
 
 async fn events(client: &TallyClient, args: EventsArgs, json: bool) -> anyhow::Result<u8> {

@@ -4,8 +4,8 @@
 //! fail-closed ambiguity.
 
 use async_trait::async_trait;
-use tally_client::{ClientError, Outcome, TallyClient};
-use tally_ledger::{ClientCommand, FamilyId, Hold, HoldFilter, HoldId, HoldView};
+use tally_client::{ClientError, HoldPage, Outcome, TallyClient};
+use tally_ledger::{ClientCommand, FamilyId, HoldFilter, HoldId, HoldView};
 
 #[async_trait]
 pub trait BudgetLedger: Send + Sync {
@@ -13,12 +13,13 @@ pub trait BudgetLedger: Send + Sync {
     async fn submit(&self, command: ClientCommand) -> Outcome;
     /// `ResolveEvent` for `command`: its committed answer, or a tombstone.
     async fn resolve(&self, command: ClientCommand) -> Outcome;
+    /// One page of live holds, each with its family.
     async fn list_holds(
         &self,
         family: Option<&FamilyId>,
         filter: &HoldFilter,
         limit: u32,
-    ) -> Result<Vec<Hold>, ClientError>;
+    ) -> Result<HoldPage, ClientError>;
     async fn get_hold(
         &self,
         family: &FamilyId,
@@ -45,7 +46,7 @@ impl BudgetLedger for TallyClient {
         family: Option<&FamilyId>,
         filter: &HoldFilter,
         limit: u32,
-    ) -> Result<Vec<Hold>, ClientError> {
+    ) -> Result<HoldPage, ClientError> {
         TallyClient::list_holds(self, family, filter, limit).await
     }
 

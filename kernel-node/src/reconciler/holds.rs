@@ -1,14 +1,6 @@
 //! What a reconciler can read off a listed hold: its family and the request behind it.
 
-use tally_ledger::{FamilyId, Hold};
-
-/// The family a hold lives in. A hold's accounts run from its own grant up to the root
-/// token's grant (SPEC.md §8), and the root token's id is the family id.
-pub fn family_of(hold: &Hold) -> Option<FamilyId> {
-    hold.accounts
-        .last()
-        .map(|account| FamilyId::new(account.capability_id.as_str()))
-}
+use tally_ledger::Hold;
 
 /// The `request_id` (the payment reference) of a pipeline hold
 /// `budget-hold:{request_id}:{capability_id}:{grant_index}`.

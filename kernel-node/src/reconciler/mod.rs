@@ -6,22 +6,24 @@
 //! authorized under the request's reference. Authorized holds are left to the cluster's expiry.
 
 mod holds;
+#[cfg(test)]
+mod tests;
 
 use std::time::Duration;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tally_client::{ids, ClientError, Outcome};
 use tally_ledger::{
-    ClientCommand, CommandHeader, Hold, HoldFilter, InvocationState, Operation,
-    Outcome as LedgerOutcome,
+    ClientCommand, CommandHeader, FamilyId, Hold, HoldFilter, HoldPosition, InvocationState,
+    Operation, Outcome as LedgerOutcome,
 };
 
 use crate::money::Money;
 use crate::payment::{PaymentAdapter, SettlementStatus};
 use crate::pipeline::{wall_clock_ms, BudgetLedger};
 
-pub use holds::{family_of, request_id_of};
+pub use holds::request_id_of;
 
 /// Errors kept in one report.
 pub const MAX_REPORTED_ERRORS: usize = 64;
@@ -74,6 +76,10 @@ pub struct Reconciler {
     ledger: Arc<dyn BudgetLedger>,
     payments: Arc<dyn PaymentAdapter>,
     config: ReconcilerConfig,
+    /// Where the last pass's page ended: the next pass reads on from there, so holds a pass
+    /// could not finish never keep the ones behind them from being read. `None`: from the
+    /// oldest hold.
+    resume_after: Mutex<Option<HoldPosition>>,
 }
 
 impl Reconciler {
@@ -86,6 +92,7 @@ impl Reconciler {
             ledger,
             payments,
             config,
+            resume_after: Mutex::new(None),
         }
     }
 
@@ -110,6 +117,8 @@ impl Reconciler {
         }
     }
 
+    /// One page of stale Captured holds (`batch_limit`), after where the last pass ended;
+    /// after the last page the next pass starts again from the oldest.
     pub async fn run_once(&self) -> Result<ReconcileReport, ReconcilerError> {
         let now = wall_clock_ms();
         let filter = HoldFilter {
@@ -117,13 +126,15 @@ impl Reconciler {
             created_before_ms: Some(now.saturating_sub(self.config.stale_after_ms)),
             // Captured calls without exposure are final: they must not fill the batch.
             with_remaining_exposure: true,
+            after: self.resume_after().clone(),
         };
-        let holds = self
+        let page = self
             .ledger
             .list_holds(None, &filter, self.config.batch_limit)
             .await?;
+        *self.resume_after() = page.next;
         let mut report = ReconcileReport::default();
-        for hold in holds {
+        for (family_id, hold) in page.holds {
             report.examined += 1;
             // Zero-exposure captures are final; reconciled ones are done.
             if hold.invocation_state != InvocationState::Captured
@@ -133,16 +144,25 @@ impl Reconciler {
                 report.skipped += 1;
                 continue;
             }
-            self.finish(&hold, now, &mut report).await;
+            self.finish(&family_id, &hold, now, &mut report).await;
         }
         Ok(report)
     }
 
-    async fn finish(&self, hold: &Hold, now: u64, report: &mut ReconcileReport) {
-        let Some(family_id) = family_of(hold) else {
-            report.skipped += 1;
-            return;
-        };
+    fn resume_after(&self) -> std::sync::MutexGuard<'_, Option<HoldPosition>> {
+        // A panic while the position was held leaves a valid position (it is replaced whole).
+        self.resume_after
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn finish(
+        &self,
+        family_id: &FamilyId,
+        hold: &Hold,
+        now: u64,
+        report: &mut ReconcileReport,
+    ) {
         let header = |event_id| CommandHeader {
             family_id: family_id.clone(),
             capability_id: hold.capability_id.clone(),

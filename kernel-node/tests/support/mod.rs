@@ -11,13 +11,13 @@ use async_trait::async_trait;
 use tally_authority::raft::faults::NetworkFaults;
 use tally_authority::service::faults::ServiceFaults;
 use tally_authority::testing::TestCluster;
-use tally_client::{ClientConfig, ClientError, Outcome, TallyClient};
+use tally_client::{ClientConfig, ClientError, HoldPage, Outcome, TallyClient};
 use tally_kernel::payment::PaymentAdapter;
 use tally_kernel::pipeline::{wall_clock_ms, BudgetLedger, Kernel, KernelConfig, ToolCallRequest};
 use tally_kernel::receipt::Receipt;
 use tally_kernel::{CapabilityToken, Grant, KeyPair, TrustList};
 use tally_ledger::{
-    AccountKey, ClientCommand, EventId, EventRecord, FamilyId, Hold, HoldFilter, HoldId, HoldView,
+    AccountKey, ClientCommand, EventId, EventRecord, FamilyId, HoldFilter, HoldId, HoldView,
 };
 
 pub struct Env {
@@ -259,7 +259,7 @@ impl BudgetLedger for LossyLedger {
         family: Option<&FamilyId>,
         filter: &HoldFilter,
         limit: u32,
-    ) -> Result<Vec<Hold>, ClientError> {
+    ) -> Result<HoldPage, ClientError> {
         self.inner.list_holds(family, filter, limit).await
     }
 
