@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::account::{AccountKey, GrantLimits};
 use crate::command::{ClientCommand, Operation};
-use crate::identity_fields::{Field, FieldHashes, FieldSpans};
+use crate::identity_fields::{Field, FieldHasher, FieldHashes};
 use crate::ids::AttemptId;
 use crate::short_copy::copy_short;
 
@@ -315,7 +315,7 @@ struct HashWriter {
     len: usize,
     /// The whole encoding, once it outgrew `inline`.
     spilled: Option<Vec<u8>>,
-    fields: FieldSpans,
+    fields: FieldHasher,
 }
 
 impl HashWriter {
@@ -324,19 +324,19 @@ impl HashWriter {
             inline: [0; INLINE_ENCODING_BYTES],
             len: 0,
             spilled: None,
-            fields: FieldSpans::new(operation_code, with_fields),
+            fields: FieldHasher::new(operation_code, with_fields),
         }
     }
 
-    /// What is written from now on belongs to `field` (for the per-field hashes only: the
-    /// digest's encoding has no field markers).
+    /// What is written from now on belongs to `field`, and the field before it is complete
+    /// (for the per-field hashes only: the digest's encoding has no field markers).
     #[inline]
     fn field(&mut self, field: Field) {
-        self.fields.begin(field, self.len());
-    }
-
-    fn len(&self) -> usize {
-        self.spilled.as_ref().map_or(self.len, Vec::len)
+        let encoding = match &self.spilled {
+            Some(spilled) => spilled.as_slice(),
+            None => &self.inline[..self.len],
+        };
+        self.fields.begin(field, encoding);
     }
 
     #[inline(always)]
@@ -426,16 +426,16 @@ impl HashWriter {
         self.option(limits.currency.as_deref(), Self::str);
     }
 
-    fn finish(&mut self) -> ([u8; 32], FieldHashes) {
+    fn finish(self) -> ([u8; 32], FieldHashes) {
         let Self {
             inline,
             len,
             spilled,
             fields,
         } = self;
-        let encoding = match spilled {
+        let encoding = match &spilled {
             Some(spilled) => spilled.as_slice(),
-            None => &inline[..*len],
+            None => &inline[..len],
         };
         (sha256(encoding), fields.finish(encoding))
     }

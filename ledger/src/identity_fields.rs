@@ -4,7 +4,13 @@
 //! Keeping a clone of the whole command instead would cost every applied command an
 //! allocation and a reference-count update per id, on the apply path, only to serve the rare
 //! conflict. The hashes are computed in the same pass as the identity digest (see
-//! `identity::digest_of`): each field's slice of the canonical encoding is hashed on its own.
+//! `identity::digest_of`): as the encoder starts a field, the one before it is complete and its
+//! slice of the canonical encoding is hashed on its own. A field of a few bytes (an amount,
+//! the limits, a currency, a short id) is kept as its bytes instead and hashed only when a
+//! conflict or a snapshot asks: most fields are that short, and each hash has a fixed cost
+//! (about 150 instructions a command together with the pass over recorded spans this
+//! replaced). Everything outside this file sees only the hashes.
+//!
 //! A 64-bit hash can collide; then a differing field goes unnamed, and a conflict whose
 //! differences all collided is named `identity` (the SHA-256 digest still tells it apart).
 //!
@@ -15,7 +21,9 @@
 //! field it has instead of the differing ones (the answer is the same `Conflict`) until it is
 //! compacted. All nodes of a cluster run one build, so replicas never mix the two.
 
-use serde::{Deserialize, Serialize};
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::short_copy::copy_short;
 
@@ -59,13 +67,56 @@ const FIELD_NAMES: [&str; FIELD_COUNT] = [
 ];
 
 /// The operation code and one hash per field; fields an operation lacks stay 0.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// A field of at most `MAX_VERBATIM_BYTES` is kept as its bytes until its hash is asked for.
+/// Equality, conflicts and the encoding all go through the hashes, so a family restored from a
+/// snapshot (which holds hashes only) behaves exactly like the one that applied the commands.
+#[derive(Clone, Default)]
 pub(crate) struct FieldHashes {
     pub operation_code: u8,
-    hashes: [u64; FIELD_COUNT],
+    /// Bit `i` set: `slots[i]` holds field `i`'s bytes (see `pack`), not its hash.
+    verbatim: u16,
+    slots: [u64; FIELD_COUNT],
+}
+
+/// Fields this short are kept as bytes: seven bytes and their length fill one slot.
+const MAX_VERBATIM_BYTES: usize = 7;
+
+const _: () = assert!(FIELD_COUNT <= 16, "one bit of `verbatim` per field");
+
+/// `bytes` (at most `MAX_VERBATIM_BYTES`) in the low bytes of a word, their length in the top.
+#[inline(always)]
+fn pack(bytes: &[u8]) -> u64 {
+    assert!(
+        bytes.len() <= MAX_VERBATIM_BYTES,
+        "a verbatim field is short"
+    );
+    let mut word = [0u8; 8];
+    copy_short(&mut word[..bytes.len()], bytes);
+    word[7] = bytes.len() as u8;
+    u64::from_le_bytes(word)
+}
+
+/// What `pack` packed.
+fn unpack(slot: &u64) -> ([u8; 8], usize) {
+    let word = slot.to_le_bytes();
+    (word, usize::from(word[7]))
 }
 
 impl FieldHashes {
+    /// Field `field`'s hash, as snapshots keep it.
+    fn hash(&self, field: usize) -> u64 {
+        if self.verbatim & (1 << field) == 0 {
+            return self.slots[field];
+        }
+        let (word, len) = unpack(&self.slots[field]);
+        field_hash(&word[..len])
+    }
+
+    fn hashes(&self) -> [u64; FIELD_COUNT] {
+        std::array::from_fn(|field| self.hash(field))
+    }
+
     /// Names of the fields that differ; a differing kind makes every other field moot.
     pub fn differing(&self, other: &FieldHashes) -> Vec<String> {
         if self.operation_code != other.operation_code {
@@ -73,71 +124,116 @@ impl FieldHashes {
         }
         FIELD_NAMES
             .iter()
-            .zip(self.hashes.iter().zip(&other.hashes))
+            .zip(self.hashes().iter().zip(&other.hashes()))
             .filter(|(_, (a, b))| a != b)
             .map(|(name, _)| (*name).to_owned())
             .collect()
     }
 }
 
-/// Where each field's bytes lie in a command's identity encoding, noted as it is written.
-pub(crate) struct FieldSpans {
-    /// Off for a digest alone (a replay's check), which needs no field hashes.
-    enabled: bool,
-    operation_code: u8,
-    /// The field being written and where its bytes start.
-    current: Option<(Field, usize)>,
-    /// Each field's bytes, `start..end`; empty for a field the operation lacks.
-    spans: [(u32, u32); FIELD_COUNT],
+impl PartialEq for FieldHashes {
+    fn eq(&self, other: &Self) -> bool {
+        self.operation_code == other.operation_code && self.hashes() == other.hashes()
+    }
 }
 
-impl FieldSpans {
+impl Eq for FieldHashes {}
+
+impl fmt::Debug for FieldHashes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FieldHashes")
+            .field("operation_code", &self.operation_code)
+            .field("hashes", &self.hashes())
+            .finish()
+    }
+}
+
+/// The encoded form: the operation code and every field's hash.
+#[derive(Serialize, Deserialize)]
+#[serde(rename = "FieldHashes")]
+struct EncodedHashes {
+    operation_code: u8,
+    hashes: [u64; FIELD_COUNT],
+}
+
+impl Serialize for FieldHashes {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        EncodedHashes {
+            operation_code: self.operation_code,
+            hashes: self.hashes(),
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for FieldHashes {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let encoded = EncodedHashes::deserialize(deserializer)?;
+        Ok(Self {
+            operation_code: encoded.operation_code,
+            verbatim: 0,
+            slots: encoded.hashes,
+        })
+    }
+}
+
+/// Hashes each field of a command's identity encoding as the encoder finishes writing it.
+pub(crate) struct FieldHasher {
+    /// Off for a digest alone (a replay's check), which needs no field hashes.
+    enabled: bool,
+    /// The field being written and where its bytes start.
+    current: Option<(Field, usize)>,
+    hashes: FieldHashes,
+}
+
+impl FieldHasher {
     pub fn new(operation_code: u8, enabled: bool) -> Self {
         Self {
             enabled,
-            operation_code,
             current: None,
-            spans: [(0, 0); FIELD_COUNT],
+            hashes: FieldHashes {
+                operation_code,
+                ..FieldHashes::default()
+            },
         }
     }
 
-    /// Bytes written from `offset` on belong to `field`.
-    pub fn begin(&mut self, field: Field, offset: usize) {
+    /// Bytes written from now on belong to `field`; `encoding` is all written so far, so the
+    /// field before it is complete.
+    #[inline]
+    pub fn begin(&mut self, field: Field, encoding: &[u8]) {
         if !self.enabled {
             return;
         }
-        self.close(offset);
-        self.current = Some((field, offset));
+        self.close(encoding);
+        self.current = Some((field, encoding.len()));
     }
 
-    fn close(&mut self, offset: usize) {
-        if let Some((field, start)) = self.current.take() {
-            self.spans[field as usize] = span(start, offset);
-        }
-    }
-
-    /// The hash of each field's slice of `encoding` (the whole encoding, now written).
-    pub fn finish(&mut self, encoding: &[u8]) -> FieldHashes {
-        let mut hashes = FieldHashes {
-            operation_code: self.operation_code,
-            hashes: [0; FIELD_COUNT],
+    #[inline]
+    fn close(&mut self, encoding: &[u8]) {
+        let Some((field, start)) = self.current.take() else {
+            return;
         };
-        if !self.enabled {
-            return hashes;
+        let bytes = &encoding[start..];
+        let at = field as usize;
+        if bytes.is_empty() {
+            return;
         }
-        self.close(encoding.len());
-        for (hash, (start, end)) in hashes.hashes.iter_mut().zip(self.spans) {
-            if end > start {
-                *hash = field_hash(&encoding[start as usize..end as usize]);
-            }
+        if bytes.len() <= MAX_VERBATIM_BYTES {
+            self.hashes.slots[at] = pack(bytes);
+            self.hashes.verbatim |= 1 << at;
+        } else {
+            self.hashes.slots[at] = field_hash(bytes);
         }
-        hashes
     }
-}
 
-fn span(start: usize, end: usize) -> (u32, u32) {
-    let offset = |at: usize| u32::try_from(at).expect("an identity encodes to far below 4 GiB");
-    (offset(start), offset(end))
+    /// Every field's hash, once the whole `encoding` is written.
+    pub fn finish(mut self, encoding: &[u8]) -> FieldHashes {
+        if self.enabled {
+            self.close(encoding);
+        }
+        self.hashes
+    }
 }
 
 const K1: u64 = 0x243f_6a88_85a3_08d3;
@@ -188,6 +284,41 @@ mod tests {
             field_hash(b"budget-hold:7f3c1f0e-2a51-4d0c-9c7b-2f1e6c3b9a10:cap:0"),
             0x729f_b20a_a881_6ef0
         );
+    }
+
+    #[test]
+    fn kept_bytes_and_hashes_are_one_value() {
+        // Every length a field can have, on both sides of `MAX_VERBATIM_BYTES`.
+        let encoding: Vec<u8> = (0u8..64).map(|b| b.wrapping_mul(37)).collect();
+        for len in 1..=20 {
+            let mut hasher = FieldHasher::new(2, true);
+            hasher.begin(Field::FamilyId, &encoding[..2]);
+            hasher.begin(Field::HoldId, &encoding[..3]);
+            let live = hasher.finish(&encoding[..3 + len]);
+            assert_eq!(
+                live.hash(Field::FamilyId as usize),
+                field_hash(&encoding[2..3])
+            );
+            assert_eq!(
+                live.hash(Field::HoldId as usize),
+                field_hash(&encoding[3..3 + len]),
+                "{len} bytes"
+            );
+            assert_eq!(live.hash(Field::NonceId as usize), 0, "an absent field");
+            // Restored from its encoding (hashes only): equal, encoded alike, same conflicts.
+            let bytes = rmp_serde::to_vec(&live).expect("encodes");
+            let restored: FieldHashes = rmp_serde::from_slice(&bytes).expect("decodes");
+            assert_eq!(restored.verbatim, 0);
+            assert_eq!(restored, live);
+            assert_eq!(rmp_serde::to_vec(&restored).expect("encodes"), bytes);
+            let mut other = FieldHasher::new(2, true);
+            other.begin(Field::FamilyId, &encoding[..2]);
+            other.begin(Field::HoldId, &encoding[..4]);
+            let other = other.finish(&encoding[..4 + len]);
+            assert_eq!(live.differing(&other), ["family_id", "hold_id"]);
+            assert_eq!(restored.differing(&other), ["family_id", "hold_id"]);
+            assert_eq!(live.differing(&restored), Vec::<String>::new());
+        }
     }
 
     #[test]
