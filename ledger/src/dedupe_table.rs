@@ -19,7 +19,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::chunked_deque::ChunkedDeque;
 use crate::dedupe::{AppliedRow, RowIdentity};
 use crate::id_map::{deserialize_unique_rows, UniqueRows};
-use crate::id_table::{self, IdTable};
+use crate::id_table::{IdTable, RowHash};
 use crate::ids::EventId;
 
 #[derive(Clone, Default)]
@@ -52,29 +52,6 @@ enum DecodedRow {
     Tombstoned(Box<RowIdentity>),
 }
 
-/// Where a new id's row goes: found once, filled once the command has applied.
-pub(crate) enum DedupeEntryMut<'t> {
-    Occupied(DedupeRow<'t>),
-    Vacant(VacantRow<'t>),
-}
-
-pub(crate) struct VacantRow<'t> {
-    slot: id_table::VacantEntry<'t, EventId, Slot>,
-    applied: &'t mut ChunkedDeque<AppliedRow>,
-}
-
-impl VacantRow<'_> {
-    #[inline]
-    pub fn insert_applied(self, row: AppliedRow) {
-        self.slot.insert(Slot::Applied(self.applied.len()));
-        self.applied.push_back(row);
-    }
-
-    fn insert_tombstoned(self, identity: Box<RowIdentity>) {
-        self.slot.insert(Slot::Tombstoned(identity));
-    }
-}
-
 fn row_of<'t>(applied: &'t ChunkedDeque<AppliedRow>, slot: &'t Slot) -> DedupeRow<'t> {
     match slot {
         Slot::Applied(at) => DedupeRow::Applied(
@@ -95,23 +72,33 @@ impl DedupeTable {
         self.slots.get(event_id).map(|slot| self.row(slot))
     }
 
-    pub fn entry(&mut self, event_id: EventId) -> DedupeEntryMut<'_> {
-        let Self { slots, applied } = self;
-        match slots.entry(event_id) {
-            id_table::Entry::Occupied(slot) => DedupeEntryMut::Occupied(row_of(applied, slot)),
-            id_table::Entry::Vacant(slot) => DedupeEntryMut::Vacant(VacantRow { slot, applied }),
-        }
+    /// The row of `event_id`, and where its row goes if it has none (see `insert_applied`).
+    #[inline]
+    pub fn find(&self, event_id: &EventId) -> (RowHash, Option<DedupeRow<'_>>) {
+        let (hash, slot) = self.slots.find(event_id);
+        (hash, slot.map(|slot| self.row(slot)))
+    }
+
+    /// Stores the row of a command `find` found no row for, with the hash it returned.
+    #[inline]
+    pub fn insert_applied(&mut self, hash: RowHash, event_id: EventId, row: AppliedRow) {
+        self.slots
+            .insert_absent(hash, event_id, Slot::Applied(self.applied.len()));
+        self.applied.push_back(row);
     }
 
     /// Stores a tombstone under a new id; `false` (and nothing changed) if the id has a row.
     pub fn insert_tombstone(&mut self, event_id: EventId, identity: RowIdentity) -> bool {
-        match self.entry(event_id) {
-            DedupeEntryMut::Occupied(_) => false,
-            DedupeEntryMut::Vacant(slot) => {
-                slot.insert_tombstoned(Box::new(identity));
-                true
-            }
+        let (hash, row) = self.slots.find(&event_id);
+        if row.is_some() {
+            return false;
         }
+        self.file_tombstone(hash, event_id, Box::new(identity));
+        true
+    }
+
+    fn file_tombstone(&mut self, hash: RowHash, event_id: EventId, identity: Box<RowIdentity>) {
+        (self.slots).insert_absent(hash, event_id, Slot::Tombstoned(identity));
     }
 
     /// Removes a tombstone. An applied row is never removed: asking to is a broken invariant
@@ -125,10 +112,6 @@ impl DedupeTable {
 
     pub fn len(&self) -> usize {
         self.slots.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
     }
 
     /// Rows in id order (sorts them: for encoding and reports, not the apply path).
@@ -172,15 +155,13 @@ impl Serialize for DedupeTable {
 
 impl UniqueRows<EventId, DecodedRow> for DedupeTable {
     fn insert_new(&mut self, event_id: EventId, row: DecodedRow) -> Result<(), EventId> {
-        if self.slots.contains_key(&event_id) {
+        let (hash, found) = self.slots.find(&event_id);
+        if found.is_some() {
             return Err(event_id);
         }
-        let DedupeEntryMut::Vacant(slot) = self.entry(event_id) else {
-            unreachable!("the id was just found absent");
-        };
         match row {
-            DecodedRow::Applied(row) => slot.insert_applied(row),
-            DecodedRow::Tombstoned(identity) => slot.insert_tombstoned(identity),
+            DecodedRow::Applied(row) => self.insert_applied(hash, event_id, row),
+            DecodedRow::Tombstoned(identity) => self.file_tombstone(hash, event_id, identity),
         }
         Ok(())
     }

@@ -12,11 +12,12 @@ use crate::commit_index::{BudgetCommitIndex, LogPosition};
 use crate::compaction_queue::{CompactionItem, CompactionQueue};
 use crate::decision::{Decision, Outcome};
 use crate::dedupe::AppliedRow;
-use crate::dedupe_table::{DedupeEntryMut, DedupeRow, DedupeTable, VacantRow};
+use crate::dedupe_table::{DedupeRow, DedupeTable};
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::{AccountImage, AfterImages, EventRecord};
 use crate::hold::HoldSlot;
 use crate::id_table::IdTable;
+use crate::id_table::RowHash;
 use crate::ids::{EventId, FamilyId, HoldId, NonceId};
 use crate::journal::Journal;
 use crate::limits::MAX_EVENTS_PER_COMMAND;
@@ -281,17 +282,12 @@ impl Family {
         step: &mut Step<'_>,
     ) -> Result<Decision, LedgerError> {
         cmd.validate()?;
-        // Moved out while the command runs, so the row's slot, found once here, is filled at
-        // the end without a second search of the family's largest map. No command reads the
-        // table, and it is back before compaction. (After a panic the family is discarded.)
-        let mut dedupe = std::mem::take(&mut self.dedupe);
-        let result = match dedupe.entry(cmd.header.event_id.clone()) {
-            DedupeEntryMut::Occupied(row) => self.answer_again(row, cmd, step),
-            DedupeEntryMut::Vacant(slot) => self.apply_fresh(cmd, step, slot),
-        };
-        assert!(self.dedupe.is_empty(), "a command wrote the dedupe table");
-        self.dedupe = dedupe;
-        result
+        // The id is hashed once: a fresh command files its row with the hash found here.
+        let (row_hash, row) = self.dedupe.find(&cmd.header.event_id);
+        match row {
+            Some(row) => self.answer_again(row, cmd, step),
+            None => self.apply_fresh(cmd, step, row_hash),
+        }
     }
 
     /// A command whose `event_id` has a row: a replay, or a conflict (SPEC.md §5.2–5.4).
@@ -317,12 +313,13 @@ impl Family {
         }
     }
 
-    /// A command seen for the first time: its decision, its dedupe row stored in `slot`.
+    /// A command seen for the first time: its decision, its dedupe row filed under `row_hash`
+    /// (where `DedupeTable::find` found none).
     fn apply_fresh(
         &mut self,
         cmd: &ClientCommand,
         step: &mut Step<'_>,
-        slot: VacantRow<'_>,
+        row_hash: RowHash,
     ) -> Result<Decision, LedgerError> {
         self.check_fresh(cmd, step.now_ms())?;
         let decision = match &cmd.op {
@@ -363,7 +360,7 @@ impl Family {
                 expires_at_ms,
             } => self.consume_nonce(cmd, nonce_id, *expires_at_ms, step)?,
         };
-        self.remember(cmd, &decision, step, slot);
+        self.remember(cmd, &decision, step, row_hash);
         Ok(decision)
     }
 
@@ -397,7 +394,7 @@ impl Family {
         cmd: &ClientCommand,
         decision: &Decision,
         step: &Step<'_>,
-        slot: VacantRow<'_>,
+        row_hash: RowHash,
     ) {
         let due = cmd
             .header
@@ -405,12 +402,13 @@ impl Family {
             .max(step.now_ms())
             .saturating_add(step.ctx.params.retention_ms);
         let identity = self.retain(cmd, due, CompactionItem::Command, step.own_event);
-        slot.insert_applied(AppliedRow {
+        let row = AppliedRow {
             identity,
             outcome: decision.outcome.clone(),
             commit_index: decision.commit_index,
             log_id: decision.log_id,
-        });
+        };
+        (self.dedupe).insert_applied(row_hash, cmd.header.event_id.clone(), row);
     }
 
     /// The holds, and everything else a command writes, borrowed apart: a hold command looks

@@ -42,6 +42,11 @@ struct Row<K, V> {
     value: V,
 }
 
+/// An id's hash in one table, as `IdTable::find` computed it (meaningless in another table:
+/// each has its own seed).
+#[derive(Clone, Copy, Debug)]
+pub struct RowHash(u64);
+
 #[derive(Clone)]
 pub struct IdTable<K, V> {
     rows: HashTable<Row<K, V>>,
@@ -102,6 +107,35 @@ impl<K: Hash + Eq, V> IdTable<K, V> {
         self.rows
             .find(hash, |row| row.hash == hash && row.id == *id)
             .map(|row| &row.value)
+    }
+
+    /// The row of `id`, and where a new row for it would be filed: a command can look its id
+    /// up, run, and only then file its row (`insert_absent`) without hashing the id again.
+    pub fn find(&self, id: &K) -> (RowHash, Option<&V>) {
+        let hash = self.hash(id);
+        let row = self
+            .rows
+            .find(hash, |row| row.hash == hash && row.id == *id)
+            .map(|row| &row.value);
+        (RowHash(hash), row)
+    }
+
+    /// Files a row for an id that `find` found absent, with the hash it returned. The caller
+    /// must not have inserted that id since (no equality check is made).
+    pub fn insert_absent(&mut self, hash: RowHash, id: K, value: V) {
+        debug_assert!(
+            hash.0 == self.hash(&id) && self.get(&id).is_none(),
+            "insert_absent of an id that is present, or with another id's hash"
+        );
+        self.rows.insert_unique(
+            hash.0,
+            Row {
+                hash: hash.0,
+                id,
+                value,
+            },
+            |row| row.hash,
+        );
     }
 
     pub fn get_mut(&mut self, id: &K) -> Option<&mut V> {
@@ -264,6 +298,22 @@ mod tests {
         );
         backward.insert(ids[0].clone(), usize::MAX);
         assert_ne!(forward, backward, "a differing row makes the tables differ");
+    }
+
+    #[test]
+    fn a_row_found_absent_is_filed_under_the_hash_found() {
+        let mut table: IdTable<EventId, u32> = IdTable::default();
+        for n in 0..1_000u32 {
+            let id = EventId::new(format!("e{n}"));
+            let (hash, row) = table.find(&id);
+            assert_eq!(row, None);
+            table.insert_absent(hash, id, n);
+        }
+        assert_eq!(table.len(), 1_000);
+        for n in 0..1_000u32 {
+            assert_eq!(table.find(&EventId::new(format!("e{n}"))).1, Some(&n));
+        }
+        assert_eq!(table.find(&EventId::new("e1000")).1, None);
     }
 
     #[test]
