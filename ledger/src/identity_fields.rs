@@ -25,7 +25,7 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::short_copy::copy_short;
+use crate::short_copy::load_short;
 
 /// An identity field. The order of the variants is the order a conflict names them in, which
 /// is the order `Identity::fields` lists them for every operation.
@@ -91,10 +91,7 @@ fn pack(bytes: &[u8]) -> u64 {
         bytes.len() <= MAX_VERBATIM_BYTES,
         "a verbatim field is short"
     );
-    let mut word = [0u8; 8];
-    copy_short(&mut word[..bytes.len()], bytes);
-    word[7] = bytes.len() as u8;
-    u64::from_le_bytes(word)
+    load_short(bytes) as u64 | ((bytes.len() as u64) << 56)
 }
 
 /// What `pack` packed.
@@ -259,9 +256,7 @@ pub(crate) fn field_hash(bytes: &[u8]) -> u64 {
     let tail = chunks.remainder();
     if !tail.is_empty() {
         // Zero-padded to 16 bytes, little-endian like the whole chunks.
-        let mut block = [0u8; 16];
-        copy_short(&mut block[..tail.len()], tail);
-        state = mix(state, u128::from_le_bytes(block));
+        state = mix(state, load_short(tail));
     }
     state ^= state >> 30;
     state = state.wrapping_mul(0xbf58_476d_1ce4_e5b9);
