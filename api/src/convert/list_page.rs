@@ -68,32 +68,15 @@ impl From<pb::HoldPosition> for HoldPosition {
 impl pb::ListUsagesReply {
     /// A page of `limit` rows at most: `next` is set when it holds `limit` rows.
     pub fn from_rows(rows: &[(FamilyId, UsageRecord)], limit: usize) -> Self {
-        let next = (rows.len() >= limit)
-            .then(|| rows.last())
-            .flatten()
-            .map(|(family_id, row)| (&UsagePosition::of(family_id, row)).into());
-        Self {
-            usages: rows
-                .iter()
-                .map(|(family_id, row)| pb::UsageRecord::of_family(family_id, row))
-                .collect(),
-            next,
-        }
+        let (usages, next) = wire_page(rows, limit, pb::UsageRecord::of_family, |f, row| {
+            (&UsagePosition::of(f, row)).into()
+        });
+        Self { usages, next }
     }
 
     pub fn into_page(self) -> Result<UsagePage, WireError> {
-        let rows = self
-            .usages
-            .into_iter()
-            .enumerate()
-            .map(|(i, row)| {
-                let at = |e: WireError| e.at(&format!("usages[{i}]"));
-                let family_id = family_of_row(&row.family_id).map_err(at)?;
-                Ok((family_id, UsageRecord::try_from(row).map_err(at)?))
-            })
-            .collect::<Result<_, WireError>>()?;
         Ok(UsagePage {
-            rows,
+            rows: rows_of_families(self.usages, "usages", |row| &row.family_id)?,
             next: optional_into(self.next, "next")?,
         })
     }
@@ -102,35 +85,55 @@ impl pb::ListUsagesReply {
 impl pb::ListHoldsReply {
     /// A page of `limit` holds at most: `next` is set when it holds `limit` holds.
     pub fn from_holds(holds: &[(FamilyId, Hold)], limit: usize) -> Self {
-        let next = (holds.len() >= limit)
-            .then(|| holds.last())
-            .flatten()
-            .map(|(family_id, hold)| (&HoldPosition::of(family_id, hold)).into());
-        Self {
-            holds: holds
-                .iter()
-                .map(|(family_id, hold)| pb::Hold::of_family(family_id, hold))
-                .collect(),
-            next,
-        }
+        let (holds, next) = wire_page(holds, limit, pb::Hold::of_family, |f, hold| {
+            (&HoldPosition::of(f, hold)).into()
+        });
+        Self { holds, next }
     }
 
     pub fn into_page(self) -> Result<HoldPage, WireError> {
-        let holds = self
-            .holds
-            .into_iter()
-            .enumerate()
-            .map(|(i, hold)| {
-                let at = |e: WireError| e.at(&format!("holds[{i}]"));
-                let family_id = family_of_row(&hold.family_id).map_err(at)?;
-                Ok((family_id, Hold::try_from(hold).map_err(at)?))
-            })
-            .collect::<Result<_, WireError>>()?;
         Ok(HoldPage {
-            holds,
+            holds: rows_of_families(self.holds, "holds", |hold| &hold.family_id)?,
             next: self.next.map(Into::into),
         })
     }
+}
+
+/// Each row on the wire, and the position of the last one when the page is full.
+fn wire_page<T, W, P>(
+    rows: &[(FamilyId, T)],
+    limit: usize,
+    wire: impl Fn(&FamilyId, &T) -> W,
+    position: impl Fn(&FamilyId, &T) -> P,
+) -> (Vec<W>, Option<P>) {
+    let next = (rows.len() >= limit)
+        .then(|| rows.last())
+        .flatten()
+        .map(|(family_id, row)| position(family_id, row));
+    let wired = rows
+        .iter()
+        .map(|(family_id, row)| wire(family_id, row))
+        .collect();
+    (wired, next)
+}
+
+/// Each wire row decoded with the family it names; an error names the row (`field[i]`).
+fn rows_of_families<W, T>(
+    rows: Vec<W>,
+    field: &str,
+    family_of: impl Fn(&W) -> &String,
+) -> Result<Vec<(FamilyId, T)>, WireError>
+where
+    T: TryFrom<W, Error = WireError>,
+{
+    rows.into_iter()
+        .enumerate()
+        .map(|(i, row)| {
+            let at = |e: WireError| e.at(&format!("{field}[{i}]"));
+            let family_id = family_of_row(family_of(&row)).map_err(at)?;
+            Ok((family_id, T::try_from(row).map_err(at)?))
+        })
+        .collect()
 }
 
 /// A list row names its family: without it a row of a cross-family list cannot be addressed.
