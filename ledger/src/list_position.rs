@@ -10,6 +10,7 @@
 use std::cmp::{Ordering, Reverse};
 
 use crate::account::{AccountKey, UsageRecord};
+use crate::error::LedgerError;
 use crate::hold::Hold;
 use crate::ids::{FamilyId, HoldId};
 
@@ -29,6 +30,13 @@ impl UsagePosition {
             key: row.key.clone(),
             family_id: family_id.clone(),
         }
+    }
+
+    /// Its ids are valid ids (a reply's `next` holds only such), named as `after.*` fields.
+    pub fn validate(&self) -> Result<(), LedgerError> {
+        (self.family_id.validate())
+            .and_then(|()| self.key.validate())
+            .map_err(in_position)
     }
 
     /// Where `row` of `family_id` sorts relative to this position.
@@ -71,6 +79,13 @@ impl HoldPosition {
         }
     }
 
+    /// Its ids are valid ids (a reply's `next` holds only such), named as `after.*` fields.
+    pub fn validate(&self) -> Result<(), LedgerError> {
+        (self.family_id.validate())
+            .and_then(|()| self.hold_id.validate())
+            .map_err(in_position)
+    }
+
     /// Where `hold` of `family_id` sorts relative to this position.
     pub fn compare_hold(&self, family_id: &FamilyId, hold: &Hold) -> Ordering {
         hold_sort_key(family_id, hold).cmp(&(self.created_at_ms, &self.family_id, &self.hold_id))
@@ -84,4 +99,74 @@ pub fn hold_order(a: (&FamilyId, &Hold), b: (&FamilyId, &Hold)) -> Ordering {
 
 fn hold_sort_key<'h>(family_id: &'h FamilyId, hold: &'h Hold) -> (u64, &'h FamilyId, &'h HoldId) {
     (hold.created_at_ms, family_id, &hold.hold_id)
+}
+
+/// An id's error as the error of the position field that holds it.
+fn in_position(error: LedgerError) -> LedgerError {
+    match error {
+        LedgerError::InvalidArgument { field, reason } => LedgerError::InvalidArgument {
+            field: format!("after.{field}"),
+            reason,
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::MAX_ID_BYTES;
+
+    fn field_of(error: LedgerError) -> String {
+        match error {
+            LedgerError::InvalidArgument { field, .. } => field,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_position_with_an_invalid_id_names_the_position_field() {
+        let usage = UsagePosition {
+            updated_at_ms: 1,
+            key: AccountKey::new("cap", 0),
+            family_id: "fam".into(),
+        };
+        assert_eq!(usage.validate(), Ok(()));
+        let bad_family = UsagePosition {
+            family_id: "".into(),
+            ..usage.clone()
+        };
+        assert_eq!(
+            field_of(bad_family.validate().unwrap_err()),
+            "after.family_id"
+        );
+        let bad_capability = UsagePosition {
+            key: AccountKey::new("c".repeat(MAX_ID_BYTES + 1), 0),
+            ..usage.clone()
+        };
+        assert_eq!(
+            field_of(bad_capability.validate().unwrap_err()),
+            "after.capability_id"
+        );
+        let bad_grant = UsagePosition {
+            key: AccountKey::new("cap", u32::MAX),
+            ..usage
+        };
+        assert_eq!(
+            field_of(bad_grant.validate().unwrap_err()),
+            "after.grant_index"
+        );
+
+        let hold = HoldPosition {
+            created_at_ms: 1,
+            family_id: "fam".into(),
+            hold_id: "h".into(),
+        };
+        assert_eq!(hold.validate(), Ok(()));
+        let bad_hold = HoldPosition {
+            hold_id: "".into(),
+            ..hold
+        };
+        assert_eq!(field_of(bad_hold.validate().unwrap_err()), "after.hold_id");
+    }
 }

@@ -9,7 +9,7 @@ use tally_api::pb::{self, Consistency};
 use tally_api::WireError;
 use tally_ledger::{
     AccountKey, BudgetCommitIndex, CapabilityId, ClientCommand, Command, EventId, FamilyId,
-    HoldFilter, HoldId, LedgerError, UsagePosition,
+    HoldFilter, HoldId, UsagePosition,
 };
 use tonic::{Request, Response, Status};
 
@@ -174,26 +174,7 @@ fn family(value: &str) -> Result<FamilyId, Status> {
 fn usage_position(position: pb::UsagePosition) -> Result<UsagePosition, Status> {
     let position = UsagePosition::try_from(position)
         .map_err(|e| failure_status(e.at("after").into(), None))?;
-    valid_position(&position.family_id, "after.family_id")?;
-    valid_position(&position.key.capability_id, "after.account.capability_id")?;
-    position
-        .key
-        .validate()
-        .map_err(|e| failure_status(e.into(), None))?;
-    Ok(position)
-}
-
-/// An id of a list position: what a reply's `next` held, so never empty or oversized.
-fn valid_position(id: &impl std::fmt::Display, field: &str) -> Result<(), Status> {
-    let id = id.to_string();
-    if id.is_empty() || id.len() > tally_ledger::limits::MAX_ID_BYTES {
-        let reason = format!("must be 1-{} bytes", tally_ledger::limits::MAX_ID_BYTES);
-        return Err(failure_status(
-            LedgerError::invalid(field, reason).into(),
-            None,
-        ));
-    }
-    Ok(())
+    valid_id(position, UsagePosition::validate)
 }
 
 fn limit(value: u32) -> usize {
@@ -493,8 +474,9 @@ impl Budget for BudgetService {
         let request = request.into_inner();
         let filter = HoldFilter::try_from(&request).map_err(|e| failure_status(e.into(), None))?;
         if let Some(after) = &filter.after {
-            valid_position(&after.family_id, "after.family_id")?;
-            valid_position(&after.hold_id, "after.hold_id")?;
+            after
+                .validate()
+                .map_err(|e| failure_status(e.into(), None))?;
         }
         let family_id = request.family_id.as_deref().map(family).transpose()?;
         let limit = limit(request.limit);
