@@ -98,7 +98,8 @@ impl DedupeTable {
     }
 
     fn file_tombstone(&mut self, hash: RowHash, event_id: EventId, identity: Box<RowIdentity>) {
-        (self.slots).insert_absent(hash, event_id, Slot::Tombstoned(identity));
+        self.slots
+            .insert_absent(hash, event_id, Slot::Tombstoned(identity));
     }
 
     /// Removes a tombstone. An applied row is never removed: asking to is a broken invariant

@@ -16,8 +16,7 @@ use crate::dedupe_table::{DedupeRow, DedupeTable};
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::{AccountImage, AfterImages, EventRecord};
 use crate::hold::HoldSlot;
-use crate::id_table::IdTable;
-use crate::id_table::RowHash;
+use crate::id_table::{IdTable, RowHash};
 use crate::ids::{EventId, FamilyId, HoldId, NonceId};
 use crate::journal::Journal;
 use crate::limits::MAX_EVENTS_PER_COMMAND;
@@ -408,7 +407,8 @@ impl Family {
             commit_index: decision.commit_index,
             log_id: decision.log_id,
         };
-        (self.dedupe).insert_applied(row_hash, cmd.header.event_id.clone(), row);
+        self.dedupe
+            .insert_applied(row_hash, cmd.header.event_id.clone(), row);
     }
 
     /// The holds, and everything else a command writes, borrowed apart: a hold command looks

@@ -103,10 +103,7 @@ impl<K: Hash + Eq, V> IdTable<K, V> {
     }
 
     pub fn get(&self, id: &K) -> Option<&V> {
-        let hash = self.hash(id);
-        self.rows
-            .find(hash, |row| row.hash == hash && row.id == *id)
-            .map(|row| &row.value)
+        self.find(id).1
     }
 
     /// The row of `id`, and where a new row for it would be filed: a command can look its id

@@ -95,7 +95,7 @@ fn pack(bytes: &[u8]) -> u64 {
 }
 
 /// What `pack` packed.
-fn unpack(slot: &u64) -> ([u8; 8], usize) {
+fn unpack(slot: u64) -> ([u8; 8], usize) {
     let word = slot.to_le_bytes();
     (word, usize::from(word[7]))
 }
@@ -106,7 +106,7 @@ impl FieldHashes {
         if self.verbatim & (1 << field) == 0 {
             return self.slots[field];
         }
-        let (word, len) = unpack(&self.slots[field]);
+        let (word, len) = unpack(self.slots[field]);
         field_hash(&word[..len])
     }
 
@@ -224,11 +224,10 @@ impl FieldHasher {
         }
     }
 
-    /// Every field's hash, once the whole `encoding` is written.
+    /// Every field's hash, once the whole `encoding` is written (none when disabled: no field
+    /// was begun).
     pub fn finish(mut self, encoding: &[u8]) -> FieldHashes {
-        if self.enabled {
-            self.close(encoding);
-        }
+        self.close(encoding);
         self.hashes
     }
 }

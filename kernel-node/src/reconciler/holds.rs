@@ -1,4 +1,5 @@
-//! What a reconciler can read off a listed hold: its family and the request behind it.
+//! What a reconciler can read off a listed hold: the request behind it (the hold's family
+//! comes with it in the list page).
 
 use tally_ledger::Hold;
 
