@@ -231,13 +231,24 @@ fn a_conflict_names_every_differing_field() {
     if let Command::Apply(c) = &mut other {
         c.header.event_id = "h1:authorize".into();
     }
-    let err = h.err_unchanged(other);
+    let err = h.err_unchanged(other.clone());
     let LedgerError::Conflict(ConflictReason::EventIdentity { differing_fields }) = err else {
         panic!("{err:?}")
     };
     assert_eq!(
         differing_fields,
         vec!["hold_id", "requested_exposure_units", "limits"]
+    );
+    // A replica restored from a snapshot keeps only the field hashes (the applying one keeps
+    // short fields as bytes): it names the same fields (SPEC.md §5.3, §11 invariant 10).
+    h.family = Family::from_snapshot_bytes(&h.family.to_snapshot_bytes()).expect("decodes");
+    assert_eq!(
+        h.err_unchanged(other),
+        LedgerError::conflict_fields(
+            ["hold_id", "requested_exposure_units", "limits"]
+                .map(String::from)
+                .to_vec()
+        )
     );
     // A different kind under the same id.
     let mut kind = h.reverse("h1", 40);
