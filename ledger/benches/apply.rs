@@ -10,7 +10,7 @@ use tally_ledger::*;
 
 mod common;
 
-use common::{tool_call, RequestIds, T0};
+use common::{ctx_at, tool_call, RequestIds, T0};
 
 struct Driver {
     ids: RequestIds,
@@ -51,15 +51,7 @@ impl Driver {
         for (now_ms, commands) in &prepared {
             for command in commands {
                 self.log_index += 1;
-                let ctx = ApplyCtx {
-                    log_id: LogPosition {
-                        term: 1,
-                        index: self.log_index,
-                    },
-                    command_position: 0,
-                    now_ms: *now_ms,
-                    params,
-                };
+                let ctx = ctx_at(self.log_index, *now_ms, params);
                 let decision = self.family.apply(command, &ctx);
                 assert!(decision.is_ok(), "bench command failed: {decision:?}");
             }

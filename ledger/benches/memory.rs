@@ -12,7 +12,7 @@ use tally_ledger::*;
 
 mod common;
 
-use common::{tool_call, RequestIds, T0};
+use common::{ctx_at, tool_call, RequestIds, T0};
 
 /// Live heap bytes and blocks of the whole process (the bench is single-threaded).
 struct Counting;
@@ -81,15 +81,7 @@ fn measure(ids: RequestIds) -> Footprint {
     let mut log_index = 0;
     let mut ctx = |now_ms: u64| {
         log_index += 1;
-        ApplyCtx {
-            log_id: LogPosition {
-                term: 1,
-                index: log_index,
-            },
-            command_position: 0,
-            now_ms,
-            params,
-        }
+        ctx_at(log_index, now_ms, params)
     };
     let (base_bytes, base_blocks) = live();
     let mut family = Family::new("fam".into());

@@ -21,9 +21,19 @@
 //! answers can depend on the seed.
 //!
 //! Each row keeps its id's hash. A table that doubles moves its rows by their stored hashes,
-//! never reading an id's bytes (each a likely cache miss): a family with millions of rows
-//! pauses for the move alone, at sizes that double ever more rarely. The encoding sorts the
-//! rows, off the apply path (snapshots encode on a blocking thread, see the router's cut).
+//! never reading an id's bytes (each a likely cache miss). The encoding sorts the rows, off
+//! the apply path (snapshots encode on a blocking thread, see the router's cut).
+//!
+//! Past `SPLIT_AT_ROWS` rows a table splits into `SHARDS` tables, each holding the rows whose
+//! hash has its number in bits 32..40, and each growing on its own. One table of millions of
+//! rows doubled in one go: the command that crossed the line waited for every row to move,
+//! and so did every replica at the same log index (a family of 5.5M rows paused 0.14-0.57 s
+//! on this VM, and the pause doubles with the size; `ledger/benches/growth.rs`). Split, the
+//! largest move is a shard's, 1/256 of the rows: the slowest apply over 6M commands fell to
+//! 2-8 ms. The cost is one more load per lookup (the shard's header): at millions of rows
+//! that bench applies 5-8% fewer commands per second between pauses, ~1.5% more CPU in all.
+//! The shards' bits are apart from the low bits a shard uses for its buckets and the top
+//! seven it keeps as tags, so a shard filters its probes as well as one table did.
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
@@ -47,9 +57,90 @@ struct Row<K, V> {
 #[derive(Clone, Copy, Debug)]
 pub struct RowHash(u64);
 
+/// Rows at which a table splits into `SHARDS` (a family's dedupe table crosses it after about
+/// 22,000 tool calls). Below it one table's doubling moves at most this many rows. The split
+/// moves them once more, into shards spread over more memory: about 5 ms here, the longest
+/// pause left. Splitting at 16,384 rows cut that to 2 ms, but a family splitting after 5,500
+/// calls made `ledger fresh family` (20,000 calls) 1-4% slower.
+const SPLIT_AT_ROWS: usize = 1 << 16;
+
+/// Tables a split table keeps (a power of two): the largest single move is then about
+/// 1/256 of the rows, for 8 KiB of table headers, paid only by tables past `SPLIT_AT_ROWS`.
+const SHARDS: usize = 256;
+
+const _: () = assert!(SHARDS.is_power_of_two() && SHARDS <= 1 << 8);
+
+/// The shard of a row: bits 32..40 of its hash, apart from the low bits a shard's buckets use
+/// and the top seven bits `hashbrown` keeps as each row's tag.
+fn shard_of(hash: u64) -> usize {
+    (hash >> 32) as usize & (SHARDS - 1)
+}
+
+#[derive(Clone)]
+enum Layout<K, V> {
+    /// Up to `SPLIT_AT_ROWS` rows: nearly every family.
+    One(HashTable<Row<K, V>>),
+    /// `SHARDS` tables, the row of hash `h` in `shard_of(h)`. A table never joins again (rows
+    /// leave these tables rarely: tombstones, no holds).
+    Split(Box<[HashTable<Row<K, V>>; SHARDS]>),
+}
+
+impl<K, V> Layout<K, V> {
+    #[inline]
+    fn table(&self, hash: u64) -> &HashTable<Row<K, V>> {
+        match self {
+            Self::One(table) => table,
+            Self::Split(shards) => &shards[shard_of(hash)],
+        }
+    }
+
+    #[inline]
+    fn table_mut(&mut self, hash: u64) -> &mut HashTable<Row<K, V>> {
+        match self {
+            Self::One(table) => table,
+            Self::Split(shards) => &mut shards[shard_of(hash)],
+        }
+    }
+
+    fn tables(&self) -> &[HashTable<Row<K, V>>] {
+        match self {
+            Self::One(table) => std::slice::from_ref(table),
+            Self::Split(shards) => &shards[..],
+        }
+    }
+
+    /// Before a row may be added: a full single table splits, its rows moved by their stored
+    /// hashes (the one move of `SPLIT_AT_ROWS` rows a table makes at once after this).
+    #[inline]
+    fn make_room(&mut self) {
+        if matches!(self, Self::One(table) if table.len() >= SPLIT_AT_ROWS) {
+            self.split();
+        }
+    }
+
+    #[cold]
+    fn split(&mut self) {
+        let Self::One(table) = std::mem::replace(self, Self::One(HashTable::new())) else {
+            unreachable!("only a single table splits");
+        };
+        // Room for a shard's share: `hashbrown` rounds it up to 512 buckets (448 rows), as
+        // many buckets in all as the single table had. Twice that left a table of 100,000
+        // holds with twice the buckets it needs (+21 bytes a command in the memory bench).
+        let mut shards: Box<[HashTable<Row<K, V>>; SHARDS]> = (0..SHARDS)
+            .map(|_| HashTable::with_capacity(SPLIT_AT_ROWS / SHARDS))
+            .collect::<Box<[_]>>()
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("SHARDS tables were made"));
+        for row in table {
+            shards[shard_of(row.hash)].insert_unique(row.hash, row, |row| row.hash);
+        }
+        *self = Self::Split(shards);
+    }
+}
+
 #[derive(Clone)]
 pub struct IdTable<K, V> {
-    rows: HashTable<Row<K, V>>,
+    layout: Layout<K, V>,
     seed: RandomState,
 }
 
@@ -91,7 +182,7 @@ impl<K: Hash + Eq, V: Eq> Eq for IdTable<K, V> {}
 impl<K, V> Default for IdTable<K, V> {
     fn default() -> Self {
         Self {
-            rows: HashTable::new(),
+            layout: Layout::One(HashTable::new()),
             seed: RandomState::default(),
         }
     }
@@ -111,7 +202,8 @@ impl<K: Hash + Eq, V> IdTable<K, V> {
     pub fn find(&self, id: &K) -> (RowHash, Option<&V>) {
         let hash = self.hash(id);
         let row = self
-            .rows
+            .layout
+            .table(hash)
             .find(hash, |row| row.hash == hash && row.id == *id)
             .map(|row| &row.value);
         (RowHash(hash), row)
@@ -124,7 +216,8 @@ impl<K: Hash + Eq, V> IdTable<K, V> {
             hash.0 == self.hash(&id) && self.get(&id).is_none(),
             "insert_absent of an id that is present, or with another id's hash"
         );
-        self.rows.insert_unique(
+        self.layout.make_room();
+        self.layout.table_mut(hash.0).insert_unique(
             hash.0,
             Row {
                 hash: hash.0,
@@ -137,17 +230,20 @@ impl<K: Hash + Eq, V> IdTable<K, V> {
 
     pub fn get_mut(&mut self, id: &K) -> Option<&mut V> {
         let hash = self.hash(id);
-        self.rows
+        self.layout
+            .table_mut(hash)
             .find_mut(hash, |row| row.hash == hash && row.id == *id)
             .map(|row| &mut row.value)
     }
 
     pub fn entry(&mut self, id: K) -> Entry<'_, K, V> {
         let hash = self.hash(&id);
-        match self
-            .rows
-            .entry(hash, |row| row.hash == hash && row.id == id, |row| row.hash)
-        {
+        self.layout.make_room();
+        match self.layout.table_mut(hash).entry(
+            hash,
+            |row| row.hash == hash && row.id == id,
+            |row| row.hash,
+        ) {
             hash_table::Entry::Occupied(row) => Entry::Occupied(&mut row.into_mut().value),
             hash_table::Entry::Vacant(slot) => Entry::Vacant(VacantEntry { slot, hash, id }),
         }
@@ -166,7 +262,8 @@ impl<K: Hash + Eq, V> IdTable<K, V> {
     pub fn remove(&mut self, id: &K) -> Option<V> {
         let hash = self.hash(id);
         let row = self
-            .rows
+            .layout
+            .table_mut(hash)
             .find_entry(hash, |row| row.hash == hash && row.id == *id)
             .ok()?;
         Some(row.remove().0.value)
@@ -177,16 +274,20 @@ impl<K: Hash + Eq, V> IdTable<K, V> {
     }
 
     pub fn len(&self) -> usize {
-        self.rows.len()
+        self.layout.tables().iter().map(HashTable::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.layout.tables().iter().all(HashTable::is_empty)
     }
 
     /// Rows in no particular order: for checks that visit every row, never for output.
     pub fn iter_unordered(&self) -> impl Iterator<Item = (&K, &V)> {
-        self.rows.iter().map(|row| (&row.id, &row.value))
+        self.layout
+            .tables()
+            .iter()
+            .flat_map(HashTable::iter)
+            .map(|row| (&row.id, &row.value))
     }
 
     /// Rows in id order (sorts them: for encoding and reports, not the apply path).
@@ -222,7 +323,8 @@ impl<K: Hash + Eq, V> UniqueRows<K, V> for IdTable<K, V> {
     fn insert_new(&mut self, id: K, value: V) -> Result<(), K> {
         let hash = self.hash(&id);
         let eq = |row: &Row<K, V>| row.hash == hash && row.id == id;
-        match self.rows.entry(hash, eq, |row| row.hash) {
+        self.layout.make_room();
+        match self.layout.table_mut(hash).entry(hash, eq, |row| row.hash) {
             hash_table::Entry::Occupied(_) => Err(id),
             hash_table::Entry::Vacant(slot) => {
                 slot.insert(Row { hash, id, value });
@@ -336,16 +438,108 @@ mod tests {
 
     #[test]
     fn growing_moves_rows_by_their_stored_hash_without_reading_ids() {
+        // Past the split too: the single table's rows move to the shards by their hashes.
+        let rows = (SPLIT_AT_ROWS + 10_000) as u32;
         let mut table: IdTable<CountedId, u32> = IdTable::default();
         let before = HASHED.load(std::sync::atomic::Ordering::Relaxed);
-        for n in 0..10_000 {
+        for n in 0..rows {
             table.insert(CountedId(n), n);
         }
         let hashed = HASHED.load(std::sync::atomic::Ordering::Relaxed) - before;
         assert_eq!(
-            hashed, 10_000,
-            "one hash per insert, none while the table grew"
+            hashed, rows as usize,
+            "one hash per insert, none while the table grew or split"
         );
-        assert!((0..10_000).all(|n| table.get(&CountedId(n)) == Some(&n)));
+        assert!(matches!(table.layout, Layout::Split(_)));
+        assert!((0..rows).all(|n| table.get(&CountedId(n)) == Some(&n)));
+    }
+
+    #[test]
+    fn a_table_past_the_split_is_the_same_map_and_encodes_alike() {
+        let id = |n: u32| EventId::new(format!("{:08x}", n.wrapping_mul(2_654_435_761)));
+        // A seventh of the rows is removed again: the table still ends past the split.
+        let rows = SPLIT_AT_ROWS as u32 * 5 / 4;
+        let mut table: IdTable<EventId, u32> = IdTable::default();
+        let mut model = BTreeMap::new();
+        for n in 0..rows {
+            // Every way in: insert, entry, and find then insert_absent.
+            match n % 3 {
+                0 => assert_eq!(table.insert(id(n), n), None),
+                1 => match table.entry(id(n)) {
+                    Entry::Vacant(slot) => {
+                        slot.insert(n);
+                    }
+                    Entry::Occupied(_) => panic!("{n} is new"),
+                },
+                _ => {
+                    let (hash, row) = table.find(&id(n));
+                    assert_eq!(row, None);
+                    table.insert_absent(hash, id(n), n);
+                }
+            }
+            model.insert(id(n), n);
+            if n % 7 == 6 {
+                assert_eq!(table.remove(&id(n - 3)), model.remove(&id(n - 3)));
+            }
+            if n as usize == SPLIT_AT_ROWS - 1 {
+                assert!(matches!(table.layout, Layout::One(_)), "not split yet");
+            }
+        }
+        let Layout::Split(shards) = &table.layout else {
+            panic!("a table of {} rows is split", table.len());
+        };
+        assert_eq!(shards.len(), SHARDS);
+        assert_eq!(table.len(), model.len());
+        *table.get_mut(&id(1)).expect("row 1 is kept") += 1;
+        *model.get_mut(&id(1)).expect("row 1 is kept") += 1;
+        assert!(model.iter().all(|(id, n)| table.get(id) == Some(n)));
+        assert!(table.get(&id(rows)).is_none() && !table.contains_key(&id(rows + 1)));
+        let bytes = rmp_serde::to_vec(&table).expect("encodes");
+        assert_eq!(bytes, rmp_serde::to_vec(&model).expect("encodes"));
+        let back: IdTable<EventId, u32> = rmp_serde::from_slice(&bytes).expect("decodes");
+        assert!(
+            matches!(back.layout, Layout::Split(_)),
+            "decoding splits too"
+        );
+        assert_eq!(back, table);
+        let mut small: IdTable<EventId, u32> = IdTable::default();
+        small.insert(id(0), 0);
+        assert_ne!(
+            small, table,
+            "a split table and a single one compare by rows"
+        );
+    }
+
+    #[test]
+    fn shards_take_bits_apart_from_the_buckets_and_tags_and_fill_evenly() {
+        let mut state = 0x243f_6a88_85a3_08d3u64;
+        for _ in 0..10_000 {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let shard = shard_of(state);
+            assert_eq!(
+                shard,
+                shard_of(state ^ 0xffff_ffff),
+                "low bits pick buckets"
+            );
+            assert_eq!(shard, shard_of(state ^ (0x7f << 57)), "top bits are tags");
+        }
+        // Rows spread over every shard (with 200,000 rows, ~781 a shard, a few dozen apart).
+        let mut table: IdTable<EventId, u32> = IdTable::default();
+        for n in 0..200_000u32 {
+            table.insert(EventId::new(format!("e{n}")), n);
+        }
+        let Layout::Split(shards) = &table.layout else {
+            panic!("200,000 rows are split");
+        };
+        let mean = 200_000 / SHARDS;
+        for (at, shard) in shards.iter().enumerate() {
+            assert!(
+                shard.len() > mean * 7 / 10 && shard.len() < mean * 13 / 10,
+                "shard {at} holds {} rows, the mean is {mean}",
+                shard.len()
+            );
+        }
     }
 }

@@ -18,6 +18,19 @@ fn command(event: String, op: Operation, now_ms: u64) -> Command {
     })
 }
 
+/// Where a bench's command applies: the next log index, one command per entry.
+pub fn ctx_at(log_index: u64, now_ms: u64, params: ClusterParams) -> ApplyCtx {
+    ApplyCtx {
+        log_id: LogPosition {
+            term: 1,
+            index: log_index,
+        },
+        command_position: 0,
+        now_ms,
+        params,
+    }
+}
+
 /// How the bench names a call's request: a counter (consecutive ids share their path in the
 /// family's id-ordered tables, the kindest case) or a random UUID, as kernels name requests.
 #[derive(Clone, Copy)]
