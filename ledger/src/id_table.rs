@@ -321,16 +321,12 @@ impl<K: Serialize + Hash + Eq + Ord, V: Serialize> Serialize for IdTable<K, V> {
 impl<K: Hash + Eq, V> UniqueRows<K, V> for IdTable<K, V> {
     /// Moves the id in: decoding clones no id per row.
     fn insert_new(&mut self, id: K, value: V) -> Result<(), K> {
-        let hash = self.hash(&id);
-        let eq = |row: &Row<K, V>| row.hash == hash && row.id == id;
-        self.layout.make_room();
-        match self.layout.table_mut(hash).entry(hash, eq, |row| row.hash) {
-            hash_table::Entry::Occupied(_) => Err(id),
-            hash_table::Entry::Vacant(slot) => {
-                slot.insert(Row { hash, id, value });
-                Ok(())
-            }
+        let (hash, found) = self.find(&id);
+        if found.is_some() {
+            return Err(id);
         }
+        self.insert_absent(hash, id, value);
+        Ok(())
     }
 }
 
