@@ -66,7 +66,7 @@ impl WireError {
 }
 
 /// A malformed client message is refused before proposing, like any other invalid argument
-/// (SPEC.md §10: `INVALID_ARGUMENT`, definite).
+/// (docs/spec.md §10: `INVALID_ARGUMENT`, definite).
 impl From<WireError> for LedgerError {
     fn from(error: WireError) -> Self {
         match error {

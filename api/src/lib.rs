@@ -1,6 +1,6 @@
 //! Tally's gRPC wire (package `tally.v1`): the generated prost messages and tonic
 //! clients/servers, and the conversions between them and the pure ledger's types. Protobuf
-//! types stop here: the ledger never sees them (DESIGN.md, "Workspace").
+//! types stop here: the ledger never sees them (docs/architecture.md, "Workspace").
 
 pub mod convert;
 pub mod error;
@@ -28,16 +28,16 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 /// Commands in one `Batch`/`Forward` request: one Raft entry carries at most this many
-/// (the 12 command bits of the budget commit index, SPEC.md §6).
+/// (the 12 command bits of the budget commit index, docs/spec.md §6).
 pub const MAX_BATCH_COMMANDS: usize = tally_ledger::limits::MAX_COMMANDS_PER_ENTRY;
 
-/// `Decision.cluster.guarantee_level` (SPEC.md §6): committed by a quorum and applied.
+/// `Decision.cluster.guarantee_level` (docs/spec.md §6): committed by a quorum and applied.
 pub const GUARANTEE_LEVEL: &str = "raft_linearizable";
 
-/// Reply trailer that tells whether the outcome is final (SPEC.md §10).
+/// Reply trailer that tells whether the outcome is final (docs/spec.md §10).
 pub const OUTCOME_TRAILER: &str = "tally-outcome";
 
-/// Header naming the leader's address: when this node cannot serve a write (SPEC.md §10), and
+/// Header naming the leader's address: when this node cannot serve a write (docs/spec.md §10), and
 /// on a write a follower served by forwarding it, so the client sends the next one there.
 pub const LEADER_HEADER: &str = "x-tally-leader";
 

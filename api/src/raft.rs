@@ -1,6 +1,6 @@
 //! Raft payloads on the wire: rmp-serde bytes behind a version byte, so openraft's types need
 //! no protobuf twin and a node meeting a newer format fails with a typed error instead of
-//! misreading it (DESIGN.md, "Wire").
+//! misreading it (docs/architecture.md, "Wire").
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;

@@ -1,4 +1,4 @@
-//! The one mapping from an error outcome to a gRPC status (SPEC.md §10) and back. The
+//! The one mapping from an error outcome to a gRPC status (docs/spec.md §10) and back. The
 //! encoded `ErrorDetail` rides in the status details; the `tally-outcome` trailer and the
 //! `x-tally-leader` hint ride in its metadata (sent as trailers on an error reply).
 
@@ -51,7 +51,7 @@ impl Definiteness {
     }
 }
 
-/// SPEC.md §10's code for each error kind.
+/// docs/spec.md §10's code for each error kind.
 pub fn grpc_code(kind: ErrorKind) -> Code {
     match kind {
         ErrorKind::InvalidArgument => Code::InvalidArgument,

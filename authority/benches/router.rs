@@ -8,7 +8,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use tally_authority::state_machine::{
+use tally_authority::families::{
     EntryInput, EntryPayload, FamilyRouter, RouterConfig, RouterSnapshot,
 };
 use tally_ledger::{

@@ -1,4 +1,4 @@
-//! The node's failpoints (DESIGN.md "Failpoints"), compiled in only with the `failpoints`
+//! The node's failpoints (docs/architecture.md "Failpoints"), compiled in only with the `failpoints`
 //! feature. One list, keyed by command kind (`Command::name()`, e.g. `capture_invocation`):
 //!
 //! | point | where |

@@ -5,8 +5,10 @@
 pub mod cli;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;
+pub mod families;
+pub mod faults;
 pub mod node;
 pub mod raft;
 pub mod service;
-pub mod state_machine;
+#[cfg(feature = "testing")]
 pub mod testing;

@@ -7,9 +7,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::faults::NetworkFaults;
 use crate::node::config::NodeConfig;
 use crate::node::{self, NodeHandle};
-use crate::raft::faults::NetworkFaults;
 use crate::raft::types::current_metrics;
 use openraft::BasicNode;
 use tally_api::pb::admin_client::AdminClient;

@@ -1,5 +1,5 @@
 //! In-process 3-node clusters over real gRPC: replication, failover, restart, forwarding,
-//! linearizable reads, and SPEC.md §10's status mapping for bad input.
+//! linearizable reads, and docs/spec.md §10's status mapping for bad input.
 
 mod cluster_support;
 
@@ -684,7 +684,7 @@ async fn metrics_are_served_and_move_with_writes() {
     cluster.shutdown().await;
 }
 
-/// SPEC.md §6: a node whose clock is off from a majority of its peers by more than
+/// docs/spec.md §6: a node whose clock is off from a majority of its peers by more than
 /// `max_clock_offset_ms` hands leadership away, does not campaign, and reports unhealthy; once
 /// its clock agrees again it is healthy again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -757,12 +757,12 @@ async fn a_node_whose_clock_is_off_refuses_to_lead_and_reports_unhealthy() {
     cluster.shutdown().await;
 }
 
-/// SPEC.md §10: with no leader, a write is refused before proposing: UNAVAILABLE, definite
+/// docs/spec.md §10: with no leader, a write is refused before proposing: UNAVAILABLE, definite
 /// (not applied), with no leader hint to follow; nothing is appended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_with_no_leader_is_unavailable_and_definite() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let faults = std::sync::Arc::new(tally_authority::raft::faults::NetworkFaults::default());
+    let faults = std::sync::Arc::new(tally_authority::faults::NetworkFaults::default());
     // Never initialized: this node knows no leader and never will on its own.
     let node = tally_authority::node::start(config(dir.path(), 1), faults)
         .await

@@ -1,5 +1,5 @@
 //! In-process 3-node clusters under faults: the leader killed in the middle of a capture
-//! stream, and a leader isolated from its peers (SPEC.md §10, §11.6–8).
+//! stream, and a leader isolated from its peers (docs/spec.md §10, §11.6–8).
 
 mod cluster_support;
 
@@ -14,7 +14,7 @@ use tally_api::status::Definiteness;
 type Record = (pb::command::Command, Result<pb::Decision, tonic::Status>);
 
 /// A capture that applied answers `Captured` once and `AlreadyCaptured` (owned by the same
-/// attempt, same index) on every replay (SPEC.md §5.2): the same decision.
+/// attempt, same index) on every replay (docs/spec.md §5.2): the same decision.
 fn normalized(answer: Answer) -> Answer {
     match answer {
         Answer::Decision(pb::outcome::Outcome::Captured(c), Some(index)) => Answer::Decision(

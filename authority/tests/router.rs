@@ -4,7 +4,7 @@
 mod router_support;
 
 use router_support::*;
-use tally_authority::state_machine::{
+use tally_authority::families::{
     EntryOutput, FamilyRouter, RouterConfig, RouterError, RouterSnapshot,
 };
 use tally_ledger::limits::MAX_LOG_INDEX;
@@ -66,7 +66,7 @@ async fn results_come_back_in_input_order_with_commit_indexes_from_log_positions
     let sent: Vec<Vec<Command>> = entries
         .iter()
         .map(|e| match &e.payload {
-            tally_authority::state_machine::EntryPayload::Commands(c) => c.clone(),
+            tally_authority::families::EntryPayload::Commands(c) => c.clone(),
             _ => vec![],
         })
         .collect();

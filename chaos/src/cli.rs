@@ -9,7 +9,7 @@ use crate::profile::{Profile, ProfileName};
 use crate::run::RunOptions;
 
 /// Tally's chaos harness: a 3-node cluster of real processes behind fault-injecting proxies,
-/// a seeded workload and seeded nemeses, then a check of SPEC.md §11 against the history.
+/// a seeded workload and seeded nemeses, then a check of docs/spec.md §11 against the history.
 #[derive(Debug, Parser)]
 #[command(name = "tally-chaos", version, about)]
 pub struct Cli {

@@ -1,6 +1,6 @@
-//! Tally's chaos harness (DESIGN.md "Tests, in layers" item 5): real node processes behind
+//! Tally's chaos harness (docs/architecture.md "Tests, in layers" item 5): real node processes behind
 //! fault-injecting proxies, a seeded workload and seeded nemeses, a recorded history, and a
-//! pure checker for SPEC.md §11.
+//! pure checker for docs/spec.md §11.
 //!
 //! Run it with `cargo run -p tally-chaos --bin tally-chaos -- run --profile ci --seed 42`
 //! (about two minutes; `--profile soak --duration-s 3600` for longer). It writes
@@ -15,7 +15,7 @@
 //! | `workload` | the seeded, kernel-like request flows through tally-client |
 //! | `kernel`, `kernel_workload` | kernel processes, shared rail and tool server, `EvaluateToolCall` flows |
 //! | `nemesis` | the seeded fault schedule, incl. failpoint kills of the leader |
-//! | `history`, `checker` | the recorded history and the pure SPEC.md §11 checker |
+//! | `history`, `checker` | the recorded history and the pure docs/spec.md §11 checker |
 //! | `paged_read` | reading a whole list page by page for the final check |
 //! | `leader_watch`, `report`, `timeline` | who led, the summary/JSON, the PNG |
 //! | `run`, `profile`, `cli` | one run end to end, its profiles and command line |

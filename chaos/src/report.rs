@@ -197,7 +197,10 @@ pub fn summary(report: &RunReport) -> String {
         );
     }
     if c.violations.is_empty() {
-        let _ = writeln!(s, "violations: none (SPEC.md §11 invariants 1-10 hold)");
+        let _ = writeln!(
+            s,
+            "violations: none (docs/spec.md §11 invariants 1-10 hold)"
+        );
     } else {
         let _ = writeln!(
             s,

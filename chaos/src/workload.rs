@@ -217,7 +217,7 @@ impl HoldPlan {
     }
 }
 
-/// Runs one hold request on `caller` with its own `attempt` (SPEC.md §9's discipline).
+/// Runs one hold request on `caller` with its own `attempt` (docs/spec.md §9's discipline).
 async fn run_hold(caller: &Caller, plan: &HoldPlan, attempt: &str) {
     let hold: tally_ledger::HoldId = plan.hold_id.as_str().into();
     let Some(Outcome::Decided(authorized)) = caller.submit(plan.authorize()).await else {

@@ -1,4 +1,4 @@
-//! `TallyClient`: submits commands with SPEC.md §9's lost-acknowledgement discipline. A
+//! `TallyClient`: submits commands with docs/spec.md §9's lost-acknowledgement discipline. A
 //! definite failure before proposing moves to another node; an indefinite one retries the same
 //! command (same event id, same deadline) on the current leader with jittered backoff; when
 //! retrying runs out, `ResolveEvent` turns "unknown" into the committed answer or a tombstone.
@@ -21,7 +21,7 @@ use crate::outcome::Outcome;
 pub struct TallyClient {
     pub(crate) nodes: Nodes,
     pub(crate) config: ClientConfig,
-    /// The cluster id the authority stamps on its decisions (SPEC.md §6), once seen.
+    /// The cluster id the authority stamps on its decisions (docs/spec.md §6), once seen.
     cluster_id: std::sync::Mutex<Option<String>>,
 }
 

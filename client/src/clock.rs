@@ -1,5 +1,5 @@
 //! The caller's wall clock, in milliseconds since the epoch: what clients put in
-//! `not_after_ms` (the cluster judges deadlines on its own clock, SPEC.md §6).
+//! `not_after_ms` (the cluster judges deadlines on its own clock, docs/spec.md §6).
 
 pub fn wall_clock_ms() -> u64 {
     std::time::SystemTime::now()

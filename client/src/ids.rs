@@ -1,9 +1,9 @@
-//! SPEC.md §9's deterministic ids: pure functions of the request, so every kernel node (and
+//! docs/spec.md §9's deterministic ids: pure functions of the request, so every kernel node (and
 //! every retry) names the same hold and the same events.
 
 use tally_ledger::{BudgetCommitIndex, CapabilityId, EventId, HoldId};
 
-/// Kernels refuse longer request ids (SPEC.md §9).
+/// Kernels refuse longer request ids (docs/spec.md §9).
 pub const MAX_REQUEST_ID_BYTES: usize = 128;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! The Tally cluster client: leader tracking, same-event-id retries, `ResolveEvent` on lost
-//! acknowledgements, automatic batching, typed reads, and SPEC.md §9's deterministic ids.
+//! acknowledgements, automatic batching, typed reads, and docs/spec.md §9's deterministic ids.
 
 pub mod batcher;
 pub mod cli;

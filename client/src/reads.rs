@@ -1,4 +1,4 @@
-//! The reads of SPEC.md §7, linearizable by default. `EventLookup::Unknown` is never a no.
+//! The reads of docs/spec.md §7, linearizable by default. `EventLookup::Unknown` is never a no.
 
 use tally_api::convert::list_page::{HoldPage, UsagePage};
 use tally_api::pb;

@@ -1,4 +1,4 @@
-//! The kernel node's building blocks (DESIGN.md, `kernel-node/`): ed25519 capability tokens
+//! The kernel node's building blocks (docs/architecture.md, `kernel-node/`): ed25519 capability tokens
 //! with delegation, payment adapters keyed by the request id, and signed receipts. The node
 //! keeps no state of its own that matters: budgets live in the cluster, payments on the rail,
 //! and receipts are signed facts about both that anyone with the kernel's public key can check.

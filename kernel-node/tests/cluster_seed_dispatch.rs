@@ -114,7 +114,7 @@ async fn non_durable_monetary_terminal_failures_retain_top_level_funds() {
 }
 
 /// Seed: `non_durable_monetary_terminal_failures_retain_nested_funds`. Tally has no sessions or
-/// nested flows; the nested case here is a delegated child capability (SPEC.md §8), whose hold
+/// nested flows; the nested case here is a delegated child capability (docs/spec.md §8), whose hold
 /// also reserves on the parent's grant account. Every failure retains on both accounts, and
 /// the fresh retry is denied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -230,7 +230,7 @@ impl PaymentAdapter for GatedRail {
 /// Seed: `concurrent_identical_monetary_requests_capture_before_payment_and_release_loser_leases`.
 /// Two evaluations of one request on a delegated child race on one kernel node while the rail
 /// blocks. The seed's runtime-admission leases and in-kernel sibling lease have no counterpart:
-/// the sibling budget is the parent's account in the cluster (SPEC.md §8). So "the loser
+/// the sibling budget is the parent's account in the cluster (docs/spec.md §8). So "the loser
 /// released its lease" becomes: the loser finished (denied at capture) while the winner's
 /// payment was still blocked, and afterwards the sibling still fits in the parent's budget.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

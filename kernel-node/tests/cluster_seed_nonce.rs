@@ -345,7 +345,7 @@ async fn nonce_request_id_mismatch_precedes_payment_and_capture_top_and_nested()
 }
 
 /// The seed's consumed-nonce path (`consumed_nonce_for_request`, used by
-/// `nonce_cleanup_retains_payment_and_capture_when_release_is_unconfirmed`) under SPEC.md §9's
+/// `nonce_cleanup_retains_payment_and_capture_when_release_is_unconfirmed`) under docs/spec.md §9's
 /// order: the nonce is spent in the cluster first (as another kernel node would have), so this
 /// node's `ConsumeNonce` is refused as replayed before the capture, the hold is reversed, and
 /// nothing is paid or dispatched. The seed's release-unconfirmed assertions for a pre-dispatch

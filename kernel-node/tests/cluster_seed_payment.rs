@@ -175,7 +175,7 @@ async fn lost_cancellation_acknowledgement_records_ambiguity_and_blocks_dispatch
 }
 
 /// Seed: `nonce_cleanup_signs_release_then_cancellation_lost_ack`. The seed reaches its
-/// post-payment, pre-dispatch unwind through a consumed nonce; SPEC.md §9 spends nonces in the
+/// post-payment, pre-dispatch unwind through a consumed nonce; docs/spec.md §9 spends nonces in the
 /// cluster before the capture (a failure there reverses the hold, see `cluster_seed_nonce`), so
 /// here the unwind comes from the other pre-dispatch failure, a tool not registered at lookup.
 /// The payment release is confirmed, then the cancel's reply is lost after commit: resolved

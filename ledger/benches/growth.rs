@@ -1,6 +1,6 @@
 //! The slowest single `Family::apply` while one family grows to millions of rows. A family
 //! keeps a dedupe row for every command and an archived record for every hold for ever
-//! (SPEC.md §5.5), so its two tables only grow; every replica applies the same command at
+//! (docs/spec.md §5.5), so its two tables only grow; every replica applies the same command at
 //! the same log index, so one slow apply stalls that family on all of them at once. Prints,
 //! per window of calls, the apply throughput and the slowest apply, then the slowest overall.
 //!

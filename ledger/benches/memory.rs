@@ -1,4 +1,4 @@
-//! Memory per applied command, the figure an operator sizes `retention_ms` with (SPEC.md
+//! Memory per applied command, the figure an operator sizes `retention_ms` with (docs/spec.md
 //! §5.5): what a command costs while its full event is retained (until `not_after_ms +
 //! retention_ms`), and what stays for ever once it is compacted (the dedupe row that keeps
 //! replays exact, the archived hold). Counted by a global allocator that tracks live heap

@@ -1,4 +1,4 @@
-//! The budget row of one `(capability_id, grant_index)` (SPEC.md §2) and its admission checks.
+//! The budget row of one `(capability_id, grant_index)` (docs/spec.md §2) and its admission checks.
 
 use std::sync::Arc;
 
@@ -155,7 +155,7 @@ impl Account {
         Ok(())
     }
 
-    /// The admission checks of `AuthorizeHold`/`TryChargeCost` in SPEC.md order: quota, per
+    /// The admission checks of `AuthorizeHold`/`TryChargeCost` in docs/spec.md order: quota, per
     /// call cost, total cost. `Ok(Some)` is a denial; `Err` is an overflow.
     pub fn admit(
         &self,
@@ -261,7 +261,7 @@ impl Account {
     }
 }
 
-/// A read of one account (SPEC.md §7).
+/// A read of one account (docs/spec.md §7).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageRecord {
     pub key: AccountKey,

@@ -1,4 +1,4 @@
-//! Cluster time (SPEC.md §6): the leader's stamp, clamped so it never goes back and one bad
+//! Cluster time (docs/spec.md §6): the leader's stamp, clamped so it never goes back and one bad
 //! clock cannot leap it forward.
 
 use serde::{Deserialize, Serialize};

@@ -1,4 +1,4 @@
-//! The commands of SPEC.md §4. Every mutating command names its family, account, `event_id`
+//! The commands of docs/spec.md §4. Every mutating command names its family, account, `event_id`
 //! (the dedupe key) and `not_after_ms` (the cluster time after which it must not apply).
 
 use serde::{Deserialize, Serialize};
@@ -26,7 +26,7 @@ impl CommandHeader {
     }
 }
 
-/// An ancestor grant account a delegated hold also reserves on (SPEC.md §8).
+/// An ancestor grant account a delegated hold also reserves on (docs/spec.md §8).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct AncestorAccount {
     pub account: AccountKey,
@@ -125,7 +125,7 @@ pub struct ClientCommand {
 }
 
 impl ClientCommand {
-    /// Everything checkable without state (SPEC.md §4 "ids and limits valid"). A command
+    /// Everything checkable without state (docs/spec.md §4 "ids and limits valid"). A command
     /// that fails here is refused before it is proposed.
     pub fn validate(&self) -> Result<(), LedgerError> {
         let h = &self.header;
@@ -255,7 +255,7 @@ fn validate_ancestors(
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     Apply(ClientCommand),
-    /// `ResolveEvent{original}` (SPEC.md §5.4): routed like the original.
+    /// `ResolveEvent{original}` (docs/spec.md §5.4): routed like the original.
     Resolve(ClientCommand),
     /// Internal: proposed only by the leader, refused from clients.
     ExpireHolds {

@@ -1,4 +1,4 @@
-//! The budget commit index of SPEC.md §6: unique, strictly increasing in apply order, equal on
+//! The budget commit index of docs/spec.md §6: unique, strictly increasing in apply order, equal on
 //! every replica, and known before a family applies the command.
 
 use std::fmt;

@@ -1,12 +1,12 @@
-//! Bounded memory, correct forever (SPEC.md §5.5). Once cluster time passes a command's
+//! Bounded memory, correct forever (docs/spec.md §5.5). Once cluster time passes a command's
 //! `not_after_ms + retention_ms` no copy of it can apply, so its full event may leave memory:
 //! the dedupe row keeps a digest and the answer, and final holds keep an archive record.
 //! Items are ordered by due time, so each step pops the queue's first entry.
 
-use crate::compaction_queue::{CompactionItem, DueItem};
 use crate::family::Family;
 use crate::hold::HoldSlot;
 use crate::limits::MAX_COMPACTIONS_PER_COMMAND;
+use crate::tables::compaction_queue::{CompactionItem, DueItem};
 
 impl Family {
     /// Runs due compaction steps, at most `MAX_COMPACTIONS_PER_COMMAND`, in due order.

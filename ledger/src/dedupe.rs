@@ -1,4 +1,4 @@
-//! The dedupe table's rows (SPEC.md §5): an applied command's stored answer, or a tombstone,
+//! The dedupe table's rows (docs/spec.md §5): an applied command's stored answer, or a tombstone,
 //! under its `event_id`. A row keeps only its command's identity digest. The per-field hashes
 //! that name the differing fields of a conflict while the command is retained wait in the
 //! compaction queue: compacting a command is popping that queue item, with no lookup here.
@@ -7,13 +7,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::ClientCommand;
 use crate::commit_index::{BudgetCommitIndex, LogPosition};
-use crate::compaction_queue::{CompactionItem, QueueKey};
 use crate::decision::{Decision, Outcome};
 use crate::error::LedgerError;
 use crate::family::Family;
 use crate::identity::{digest_of, identity_hashes};
-use crate::identity_fields::FieldHashes;
 use crate::ids::EventId;
+use crate::tables::compaction_queue::{CompactionItem, QueueKey};
+use crate::tables::identity_fields::FieldHashes;
 
 /// What a row keeps of its command's identity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,9 +1,9 @@
 //! Errors: a command that errors changes nothing and appends nothing (except the expiry of a
-//! hold it touched, SPEC.md §4). Denials are not errors; they are decisions.
+//! hold it touched, docs/spec.md §4). Denials are not errors; they are decisions.
 
 use serde::{Deserialize, Serialize};
 
-/// Why a command could not apply in the current state (SPEC.md §10: `FAILED_PRECONDITION`).
+/// Why a command could not apply in the current state (docs/spec.md §10: `FAILED_PRECONDITION`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PreconditionCode {
     UnknownHold,
@@ -60,7 +60,7 @@ impl PreconditionCode {
     }
 }
 
-/// Why an event id names a different command (SPEC.md §5.3: `ALREADY_EXISTS`).
+/// Why an event id names a different command (docs/spec.md §5.3: `ALREADY_EXISTS`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ConflictReason {
     /// Same `event_id`, different canonical identity: every differing field, by name. When

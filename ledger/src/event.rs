@@ -24,7 +24,7 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    /// The wire name (SPEC.md §4).
+    /// The wire name (docs/spec.md §4).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::ReserveInvocation => "reserve_invocation",
@@ -96,7 +96,7 @@ pub struct EventRecord {
     pub after_images: AfterImages,
 }
 
-/// `GetEvent`'s answer (SPEC.md §7). `Unknown` is never a no: an in-flight copy may commit.
+/// `GetEvent`'s answer (docs/spec.md §7). `Unknown` is never a no: an in-flight copy may commit.
 /// Returned by value once per read and never stored, so the size gap between variants costs
 /// nothing worth an extra allocation.
 #[allow(clippy::large_enum_variant)]

@@ -9,17 +9,17 @@ use crate::account::{Account, AccountKey};
 use crate::cluster_time::ClusterParams;
 use crate::command::{ClientCommand, Command, Operation};
 use crate::commit_index::{BudgetCommitIndex, LogPosition};
-use crate::compaction_queue::{CompactionItem, CompactionQueue};
 use crate::decision::{Decision, Outcome};
 use crate::dedupe::AppliedRow;
-use crate::dedupe_table::{DedupeRow, DedupeTable};
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::{AccountImage, AfterImages, EventRecord};
 use crate::hold::HoldSlot;
-use crate::id_table::{IdTable, RowHash};
 use crate::ids::{EventId, FamilyId, HoldId, NonceId};
 use crate::journal::Journal;
 use crate::limits::MAX_EVENTS_PER_COMMAND;
+use crate::tables::compaction_queue::{CompactionItem, CompactionQueue};
+use crate::tables::dedupe_table::{DedupeRow, DedupeTable};
+use crate::tables::id_table::{IdTable, RowHash};
 
 /// Where and when a command applies: its log position and the clamped cluster time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,7 +27,7 @@ pub struct ApplyCtx {
     pub log_id: LogPosition,
     /// Position of the command inside its log entry.
     pub command_position: usize,
-    /// Cluster time (SPEC.md §6), never wall-clock time.
+    /// Cluster time (docs/spec.md §6), never wall-clock time.
     pub now_ms: u64,
     pub params: ClusterParams,
 }
@@ -262,7 +262,7 @@ impl Family {
             Command::ExpireHolds { up_to_ms, .. } => Ok(self.expire_due(*up_to_ms, &mut step)),
         };
         if result.is_err() {
-            // Only the expiry of a touched hold may have been appended (SPEC.md §4).
+            // Only the expiry of a touched hold may have been appended (docs/spec.md §4).
             assert!(
                 step.appended() <= 1 && step.own_event.is_none(),
                 "an erroring command appended more than an expiry"
@@ -289,7 +289,7 @@ impl Family {
         }
     }
 
-    /// A command whose `event_id` has a row: a replay, or a conflict (SPEC.md §5.2–5.4).
+    /// A command whose `event_id` has a row: a replay, or a conflict (docs/spec.md §5.2–5.4).
     fn answer_again(
         &self,
         entry: DedupeRow<'_>,

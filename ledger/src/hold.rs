@@ -1,4 +1,4 @@
-//! Holds: two-phase reservations against one or more accounts of a family (SPEC.md §3).
+//! Holds: two-phase reservations against one or more accounts of a family (docs/spec.md §3).
 
 use serde::{Deserialize, Serialize};
 
@@ -45,7 +45,7 @@ pub struct Hold {
     pub hold_id: HoldId,
     pub capability_id: CapabilityId,
     pub grant_index: u32,
-    /// The grant account first, then up to 7 ancestor accounts (SPEC.md §8).
+    /// The grant account first, then up to 7 ancestor accounts (docs/spec.md §8).
     pub accounts: HoldAccounts,
     pub authorized_exposure_units: u64,
     pub remaining_exposure_units: u64,
@@ -85,7 +85,7 @@ impl Hold {
             && self.expires_at_ms.is_some_and(|at| at <= now_ms)
     }
 
-    /// `authorized = realized + unspent + released + reversed + remaining` (SPEC.md §3).
+    /// `authorized = realized + unspent + released + reversed + remaining` (docs/spec.md §3).
     pub fn assert_conserved(&self) {
         let parts = [
             self.realized_units,
@@ -156,7 +156,7 @@ pub enum HoldSlot {
     Archived(Box<ArchivedHold>),
 }
 
-/// A read of one hold (SPEC.md §7).
+/// A read of one hold (docs/spec.md §7).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum HoldView {
     Live(Hold),

@@ -1,20 +1,20 @@
-//! Canonical command identity (SPEC.md §5.1): what makes two commands "the same command".
+//! Canonical command identity (docs/spec.md §5.1): what makes two commands "the same command".
 //! Not part of it: `attempt_id`, `hold_timeout_ms`, `not_after_ms`, a nonce's expiry.
 
 use serde::{Deserialize, Serialize};
 
 use crate::account::{AccountKey, GrantLimits};
 use crate::command::{ClientCommand, Operation};
-use crate::identity_fields::{Field, FieldHasher, FieldHashes};
 use crate::ids::AttemptId;
-use crate::short_copy::copy_short;
+use crate::tables::identity_fields::{Field, FieldHasher, FieldHashes};
+use crate::tables::short_copy::copy_short;
 
 /// A client command with everything outside its identity blanked and ancestors sorted.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Identity(ClientCommand);
 
 /// An identity as kept for replay checks: all of it while the event is retained, its digest
-/// after compaction (SPEC.md §5.5). (The dedupe table itself stores the digest in its row from
+/// after compaction (docs/spec.md §5.5). (The dedupe table itself stores the digest in its row from
 /// the start and queues per-field hashes for compaction; see `dedupe.rs`.)
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StoredIdentity {
@@ -148,7 +148,7 @@ impl Identity {
 /// must bump it (and needs a migration of stored digests).
 const IDENTITY_ENCODING_VERSION: u8 = 1;
 
-/// SHA-256 of `command`'s canonical identity (SPEC.md §5.1), straight from the command: the
+/// SHA-256 of `command`'s canonical identity (docs/spec.md §5.1), straight from the command: the
 /// fields outside the identity are skipped and ancestors are visited sorted by account, so
 /// this equals the digest of `Identity::of(command)` without building it.
 ///

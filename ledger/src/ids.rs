@@ -50,7 +50,7 @@ macro_rules! id_type {
             }
         }
 
-        impl $crate::id_map::IdBytes for $name {
+        impl $crate::tables::id_map::IdBytes for $name {
             fn id_bytes(&self) -> &[u8] {
                 self.0.as_bytes()
             }
@@ -111,7 +111,7 @@ id_type!(
     "hold_id"
 );
 id_type!(
-    /// The dedupe key of a command (SPEC.md §5).
+    /// The dedupe key of a command (docs/spec.md §5).
     EventId,
     "event_id"
 );

@@ -1,4 +1,4 @@
-//! SPEC.md §11 invariants that can be checked on one family's state alone. Tests, the
+//! docs/spec.md §11 invariants that can be checked on one family's state alone. Tests, the
 //! property test and the chaos checker call this after every step.
 
 use std::collections::BTreeMap;

@@ -19,10 +19,10 @@ use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::chunked_deque::ChunkedDeque;
 use crate::commit_index::BudgetCommitIndex;
 use crate::event::EventRecord;
-use crate::spare_capacity::release_spare;
+use crate::tables::chunked_deque::ChunkedDeque;
+use crate::tables::spare_capacity::release_spare;
 
 /// Two deques of equal length: the commit indices apart from the records, so a binary
 /// search reads 8 bytes per step instead of a record's cache line.

@@ -4,7 +4,7 @@
 pub const MAX_ID_BYTES: usize = 512;
 /// Prefix of event ids the cluster mints itself (expiry events); clients may not use it.
 pub const RESERVED_EVENT_ID_PREFIX: &str = "auto:";
-/// Ancestor accounts a delegated hold may reserve on (SPEC.md §8).
+/// Ancestor accounts a delegated hold may reserve on (docs/spec.md §8).
 pub const MAX_ANCESTORS: usize = 7;
 /// Highest grant index a capability may address.
 pub const MAX_GRANT_INDEX: u32 = 4_095;
@@ -14,11 +14,11 @@ pub const MAX_CURRENCY_BYTES: usize = 16;
 pub const MAX_HOLD_TIMEOUT_MS: u64 = 7 * 24 * 3_600_000;
 /// Longest nonce lifetime: nonces are remembered until they expire, so this bounds memory.
 pub const MAX_NONCE_TTL_MS: u64 = 24 * 3_600_000;
-/// Commands per Raft log entry (12 bits of the budget commit index, SPEC.md §6).
+/// Commands per Raft log entry (12 bits of the budget commit index, docs/spec.md §6).
 pub const MAX_COMMANDS_PER_ENTRY: usize = 4_096;
-/// Events one command may append (8 bits of the budget commit index, SPEC.md §6).
+/// Events one command may append (8 bits of the budget commit index, docs/spec.md §6).
 pub const MAX_EVENTS_PER_COMMAND: usize = 256;
-/// Holds reversed by one `ExpireHolds` command (SPEC.md §4).
+/// Holds reversed by one `ExpireHolds` command (docs/spec.md §4).
 pub const MAX_EXPIRED_PER_COMMAND: usize = 256;
 /// Compaction steps done before one command, so a backlog never stalls an apply.
 pub const MAX_COMPACTIONS_PER_COMMAND: usize = 1_024;

@@ -1,4 +1,4 @@
-//! Positions in the orders of the list reads (SPEC.md §7), across families: where one page
+//! Positions in the orders of the list reads (docs/spec.md §7), across families: where one page
 //! ended, so the next starts strictly after it. A list read returns at most
 //! `MAX_LIST_LIMIT` rows; with a position, a caller reads every row page by page.
 //!

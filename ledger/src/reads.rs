@@ -1,14 +1,14 @@
-//! The reads of SPEC.md §7, over one family. The router merges them across families.
+//! The reads of docs/spec.md §7, over one family. The router merges them across families.
 
 use crate::account::{AccountKey, UsageRecord};
 use crate::commit_index::BudgetCommitIndex;
-use crate::dedupe_table::DedupeRow;
 use crate::event::{EventLookup, EventRecord};
 use crate::family::Family;
 use crate::hold::{Hold, HoldSlot, HoldView, InvocationState};
 use crate::ids::{CapabilityId, EventId, HoldId};
 use crate::limits::MAX_LIST_LIMIT;
 use crate::list_position::{hold_order, usage_order, HoldPosition, UsagePosition};
+use crate::tables::dedupe_table::DedupeRow;
 
 /// Which holds `list_holds` returns (for reconcilers).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

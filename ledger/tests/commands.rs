@@ -1,4 +1,4 @@
-//! SPEC.md §4: every command's checks, in order, and its effect on accounts, holds and the
+//! docs/spec.md §4: every command's checks, in order, and its effect on accounts, holds and the
 //! journal. Each test names the row it covers.
 
 mod support;
@@ -712,7 +712,7 @@ fn validation_rejects_bad_ids_reserved_prefix_and_too_many_ancestors() {
     assert!(
         matches!(h.err_unchanged(cmd), LedgerError::InvalidArgument { field, .. } if field == "ancestors")
     );
-    // SPEC.md §8: a hold reserves once on each account of the chain, so an account may not
+    // docs/spec.md §8: a hold reserves once on each account of the chain, so an account may not
     // appear twice: not two equal ancestors, and not the grant's own account as an ancestor
     // (either would reserve twice on one account).
     for dup in [

@@ -1,4 +1,4 @@
-//! SPEC.md §5.5: after `not_after_ms + retention_ms` full events and final holds leave memory,
+//! docs/spec.md §5.5: after `not_after_ms + retention_ms` full events and final holds leave memory,
 //! and every replay, conflict check and late command is still answered exactly.
 
 mod support;
@@ -216,8 +216,8 @@ fn the_family_encoding_is_fixed() {
     );
 }
 
-/// SPEC.md §5.5 and §11.10: the dedupe rows and holds are kept for ever, so a family's two
-/// tables grow past the size where they split into shards (`id_table.rs`, 65,536 rows). A
+/// docs/spec.md §5.5 and §11.10: the dedupe rows and holds are kept for ever, so a family's two
+/// tables grow past the size where they split into shards (`tables/id_table.rs`, 65,536 rows). A
 /// replica restored from the snapshot (its tables rebuilt row by row, splitting at another
 /// moment) holds the same bytes, digest and answers as the one that applied the commands.
 #[test]

@@ -1,4 +1,4 @@
-//! SPEC.md §5: replays, conflicts, hold reuse and `ResolveEvent` tombstones. Every replay
+//! docs/spec.md §5: replays, conflicts, hold reuse and `ResolveEvent` tombstones. Every replay
 //! must append nothing and answer with the original commit index.
 
 mod support;
@@ -240,7 +240,7 @@ fn a_conflict_names_every_differing_field() {
         vec!["hold_id", "requested_exposure_units", "limits"]
     );
     // A replica restored from a snapshot keeps only the field hashes (the applying one keeps
-    // short fields as bytes): it names the same fields (SPEC.md §5.3, §11 invariant 10).
+    // short fields as bytes): it names the same fields (docs/spec.md §5.3, §11 invariant 10).
     h.family = Family::from_snapshot_bytes(&h.family.to_snapshot_bytes()).expect("decodes");
     assert_eq!(
         h.err_unchanged(other),

@@ -1,7 +1,7 @@
 //! Model-based test: random command sequences (fresh commands, exact replays of earlier ones,
 //! twin captures, tombstones, expiry, compaction) run against the ledger and a small reference
-//! model written independently from SPEC.md. After every step the ledger's answer must match
-//! the model's prediction, account rows must match the model's fold, and SPEC.md §11
+//! model written independently from docs/spec.md. After every step the ledger's answer must match
+//! the model's prediction, account rows must match the model's fold, and docs/spec.md §11
 //! invariants 1–5 and 7 must hold.
 
 use std::collections::BTreeMap;
@@ -793,7 +793,7 @@ impl ReferenceStateMachine for Reference {
 
 struct Sut {
     family: Family,
-    /// A second replica fed the same commands (SPEC.md §11 invariant 10): its tables hash ids
+    /// A second replica fed the same commands (docs/spec.md §11 invariant 10): its tables hash ids
     /// with other seeds, so only the rows, never where they sit, may reach its answers or bytes.
     replica: Family,
     log_index: u64,

@@ -1,6 +1,7 @@
-//! The store-level facts the seed's kernel tests (`shared/seeds/000_001e470857a857b0.txt`)
-//! assert, replayed against the ledger alone with SPEC.md §9's deterministic ids. The kernel
-//! ports of the same scenarios run against a real cluster in `kernel-node/`.
+//! The store-level facts the original kernel's tests assert (the 16 seed scenarios that
+//! docs/spec.md §9 lists), replayed against the ledger alone with docs/spec.md §9's
+//! deterministic ids. The kernel ports of the same scenarios run against a real cluster in
+//! `kernel-node/`.
 
 mod support;
 

@@ -1,4 +1,4 @@
-//! Failpoints (DESIGN.md "Failpoints"), compiled in only with the `failpoints` feature.
+//! Failpoints (docs/architecture.md "Failpoints"), compiled in only with the `failpoints` feature.
 //!
 //! A point armed with the `return` action kills the process on the spot with
 //! `std::process::abort()`: a panic inside a tokio task would only end that task, and the

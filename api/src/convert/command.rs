@@ -1,4 +1,4 @@
-//! Commands (SPEC.md §4): each per-command request and the `Command` oneof ↔ the ledger's
+//! Commands (docs/spec.md §4): each per-command request and the `Command` oneof ↔ the ledger's
 //! `ClientCommand`/`Command`. The per-command rpcs and `Batch` meet in the same domain type,
 //! so the authority has one path from the wire to the log.
 
@@ -133,7 +133,7 @@ request_into_command!(pb::ConsumeNonceRequest, |r| Operation::ConsumeNonce {
     expires_at_ms: r.expires_at_ms,
 });
 
-/// `ResolveEvent{original}` (SPEC.md §5.4). The original must be a plain command: resolving
+/// `ResolveEvent{original}` (docs/spec.md §5.4). The original must be a plain command: resolving
 /// a resolve has no meaning.
 impl TryFrom<pb::ResolveEventRequest> for Command {
     type Error = WireError;

@@ -1,4 +1,4 @@
-//! Decisions (SPEC.md §4–6): every ledger `Outcome` ↔ the `Outcome` oneof, plus the log id and
+//! Decisions (docs/spec.md §4–6): every ledger `Outcome` ↔ the `Outcome` oneof, plus the log id and
 //! the authority's cluster stamp. The client needs the way back to act on typed outcomes.
 
 use tally_ledger::{
@@ -74,7 +74,7 @@ impl From<pb::LogId> for LogPosition {
 }
 
 impl pb::ClusterStamp {
-    /// The stamp every decision carries (SPEC.md §6): the cluster and the Raft entry that
+    /// The stamp every decision carries (docs/spec.md §6): the cluster and the Raft entry that
     /// answered the request.
     pub fn raft_linearizable(cluster_id: impl Into<String>, term: u64, log_index: u64) -> Self {
         Self {

@@ -1,4 +1,4 @@
-//! Errors (SPEC.md §10): `LedgerError` → `ErrorDetail` for the status details and batch
+//! Errors (docs/spec.md §10): `LedgerError` → `ErrorDetail` for the status details and batch
 //! results, and back, for the client. Errors that are not the ledger's (no leader, lost
 //! outcome, node fault) have their own constructors and come back as [`RemoteError`].
 
@@ -172,7 +172,7 @@ impl pb::ErrorDetail {
         detail(ErrorKind::Internal, INTERNAL, message)
     }
 
-    /// Whether the command certainly did not apply (SPEC.md §10). Unknown kinds count as
+    /// Whether the command certainly did not apply (docs/spec.md §10). Unknown kinds count as
     /// not definite: only a definite "no" may free funds.
     pub fn is_definite(&self) -> bool {
         matches!(

@@ -1,5 +1,5 @@
-//! Journal records and `GetEvent`'s lookup (SPEC.md §4, §7). Event kinds travel as the
-//! snake_case strings SPEC.md §4 names, so logs, metrics and the wire read alike.
+//! Journal records and `GetEvent`'s lookup (docs/spec.md §4, §7). Event kinds travel as the
+//! snake_case strings docs/spec.md §4 names, so logs, metrics and the wire read alike.
 
 use tally_ledger::{
     AccountImage, BudgetCommitIndex, Decision, EventKind, EventLookup, EventRecord, HoldStates,
@@ -107,7 +107,7 @@ impl From<&EventLookup> for pb::EventLookup {
 }
 
 /// A missing lookup is an error, never `Unknown`: reading "no answer" as "not applied" is the
-/// mistake SPEC.md §7 forbids, so the wire must say which it is.
+/// mistake docs/spec.md §7 forbids, so the wire must say which it is.
 impl TryFrom<pb::EventLookup> for EventLookup {
     type Error = WireError;
 

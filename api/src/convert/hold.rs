@@ -1,4 +1,4 @@
-//! Holds (SPEC.md §3, §7): their state machines, the live hold, its archived form, the
+//! Holds (docs/spec.md §3, §7): their state machines, the live hold, its archived form, the
 //! `GetHold` view and the `ListHolds` filter.
 
 use tally_ledger::hold::HoldTransition;

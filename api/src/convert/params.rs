@@ -1,4 +1,4 @@
-//! Replicated cluster parameters (SPEC.md §5.5, §6), changed only through the log.
+//! Replicated cluster parameters (docs/spec.md §5.5, §6), changed only through the log.
 
 use tally_ledger::ClusterParams;
 

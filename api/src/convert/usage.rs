@@ -1,4 +1,4 @@
-//! Accounts (SPEC.md §2): keys, grant limits, rows and `GetUsage`/`ListUsages` records.
+//! Accounts (docs/spec.md §2): keys, grant limits, rows and `GetUsage`/`ListUsages` records.
 
 use tally_ledger::{
     Account, AccountKey, BudgetCommitIndex, FamilyId, GrantLimits, LegacyUnheld, UsageRecord,

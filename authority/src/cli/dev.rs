@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use openraft::BasicNode;
 
+use crate::faults::NetworkFaults;
 use crate::node::config::{LogFormat, NodeConfig};
 use crate::node::{self, NodeHandle};
-use crate::raft::faults::NetworkFaults;
 
 #[derive(Debug, Args)]
 pub struct DevArgs {

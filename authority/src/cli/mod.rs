@@ -16,8 +16,8 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
+use crate::faults::NetworkFaults;
 use crate::node::config::NodeConfig;
-use crate::raft::faults::NetworkFaults;
 
 /// Tally authority node: a member of the Raft cluster that holds agent budgets.
 #[derive(Debug, Parser)]

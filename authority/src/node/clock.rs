@@ -1,4 +1,4 @@
-//! Wall-clock time for stamping entries, and the clock-offset rule of SPEC.md §6: a node whose
+//! Wall-clock time for stamping entries, and the clock-offset rule of docs/spec.md §6: a node whose
 //! clock differs from a majority of its peers by more than `max_clock_offset_ms` refuses to
 //! lead and reports itself unhealthy (CockroachDB's rule).
 
@@ -13,7 +13,7 @@ pub fn wall_clock_ms() -> u64 {
 }
 
 /// This node's clock: the wall clock plus a configured offset. The offset is 0 in production;
-/// tests set it to make one node's clock disagree with its peers' (SPEC.md §6).
+/// tests set it to make one node's clock disagree with its peers' (docs/spec.md §6).
 #[derive(Debug, Default)]
 pub struct NodeClock {
     offset_ms: AtomicI64,

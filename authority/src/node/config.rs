@@ -23,7 +23,7 @@ pub struct NodeConfig {
     pub metrics_addr: Option<SocketAddr>,
     /// Raft log, vote and snapshots live here.
     pub data_dir: PathBuf,
-    /// Named in every decision (SPEC.md §6).
+    /// Named in every decision (docs/spec.md §6).
     pub cluster_id: String,
     pub heartbeat_interval_ms: u64,
     pub election_timeout_min_ms: u64,
@@ -34,7 +34,7 @@ pub struct NodeConfig {
     pub max_batch_commands: usize,
     /// Entries since the last snapshot that trigger a new one.
     pub snapshot_every_entries: u64,
-    /// SPEC.md §6: a node off by more than this from a majority refuses to lead.
+    /// docs/spec.md §6: a node off by more than this from a majority refuses to lead.
     pub max_clock_offset_ms: u64,
     /// How often the leader proposes `ExpireHolds` for families with due holds.
     pub expiry_interval_ms: u64,
@@ -43,7 +43,7 @@ pub struct NodeConfig {
     /// `pretty` or `json`.
     pub log_format: LogFormat,
     /// Shifts this node's clock by this many ms. Always 0 in production; tests use it to make
-    /// one node's clock disagree with its peers' (SPEC.md §6's clock-offset rule).
+    /// one node's clock disagree with its peers' (docs/spec.md §6's clock-offset rule).
     #[serde(default)]
     pub clock_offset_ms: i64,
 }

@@ -1,4 +1,4 @@
-//! A node's own view of its health: its clock agrees with a majority of its peers (SPEC.md
+//! A node's own view of its health: its clock agrees with a majority of its peers (docs/spec.md
 //! §6), it knows a leader, and it has applied everything it knows committed. The clock
 //! monitor probes peers and, when this node's clock is off, stops it from campaigning and
 //! hands leadership away.
@@ -64,7 +64,7 @@ impl Health {
     }
 }
 
-/// Probes every peer's clock every `interval`, and applies SPEC.md §6's rule.
+/// Probes every peer's clock every `interval`, and applies docs/spec.md §6's rule.
 pub async fn monitor_clock(
     node_id: NodeId,
     raft: Raft,

@@ -1,4 +1,4 @@
-//! Prometheus metrics on `/metrics` (DESIGN.md "Observability"): commit latency, entries per
+//! Prometheus metrics on `/metrics` (docs/architecture.md "Observability"): commit latency, entries per
 //! fsync, apply lag, leader changes, forwarded writes, denials by reason and family actors.
 //! The text format is written by hand and served by a minimal HTTP/1.1 responder on a plain
 //! `TcpListener`, so no HTTP framework or metrics crate is needed.

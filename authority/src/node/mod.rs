@@ -29,17 +29,17 @@ use self::config::NodeConfig;
 use self::health::Health;
 use self::metrics::NodeMetrics;
 use self::proposer::Proposer;
-use crate::raft::faults::NetworkFaults;
+use crate::families::RouterConfig;
+use crate::faults::NetworkFaults;
+use crate::faults::ServiceFaults;
 use crate::raft::network::NetworkFactory;
 use crate::raft::snapshot_file::SnapshotDir;
 use crate::raft::state_machine::{SharedRouter, TallyStateMachine};
 use crate::raft::types::{LogId, Raft, TypeConfig};
 use crate::service::admin::AdminService;
 use crate::service::budget::BudgetService;
-use crate::service::faults::ServiceFaults;
 use crate::service::raft::RaftService;
 use crate::service::read_gate::ReadGate;
-use crate::state_machine::RouterConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {

@@ -1,6 +1,6 @@
 //! The write path: propose commands on the leader, forward them from a follower, and say
 //! exactly what is known when something fails. A decision is returned only after its entry is
-//! committed by a quorum and applied (SPEC.md §6).
+//! committed by a quorum and applied (docs/spec.md §6).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

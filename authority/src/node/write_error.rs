@@ -1,4 +1,4 @@
-//! How a write can fail at the node, before any ledger decision: the distinction SPEC.md §10
+//! How a write can fail at the node, before any ledger decision: the distinction docs/spec.md §10
 //! cares about is whether the command may have been proposed.
 
 use serde::{Deserialize, Serialize};

@@ -18,8 +18,8 @@ use tally_api::pb::{RaftBytes, SnapshotChunk};
 use tally_api::{decode_raft, encode_raft, MAX_MESSAGE_BYTES};
 use tonic::transport::{Channel, Endpoint};
 
-use super::faults::NetworkFaults;
 use super::types::{NodeId, Snapshot, TypeConfig};
+use crate::faults::NetworkFaults;
 
 /// Snapshot chunk size: well under the message limit.
 const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;

@@ -16,7 +16,7 @@ use super::types::{
     log_position, LogId, Membership, ProposalBody, ProposalReply, Snapshot, SnapshotMeta,
     TypeConfig, PROPOSAL_VERSION,
 };
-use crate::state_machine::{
+use crate::families::{
     EntryInput, EntryPayload, FamilyRouter, RouterConfig, RouterCut, RouterSnapshot,
 };
 

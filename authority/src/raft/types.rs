@@ -9,11 +9,11 @@ use tally_ledger::{ClusterParams, Command, Decision, LedgerError, LogPosition};
 pub type NodeId = u64;
 
 /// Version of [`Proposal`]; a node that meets an entry of another version stops rather than
-/// guess at its meaning (DESIGN.md: an unknown payload version is fatal).
+/// guess at its meaning (docs/architecture.md: an unknown payload version is fatal).
 pub const PROPOSAL_VERSION: u8 = 1;
 
 /// The payload of a normal log entry: commands or a parameter change, stamped with the
-/// leader's clock when it proposed them (SPEC.md §6).
+/// leader's clock when it proposed them (docs/spec.md §6).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Proposal {
     pub version: u8,

@@ -1,4 +1,4 @@
-//! The `Budget` service: every SPEC.md command, `Batch`, and the reads of SPEC.md §7. Commands
+//! The `Budget` service: every docs/spec.md command, `Batch`, and the reads of docs/spec.md §7. Commands
 //! are validated before proposing (a bad one is refused, definite, with nothing proposed),
 //! proposed on the leader or forwarded to it, and answered only once committed and applied.
 
@@ -13,13 +13,13 @@ use tally_ledger::{
 };
 use tonic::{Request, Response, Status};
 
-use super::faults::ServiceFaults;
 use super::outcome::{decision_message, definite, failure_detail, failure_status, Failure, Stamp};
 use super::read_gate::ReadGate;
+use crate::families::RouterError;
+use crate::faults::ServiceFaults;
 use crate::node::proposer::Proposer;
 use crate::raft::state_machine::SharedRouter;
 use crate::raft::types::ProposalReply;
-use crate::state_machine::RouterError;
 
 pub struct BudgetService {
     proposer: Arc<Proposer>,

@@ -2,7 +2,6 @@
 
 pub mod admin;
 pub mod budget;
-pub mod faults;
 pub mod outcome;
 pub mod raft;
 pub mod read_gate;

@@ -1,4 +1,4 @@
-//! The one place where every outcome of a request becomes a gRPC reply (SPEC.md §10): a
+//! The one place where every outcome of a request becomes a gRPC reply (docs/spec.md §10): a
 //! decision is OK and definite; ledger errors, node-level write failures and malformed input
 //! become an `ErrorDetail` and, through `tally_api::status`, a status with the
 //! `tally-outcome` trailer and the leader hint.
@@ -74,7 +74,7 @@ pub fn failure_status(failure: Failure, event_id: Option<&EventId>) -> Status {
     Status::from(failure_detail(&failure, event_id))
 }
 
-/// What every decision is stamped with (SPEC.md §6).
+/// What every decision is stamped with (docs/spec.md §6).
 #[derive(Clone, Debug)]
 pub struct Stamp {
     pub cluster_id: String,

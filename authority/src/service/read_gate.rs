@@ -1,4 +1,4 @@
-//! Linearizable reads (SPEC.md §7): on the leader, ReadIndex through openraft; on a follower,
+//! Linearizable reads (docs/spec.md §7): on the leader, ReadIndex through openraft; on a follower,
 //! the leader's read index over the internal `ReadIndex` rpc, then a wait until this node has
 //! applied through it. Either way the read sees every write acknowledged before it began.
 

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use tally_authority::state_machine::{EntryInput, EntryPayload};
+use tally_authority::families::{EntryInput, EntryPayload};
 use tally_ledger::cluster_time::advance;
 use tally_ledger::{
     ApplyCtx, ClientCommand, ClusterParams, Command, CommandHeader, Decision, Family, FamilyId,

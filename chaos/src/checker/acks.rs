@@ -85,7 +85,7 @@ pub(super) fn check_acknowledged(
 }
 
 /// A client whose authorize or capture of a hold ended unknown never frees that hold
-/// afterwards (reverse, release, cancel): only a definite "no" frees funds (SPEC.md §9).
+/// afterwards (reverse, release, cancel): only a definite "no" frees funds (docs/spec.md §9).
 fn check_no_free_after_unknown(history: &[Op], report: &mut CheckReport) {
     let mut unknown_at: BTreeMap<(u32, &str, &str), u64> = BTreeMap::new();
     for op in history {

@@ -1,4 +1,4 @@
-//! The kernel layer's checks (SPEC.md §9, §11.3 and §11.6 through the kernels): per request
+//! The kernel layer's checks (docs/spec.md §9, §11.3 and §11.6 through the kernels): per request
 //! id at most one dispatch (the tool server's count), at most one payment authorization and
 //! one capture (the rail's counts) and at most one `Allow` across every kernel's receipt log;
 //! every receipt's signature verifies against the kernels' keys; every event a receipt names

@@ -1,4 +1,4 @@
-//! The history checker: SPEC.md §11 invariants 1–10 over a recorded history and the final
+//! The history checker: docs/spec.md §11 invariants 1–10 over a recorded history and the final
 //! state of every replica. Pure: no I/O, no clocks, so it is unit-tested with deliberately
 //! broken histories (a checker that cannot fail proves nothing).
 
@@ -23,7 +23,7 @@ pub const MAX_VIOLATIONS_PER_INVARIANT: usize = 20;
 /// One broken invariant, with what shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Violation {
-    /// SPEC.md §11 number (1–10).
+    /// docs/spec.md §11 number (1–10).
     pub invariant: u8,
     pub family: Option<String>,
     pub message: String,
@@ -86,7 +86,7 @@ pub struct CheckInput {
     pub kernels: Option<KernelCheckInput>,
 }
 
-/// Checks SPEC.md §11 invariants 1–10. The first replica is the reference for the
+/// Checks docs/spec.md §11 invariants 1–10. The first replica is the reference for the
 /// state-based invariants; invariant 10 compares every replica with it.
 pub fn check(input: &CheckInput) -> CheckReport {
     let mut report = CheckReport {

@@ -198,7 +198,7 @@ impl Submitter {
     }
 }
 
-/// One monetary tool call, named as the kernel names it (SPEC.md §9, `crate::ids`) with a
+/// One monetary tool call, named as the kernel names it (docs/spec.md §9, `crate::ids`) with a
 /// random UUID as the request id, as kernels' callers send: authorize, then a capture named
 /// after the authorize's commit index, then reconcile. Ids built from a run id, worker and
 /// counter would all share their first 23 bytes, which no real workload does.
@@ -325,7 +325,7 @@ mod tests {
         assert_eq!(
             call.capture(index).header.event_id,
             ids::capture_event(&call.hold, index),
-            "the kernel's capture name (SPEC.md §9)"
+            "the kernel's capture name (docs/spec.md §9)"
         );
         assert_eq!(
             call.reconcile().header.event_id,

@@ -1,4 +1,4 @@
-//! `tally params`: the replicated cluster parameters (SPEC.md §5.5, §6). They change only
+//! `tally params`: the replicated cluster parameters (docs/spec.md §5.5, §6). They change only
 //! through the log, so every replica compacts and clamps time alike; this shows them as the
 //! leader applied them, or proposes new values and waits until they are committed.
 

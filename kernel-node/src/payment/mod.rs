@@ -1,4 +1,4 @@
-//! Payment rails (SPEC.md §9): the kernel authorizes funds after it owns the budget capture
+//! Payment rails (docs/spec.md §9): the kernel authorizes funds after it owns the budget capture
 //! and captures them after reconcile. The payment reference is the `request_id`, so any kernel
 //! node can find (and finish or release) an authorization another node started.
 

@@ -1,12 +1,12 @@
 //! What rails answer, and how they fail. Only a definite "no" ([`PaymentError::Declined`],
-//! [`PaymentError::InsufficientFunds`]) lets the kernel free budget (SPEC.md §9); every other
+//! [`PaymentError::InsufficientFunds`]) lets the kernel free budget (docs/spec.md §9); every other
 //! failure may hide an authorization that happened.
 
 use serde::{Deserialize, Serialize};
 
 use crate::money::Money;
 
-/// References are request ids, which kernels refuse over 128 bytes (SPEC.md §9).
+/// References are request ids, which kernels refuse over 128 bytes (docs/spec.md §9).
 pub const MAX_REFERENCE_BYTES: usize = 128;
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! Step 1 of SPEC.md §9: authorize a hold on the first matching grant that admits the call.
+//! Step 1 of docs/spec.md §9: authorize a hold on the first matching grant that admits the call.
 //! A `Denied` grant falls through to the next; anything else stops here. In particular an
 //! `AlreadyCaptured` replay never falls through: that request was already run on an earlier
 //! grant, and a later (say unlimited) grant must not run it again.

@@ -1,4 +1,4 @@
-//! The capture: the dispatch commitment fence and the linearization point of SPEC.md §9. Of
+//! The capture: the dispatch commitment fence and the linearization point of docs/spec.md §9. Of
 //! any number of identical attempts (here or on other kernel nodes) the cluster records
 //! exactly one owner; only the owner goes on to pay and dispatch.
 

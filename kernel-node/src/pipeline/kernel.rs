@@ -20,7 +20,7 @@ use crate::tool::{ToolRegistry, ToolServer};
 pub struct KernelConfig {
     /// How long a dispatched tool call may take; past it the call counts as entered.
     pub dispatch_deadline: Duration,
-    /// `not_after_ms = now + this` on every command (SPEC.md §5.5).
+    /// `not_after_ms = now + this` on every command (docs/spec.md §5.5).
     pub command_lifetime_ms: u64,
     /// Authorized holds the kernel abandons (a crash before capture) expire after this.
     pub hold_timeout_ms: u64,
@@ -111,7 +111,7 @@ impl Kernel {
         &self.config
     }
 
-    /// SPEC.md §9 for one tool call. A fresh random attempt id per call: two identical calls
+    /// docs/spec.md §9 for one tool call. A fresh random attempt id per call: two identical calls
     /// (here or on another node) are told apart by the cluster at capture.
     pub async fn evaluate(&self, request: &ToolCallRequest) -> Result<Response, KernelError> {
         let mut evaluation = Evaluation::new(self, request);

@@ -10,7 +10,7 @@ use tally_ledger::{BudgetCommitIndex, EventId, EventLookup};
 
 use super::model::Receipt;
 
-/// How a receipt checker reads the cluster journal (`GetEvent`, SPEC.md §7).
+/// How a receipt checker reads the cluster journal (`GetEvent`, docs/spec.md §7).
 pub trait JournalLookup {
     fn lookup_event(&self, event_id: &EventId) -> EventLookup;
 }

@@ -1,7 +1,7 @@
 //! Builders for the metadata keys receipts carry (the seed's `budget_authority`, `financial`
 //! and `execution_nonce`). Each cluster event is named by its exact `event_id`; a committed
 //! one carries its `budget_commit_index`, an ambiguous one an `*_ambiguous` flag and no index,
-//! so a reconciler knows precisely what to resolve (SPEC.md §9).
+//! so a reconciler knows precisely what to resolve (docs/spec.md §9).
 
 use std::collections::BTreeMap;
 
@@ -207,7 +207,7 @@ fn insert_opt(map: &mut Map<String, Value>, key: &str, value: Option<Value>) {
 /// `metadata.financial`: what happened on the payment rail under `payment_reference`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct FinancialMetadata {
-    /// The `request_id` (SPEC.md §9).
+    /// The `request_id` (docs/spec.md §9).
     pub payment_reference: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub currency: Option<String>,

@@ -1,4 +1,4 @@
-//! Delegation may only narrow (SPEC.md §8): a child grant names the parent grant it narrows and
+//! Delegation may only narrow (docs/spec.md §8): a child grant names the parent grant it narrows and
 //! must stay inside it on every field, because the ledger reserves a child's spending on the
 //! parent's account too and trusts the limits the kernel hands it.
 

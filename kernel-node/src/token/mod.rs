@@ -1,4 +1,4 @@
-//! Capability tokens (SPEC.md §8): ed25519-signed grants of tool access and budget, delegable
+//! Capability tokens (docs/spec.md §8): ed25519-signed grants of tool access and budget, delegable
 //! down a chain of at most [`MAX_CHAIN_DEPTH`] tokens where every link may only narrow.
 
 mod attenuation;
@@ -13,13 +13,13 @@ pub use error::TokenError;
 pub use model::{CapabilityToken, Grant, TokenBody, WILDCARD};
 pub use verify::{verify, TrustList, VerifiedCapability};
 
-/// Tokens in one chain, root included: SPEC.md §8 allows at most 7 ancestors of a grant.
+/// Tokens in one chain, root included: docs/spec.md §8 allows at most 7 ancestors of a grant.
 pub const MAX_CHAIN_DEPTH: usize = tally_ledger::limits::MAX_ANCESTORS + 1;
 /// Encoded size of a whole token, chain included (binary form); it travels in HTTP headers.
 pub const MAX_TOKEN_BYTES: usize = 64 * 1024;
 /// Grants in one token.
 pub const MAX_GRANTS_PER_TOKEN: usize = 64;
-/// Token ids appear inside hold and event ids (SPEC.md §9), which the ledger bounds.
+/// Token ids appear inside hold and event ids (docs/spec.md §9), which the ledger bounds.
 pub const MAX_TOKEN_ID_BYTES: usize = 128;
 /// Server and tool names.
 pub const MAX_NAME_BYTES: usize = 256;

@@ -115,7 +115,7 @@ impl CapabilityToken {
         &self.body.id
     }
 
-    /// The root token's id: the family every hold of this chain lives in (SPEC.md §8).
+    /// The root token's id: the family every hold of this chain lives in (docs/spec.md §8).
     pub fn family_id(&self) -> FamilyId {
         FamilyId::new(self.root().body.id.as_str())
     }

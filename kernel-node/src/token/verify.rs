@@ -191,7 +191,7 @@ impl VerifiedCapability {
         &self.token
     }
 
-    /// The root token's id: the budget family (SPEC.md §8).
+    /// The root token's id: the budget family (docs/spec.md §8).
     pub fn family_id(&self) -> &FamilyId {
         &self.family_id
     }
@@ -223,7 +223,7 @@ impl VerifiedCapability {
     }
 
     /// Indexes of the grants that cover `server`/`tool`, in token order: the order the
-    /// pipeline tries them in (SPEC.md §9).
+    /// pipeline tries them in (docs/spec.md §9).
     pub fn matching_grants(&self, server: &str, tool: &str) -> Vec<u32> {
         (0u32..)
             .zip(self.grants())
@@ -241,7 +241,7 @@ impl VerifiedCapability {
             .map(|_| AccountKey::new(self.capability_id().clone(), index))
     }
 
-    /// The ancestor grant accounts a hold on grant `index` also reserves on (SPEC.md §8),
+    /// The ancestor grant accounts a hold on grant `index` also reserves on (docs/spec.md §8),
     /// nearest parent first, up to the root. Empty for a root token.
     pub fn ancestor_accounts(&self, index: u32) -> Option<Vec<AncestorAccount>> {
         let mut grant = self.grant(index)?;

@@ -1,5 +1,5 @@
 //! Tool servers: what the kernel dispatches to once it owns a budget capture. The kernel needs
-//! to know one thing about a failure: whether the tool may have been entered (SPEC.md §9).
+//! to know one thing about a failure: whether the tool may have been entered (docs/spec.md §9).
 //! Only a failure that proves it was not ([`ToolError::is_pre_dispatch`]) may free funds.
 
 mod http;

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tally_authority::raft::faults::NetworkFaults;
-use tally_authority::service::faults::ServiceFaults;
+use tally_authority::faults::NetworkFaults;
+use tally_authority::faults::ServiceFaults;
 use tally_authority::testing::TestCluster;
 use tally_client::{ClientConfig, ClientError, HoldPage, Outcome, TallyClient};
 use tally_kernel::payment::PaymentAdapter;

@@ -10,8 +10,8 @@ use crate::error::{checked_add, ConflictReason, LedgerError, PreconditionCode};
 use crate::event::{AfterImages, EventKind, EventRecord};
 use crate::family::{stamped, Family, Keep, NewEvent, Step};
 use crate::hold::{Hold, HoldAccounts, HoldSlot, HoldTransition, InvocationState, MonetaryState};
-use crate::id_table::Entry;
 use crate::limits::MAX_LIVE_HOLDS_PER_FAMILY;
+use crate::tables::id_table::Entry;
 
 impl Family {
     pub(crate) fn authorize_hold(

@@ -2,13 +2,13 @@
 //! attempt owns the capture; the others see `AlreadyCaptured` with the owner's attempt id.
 
 use crate::command::ClientCommand;
-use crate::compaction_queue::CompactionItem;
 use crate::decision::{Decision, Outcome};
 use crate::error::{checked_add_u32, checked_sub_u32, LedgerError, PreconditionCode};
 use crate::event::{EventKind, EventRecord};
 use crate::family::{Family, Keep, NewEvent, Step};
 use crate::hold::{HoldTransition, InvocationState};
 use crate::ids::{AttemptId, HoldId};
+use crate::tables::compaction_queue::CompactionItem;
 
 use super::hold_lookup::{hold_event, hold_expired, touch_hold, Found};
 

@@ -3,13 +3,13 @@
 
 use crate::command::ClientCommand;
 use crate::commit_index::BudgetCommitIndex;
-use crate::compaction_queue::CompactionItem;
 use crate::error::{checked_add, checked_sub, checked_sub_u32, LedgerError, PreconditionCode};
 use crate::event::{AfterImages, EventKind, EventRecord};
 use crate::family::{Books, Keep, NewEvent, Step};
 use crate::hold::{ArchivedHold, Hold, HoldSlot, HoldTransition, InvocationState, MonetaryState};
-use crate::id_table::IdTable;
 use crate::ids::{CapabilityId, EventId, HoldId};
+use crate::tables::compaction_queue::CompactionItem;
+use crate::tables::id_table::IdTable;
 
 /// What `touch_hold` found.
 #[derive(Debug)]
@@ -35,7 +35,7 @@ pub(crate) fn hold_expired(hold_id: &HoldId) -> LedgerError {
 }
 
 /// The hold `cmd` names, on `cmd`'s own account, found with one lookup. A due Authorized hold
-/// is expired first (an `expire_hold` event), as SPEC.md §4 requires of any command that
+/// is expired first (an `expire_hold` event), as docs/spec.md §4 requires of any command that
 /// touches it.
 pub(crate) fn touch_hold<'h>(
     holds: &'h mut IdTable<HoldId, HoldSlot>,
@@ -73,7 +73,7 @@ pub(crate) fn touch_hold<'h>(
     }
 }
 
-/// Reverses an expired Authorized hold at cluster time (SPEC.md §3 `expire`).
+/// Reverses an expired Authorized hold at cluster time (docs/spec.md §3 `expire`).
 pub(crate) fn expire_hold(
     hold: &mut Hold,
     books: &mut Books<'_>,

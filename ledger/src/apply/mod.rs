@@ -1,4 +1,4 @@
-//! One file per command: each checks in SPEC.md §4's order, then writes its effect.
+//! One file per command: each checks in docs/spec.md §4's order, then writes its effect.
 
 mod authorize;
 mod cancel;

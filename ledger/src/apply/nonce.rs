@@ -2,13 +2,13 @@
 //! kernel node presents it, and remembered until it expires.
 
 use crate::command::ClientCommand;
-use crate::compaction_queue::CompactionItem;
 use crate::decision::{Decision, Outcome};
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::{AfterImages, EventKind, EventRecord};
 use crate::family::{Family, Keep, NewEvent, Step};
 use crate::ids::NonceId;
 use crate::limits::MAX_NONCE_TTL_MS;
+use crate::tables::compaction_queue::CompactionItem;
 
 impl Family {
     pub(crate) fn consume_nonce(

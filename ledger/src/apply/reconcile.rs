@@ -1,13 +1,13 @@
 //! `ReconcileHold`: make a captured hold's spend final; the unspent part returns to budget.
 
 use crate::command::ClientCommand;
-use crate::compaction_queue::CompactionItem;
 use crate::decision::{Decision, Outcome};
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::{EventKind, EventRecord};
 use crate::family::{Family, Keep, NewEvent, Step};
 use crate::hold::{HoldTransition, InvocationState, MonetaryState};
 use crate::ids::HoldId;
+use crate::tables::compaction_queue::CompactionItem;
 
 use super::hold_lookup::{hold_event, hold_expired, plan_exposure_change, touch_hold, Found};
 

@@ -1,4 +1,4 @@
-//! Replays (SPEC.md §5.2): same `event_id`, same identity. Nothing is appended and no limit is
+//! Replays (docs/spec.md §5.2): same `event_id`, same identity. Nothing is appended and no limit is
 //! re-checked; the answer comes from the stored outcome and, for authorize and capture, from
 //! where the hold is now.
 

@@ -1,12 +1,12 @@
-//! `ResolveEvent` [distributed] (SPEC.md §5.4): turns "unknown" into the committed answer or a
+//! `ResolveEvent` [distributed] (docs/spec.md §5.4): turns "unknown" into the committed answer or a
 //! tombstone that makes "not applied" final.
 
 use crate::command::ClientCommand;
-use crate::compaction_queue::CompactionItem;
 use crate::decision::{Decision, Outcome, Resolution};
-use crate::dedupe_table::DedupeRow;
 use crate::error::LedgerError;
 use crate::family::{Family, Step};
+use crate::tables::compaction_queue::CompactionItem;
+use crate::tables::dedupe_table::DedupeRow;
 
 impl Family {
     pub(crate) fn resolve(

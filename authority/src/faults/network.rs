@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::types::NodeId;
+use crate::raft::types::NodeId;
 
 #[derive(Debug, Default)]
 pub struct NetworkFaults {

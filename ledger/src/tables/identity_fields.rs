@@ -1,5 +1,5 @@
 //! Per-field hashes of a command's identity: what a dedupe row keeps, while its command is
-//! retained, to name every field a conflicting command changes (SPEC.md §5.2).
+//! retained, to name every field a conflicting command changes (docs/spec.md §5.2).
 //!
 //! Keeping a clone of the whole command instead would cost every applied command an
 //! allocation and a reference-count update per id, on the apply path, only to serve the rare
@@ -25,7 +25,7 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::short_copy::load_short;
+use crate::tables::short_copy::load_short;
 
 /// An identity field. The order of the variants is the order a conflict names them in, which
 /// is the order `Identity::fields` lists them for every operation.

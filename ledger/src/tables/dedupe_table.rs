@@ -1,7 +1,7 @@
-//! The dedupe table (SPEC.md §5): for each `event_id` a family has seen, its stored answer or
+//! The dedupe table (docs/spec.md §5): for each `event_id` a family has seen, its stored answer or
 //! its tombstone.
 //!
-//! Every applied command adds a row that is kept for ever (SPEC.md §5.5), and rows of applied
+//! Every applied command adds a row that is kept for ever (docs/spec.md §5.5), and rows of applied
 //! commands are never removed, so they sit in an append-only chunked store and the hash table
 //! keeps each one's position. Boxing each row instead cost every command an allocation (a
 //! trip into the allocator's bins, since these blocks are never freed to refill its caches)
@@ -16,11 +16,11 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::chunked_deque::ChunkedDeque;
 use crate::dedupe::{AppliedRow, RowIdentity};
-use crate::id_map::{deserialize_unique_rows, UniqueRows};
-use crate::id_table::{IdTable, RowHash};
 use crate::ids::EventId;
+use crate::tables::chunked_deque::ChunkedDeque;
+use crate::tables::id_map::{deserialize_unique_rows, UniqueRows};
+use crate::tables::id_table::{IdTable, RowHash};
 
 #[derive(Clone, Default)]
 pub(crate) struct DedupeTable {

@@ -6,7 +6,7 @@ use tally_ledger::{ClusterParams, Command, Decision, LedgerError, LogPosition};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EntryInput {
     pub log_id: LogPosition,
-    /// The leader's clock when it proposed the entry; clamped into cluster time (SPEC.md §6).
+    /// The leader's clock when it proposed the entry; clamped into cluster time (docs/spec.md §6).
     pub stamped_ms: u64,
     pub payload: EntryPayload,
 }

@@ -1,4 +1,4 @@
-//! The reads of SPEC.md §7 through the router. A live family answers by message (so the read
+//! The reads of docs/spec.md §7 through the router. A live family answers by message (so the read
 //! sees the state after the last applied index); a passivated one is decoded in place and
 //! stays passivated, so reads never change which families are live.
 
@@ -31,7 +31,7 @@ impl FamilyRouter {
             .flatten())
     }
 
-    /// Across every family when `family_id` is `None`, merged in SPEC.md order
+    /// Across every family when `family_id` is `None`, merged in docs/spec.md order
     /// (`updated_at_ms desc, capability_id, grant_index`, then family id), after `after`.
     pub async fn list_usages(
         &self,

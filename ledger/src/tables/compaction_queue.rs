@@ -1,5 +1,5 @@
 //! The compaction queue: work that becomes due once cluster time passes a command's
-//! `not_after_ms + retention_ms` (SPEC.md §5.5), in due order.
+//! `not_after_ms + retention_ms` (docs/spec.md §5.5), in due order.
 //!
 //! Keys are two integers, the due time and a sequence number the family hands out, so ties
 //! (many items fall due in the same millisecond) keep their insertion order and every key
@@ -12,11 +12,11 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::chunked_deque::ChunkedDeque;
 use crate::commit_index::BudgetCommitIndex;
 use crate::dedupe::Retained;
 use crate::ids::{EventId, HoldId, NonceId};
-use crate::spare_capacity::release_spare;
+use crate::tables::chunked_deque::ChunkedDeque;
+use crate::tables::spare_capacity::release_spare;
 
 /// One piece of compaction work.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,7 +10,7 @@
 //! fast; with counter-named requests on a family grown past 3M rows, where the tree's path
 //! stayed cached, ~6% slower (`ledger/apply`, README).
 //!
-//! This is the one place replicated state lives in a hash table (DESIGN.md asks for ordered
+//! This is the one place replicated state lives in a hash table (docs/architecture.md asks for ordered
 //! containers): what that rule protects, that no answer, byte or digest depends on an
 //! iteration order, holds here by construction.
 //!
@@ -43,7 +43,7 @@ use hashbrown::hash_table::{self, HashTable};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::id_map::{deserialize_unique_rows, UniqueRows};
+use crate::tables::id_map::{deserialize_unique_rows, UniqueRows};
 
 #[derive(Clone)]
 struct Row<K, V> {
@@ -414,7 +414,7 @@ mod tests {
     #[test]
     fn a_repeated_id_is_refused() {
         let refused = rmp_serde::from_slice::<IdTable<EventId, u32>>(
-            &crate::id_map::tests::map_with_a_repeated_id(),
+            &crate::tables::id_map::tests::map_with_a_repeated_id(),
         );
         assert!(refused.is_err_and(|e| e.to_string().contains("appears twice")));
     }

@@ -1,0 +1,25 @@
+//! The budget families behind the replicated state machine: committed log entries in, ledger
+//! decisions out. A [`FamilyRouter`] owns one ractor actor per budget family (the pure ledger
+//! inside each) and is the only sender to them, so every family sees its commands in log order.
+//! `raft/state_machine.rs` is openraft's side of the same thing: it hands each applied batch of
+//! entries to the router and builds and installs snapshots from the router's cut.
+
+mod actor_table;
+mod batch;
+mod config;
+mod entry;
+mod error;
+mod expiry_index;
+mod family_actor;
+mod messages;
+mod reads;
+mod router;
+mod router_state;
+mod snapshot;
+
+pub use config::RouterConfig;
+pub use entry::{EntryInput, EntryOutput, EntryPayload};
+pub use error::RouterError;
+pub use router::FamilyRouter;
+pub use router_state::RouterState;
+pub use snapshot::{RouterCut, RouterSnapshot, SNAPSHOT_FORMAT_VERSION};
