@@ -4,7 +4,7 @@
 //! the same log index, so one slow apply stalls that family on all of them at once. Prints,
 //! per window of calls, the apply throughput and the slowest apply, then the slowest overall.
 //!
-//! `cargo bench -p tally-ledger --bench growth` (about 15 s at the default 2,000,000 calls;
+//! `cargo bench -p tally-ledger --bench growth` (2,000,000 calls by default;
 //! `TALLY_BENCH_GROWTH_CALLS=N` for another size, 10,000 to 10,000,000;
 //! `TALLY_BENCH_GROWTH_IDS=counter` names requests by a counter instead of by UUIDs).
 
@@ -19,7 +19,7 @@ use common::{ctx_at, tool_call, RequestIds, T0};
 const DEFAULT_CALLS: u64 = 2_000_000;
 const MIN_CALLS: u64 = 10_000;
 /// About 12 GB of family at the top (a compacted call keeps ~1.2 KB on the heap, see the
-/// memory bench): room on this 24 GiB machine, beside the build.
+/// memory bench).
 const MAX_CALLS: u64 = 10_000_000;
 /// Lines of the per-window table.
 const WINDOWS: u64 = 8;

@@ -2,25 +2,16 @@
 //! Not part of it: `attempt_id`, `hold_timeout_ms`, `not_after_ms`, a nonce's expiry.
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::account::{AccountKey, GrantLimits};
 use crate::command::{ClientCommand, Operation};
 use crate::ids::AttemptId;
 use crate::tables::identity_fields::{Field, FieldHasher, FieldHashes};
-use crate::tables::short_copy::copy_short;
 
 /// A client command with everything outside its identity blanked and ancestors sorted.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Identity(ClientCommand);
-
-/// An identity as kept for replay checks: all of it while the event is retained, its digest
-/// after compaction (docs/spec.md §5.5). (The dedupe table itself stores the digest in its row from
-/// the start and queues per-field hashes for compaction; see `dedupe.rs`.)
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum StoredIdentity {
-    Full(Box<Identity>),
-    Digest(#[serde(with = "serde_bytes_array")] [u8; 32]),
-}
 
 impl Identity {
     pub fn of(command: &ClientCommand) -> Self {
@@ -344,7 +335,7 @@ impl HashWriter {
         if let Some(spilled) = &mut self.spilled {
             spilled.extend_from_slice(bytes);
         } else if let Some(room) = self.inline.get_mut(self.len..self.len + bytes.len()) {
-            copy_short(room, bytes);
+            room.copy_from_slice(bytes);
             self.len += bytes.len();
         } else {
             let mut spilled = Vec::with_capacity(2 * (self.len + bytes.len()));
@@ -437,49 +428,8 @@ impl HashWriter {
             Some(spilled) => spilled.as_slice(),
             None => &inline[..len],
         };
-        (sha256(encoding), fields.finish(encoding))
+        (Sha256::digest(encoding).into(), fields.finish(encoding))
     }
-}
-
-/// SHA-256 of `message`, fed to the compression function straight from the slice: an
-/// identity is one to three blocks, and the streaming hasher's block buffer (a copy of every
-/// partial block, a second one to pad) cost about as much as a block's compression. Checked
-/// against the streaming hasher at every length across three blocks.
-fn sha256(message: &[u8]) -> [u8; 32] {
-    use sha2::digest::generic_array::GenericArray;
-    // FIPS 180-4 §5.3.3 (the crate keeps its copy private).
-    const INITIAL_STATE: [u32; 8] = [
-        0x6a09_e667,
-        0xbb67_ae85,
-        0x3c6e_f372,
-        0xa54f_f53a,
-        0x510e_527f,
-        0x9b05_688c,
-        0x1f83_d9ab,
-        0x5be0_cd19,
-    ];
-    let mut state = INITIAL_STATE;
-    let whole = message.len() / 64 * 64;
-    for block in message[..whole].chunks_exact(64) {
-        sha2::compress256(&mut state, &[*GenericArray::from_slice(block)]);
-    }
-    // The tail, the 0x80 marker, zeros, and the length in bits: one block, or two when the
-    // tail leaves no room for the nine bytes.
-    let tail = &message[whole..];
-    let mut padded = [0u8; 128];
-    copy_short(&mut padded[..tail.len()], tail);
-    padded[tail.len()] = 0x80;
-    let padded_len = if tail.len() < 56 { 64 } else { 128 };
-    let bits = (message.len() as u64) * 8;
-    padded[padded_len - 8..padded_len].copy_from_slice(&bits.to_be_bytes());
-    for block in padded[..padded_len].chunks_exact(64) {
-        sha2::compress256(&mut state, &[*GenericArray::from_slice(block)]);
-    }
-    let mut digest = [0u8; 32];
-    for (out, word) in digest.chunks_exact_mut(4).zip(state) {
-        out.copy_from_slice(&word.to_be_bytes());
-    }
-    digest
 }
 
 fn limits_text(limits: &crate::account::GrantLimits) -> String {
@@ -487,31 +437,6 @@ fn limits_text(limits: &crate::account::GrantLimits) -> String {
         "max_invocations={:?} max_cost_per_invocation_units={:?} max_total_cost_units={:?}",
         limits.max_invocations, limits.max_cost_per_invocation_units, limits.max_total_cost_units
     )
-}
-
-impl StoredIdentity {
-    /// `Ok(())` when `candidate` is the same command, else the differing field names.
-    pub fn compare(&self, candidate: &Identity) -> Result<(), Vec<String>> {
-        match self {
-            Self::Full(stored) => {
-                let differing = stored.differing_fields(candidate);
-                if differing.is_empty() {
-                    Ok(())
-                } else {
-                    Err(differing)
-                }
-            }
-            Self::Digest(digest) if *digest == candidate.digest() => Ok(()),
-            Self::Digest(_) => Err(vec!["identity".to_owned()]),
-        }
-    }
-
-    pub fn compacted(&self) -> Self {
-        match self {
-            Self::Full(identity) => Self::Digest(identity.digest()),
-            Self::Digest(digest) => Self::Digest(*digest),
-        }
-    }
 }
 
 /// Fixed-size digests as msgpack binary, not as an array of 32 integers.
@@ -559,22 +484,6 @@ mod tests {
             account: AccountKey::new(capability, 1),
             limits: GrantLimits::invocations(max),
         }
-    }
-
-    #[test]
-    fn sha256_matches_the_streaming_hasher_at_every_length() {
-        use sha2::{Digest, Sha256};
-        let message: Vec<u8> = (0..200u32).map(|i| (i * 31 + 7) as u8).collect();
-        for len in 0..=message.len() {
-            let expected: [u8; 32] = Sha256::digest(&message[..len]).into();
-            assert_eq!(sha256(&message[..len]), expected, "{len} bytes");
-        }
-        // The standard's own example, "abc".
-        assert_eq!(
-            sha256(b"abc")[..4],
-            [0xba, 0x78, 0x16, 0xbf],
-            "FIPS 180-2 example"
-        );
     }
 
     #[test]
@@ -657,7 +566,7 @@ mod tests {
         ];
         let hashes: Vec<FieldHashes> = cases.iter().map(|c| identity_hashes(c).1).collect();
         let encoded = rmp_serde::to_vec(&hashes).expect("encodes");
-        let hex: String = sha256(&encoded)
+        let hex: String = Sha256::digest(&encoded)
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();

@@ -1,12 +1,12 @@
 //! The retained journal of one family: event records in commit order.
 //!
-//! Events are appended in strictly increasing commit index (the log order), so the journal is
-//! a deque kept sorted by construction: appending is a push at the back, a lookup is a binary
-//! search, and records live inline (no allocation per event) in fixed-size chunks (a family
-//! retaining millions of events never copies them to grow; see `chunked_deque.rs`). Compaction removes records in
-//! due order, which is close to but not exactly commit order, so a removed record leaves an
-//! empty slot until every older one is gone; the front is trimmed as soon as it is empty. A
-//! slot outlives its record by at most the longest retention of an older record
+//! Events are appended in strictly increasing commit index (the log order), so the journal is a
+//! deque kept sorted by construction: appending is a push at the back, a lookup is a binary search,
+//! and records live inline (no allocation per event) in fixed-size chunks (a family retaining
+//! millions of events never copies them to grow; see `chunked_deque.rs`). Compaction removes
+//! records in due order, which is close to but not exactly commit order, so a removed record leaves
+//! an empty slot until every older one is gone; the front is trimmed as soon as it is empty. A slot
+//! outlives its record by at most the longest retention of an older record
 //! (`MAX_COMMAND_LIFETIME_MS` plus retention), so memory stays bounded.
 //!
 //! Encoded as a map from commit index to record, empty slots left out, so the encoding (and

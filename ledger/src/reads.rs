@@ -147,10 +147,6 @@ impl Family {
             .collect()
     }
 
-    pub fn account_count(&self) -> usize {
-        self.accounts.len()
-    }
-
     pub fn live_hold_count(&self) -> usize {
         self.live_holds
     }

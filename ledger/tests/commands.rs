@@ -964,7 +964,7 @@ fn snapshot_round_trips_byte_identically_and_digest_tracks_state() {
     assert!(Family::from_snapshot_bytes(&bytes[..bytes.len() / 2]).is_err());
 }
 
-/// Memory (README "Sizing memory"): each command arrives with its own copies of the
+/// Memory (docs/sizing.md): each command arrives with its own copies of the
 /// capability id and currency. Once the account exists, a new hold, its after-images and its
 /// record keep the account row's strings instead, and a capture's or reconcile's answer keeps
 /// the hold's id, so those copies are freed with the command.

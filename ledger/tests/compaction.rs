@@ -182,9 +182,8 @@ fn a_compacted_family_with_one_reconciled_hold_is_small() {
 
 /// The family's encoding is fixed: snapshots written by one build are read by the next, and
 /// replicas compare digests. This state has applied rows compacted and retained, a tombstone,
-/// an archived hold, live ones and a denied one; its digest was taken before the dedupe
-/// table's applied rows moved out of their boxes (2026-12-01), which had to leave the bytes
-/// unchanged.
+/// an archived hold, live ones and a denied one. Its digest is pinned, so a change to how a
+/// table lays its rows out in memory must leave the bytes as they are.
 #[test]
 fn the_family_encoding_is_fixed() {
     fn hex(digest: [u8; 32]) -> String {

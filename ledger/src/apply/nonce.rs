@@ -1,4 +1,4 @@
-//! `ConsumeNonce` [distributed]: an execution nonce is spent once per family, on whichever
+//! `ConsumeNonce` \[distributed\]: an execution nonce is spent once per family, on whichever
 //! kernel node presents it, and remembered until it expires.
 
 use crate::command::ClientCommand;

@@ -1,5 +1,5 @@
-//! `ResolveEvent` [distributed] (docs/spec.md §5.4): turns "unknown" into the committed answer or a
-//! tombstone that makes "not applied" final.
+//! `ResolveEvent` \[distributed\] (docs/spec.md §5.4): turns "unknown" into the committed answer or
+//! a tombstone that makes "not applied" final.
 
 use crate::command::ClientCommand;
 use crate::decision::{Decision, Outcome, Resolution};

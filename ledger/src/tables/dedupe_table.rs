@@ -3,14 +3,14 @@
 //!
 //! Every applied command adds a row that is kept for ever (docs/spec.md §5.5), and rows of applied
 //! commands are never removed, so they sit in an append-only chunked store and the hash table
-//! keeps each one's position. Boxing each row instead cost every command an allocation (a
-//! trip into the allocator's bins, since these blocks are never freed to refill its caches)
-//! and 16 bytes of allocator header per row for ever. Tombstones are removed when they are
-//! compacted, so they stay boxed.
+//! keeps each one's position. Boxing each row instead would cost every command an allocation
+//! (a trip into the allocator's bins, since these blocks are never freed to refill its
+//! caches) and 16 bytes of allocator header per row for ever. Tombstones are removed when
+//! they are compacted, so they stay boxed.
 //!
-//! Encoded exactly as the id-keyed map of boxed rows it replaced, rows in id order, so
-//! snapshots and digests are unchanged. Decoding appends the applied rows in that id order,
-//! so every replica lays the store out alike (nothing reads the layout but this table).
+//! Encoded as an id-keyed map of rows, in id order, whatever the store's layout. Decoding
+//! appends the applied rows in that id order, so every replica lays the store out alike
+//! (nothing reads the layout but this table).
 
 use std::fmt;
 

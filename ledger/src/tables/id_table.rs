@@ -4,36 +4,27 @@
 //! `event_id` up and inserts a row, and every hold command finds its hold. In an ordered
 //! tree (`IdMap`) each of those walks a path of a dozen nodes and inserts in the middle of a
 //! node, moving half of it; kernels name requests by random UUIDs, so the path is cold. Here a
-//! lookup is one hash of the id and, mostly, one probe. Measured on `Family::apply` (20,000
-//! calls on a fresh family, old and new binaries back to back): UUID-named requests 1.2–1.3×
-//! faster with these tables (and the compaction queue's lanes), counter-named ones about as
-//! fast; with counter-named requests on a family grown past 3M rows, where the tree's path
-//! stayed cached, ~6% slower (`ledger/apply`, README).
+//! lookup is one hash of the id and, mostly, one probe.
 //!
-//! This is the one place replicated state lives in a hash table (docs/architecture.md asks for ordered
-//! containers): what that rule protects, that no answer, byte or digest depends on an
-//! iteration order, holds here by construction.
-//!
-//! Nothing that applies, encodes or digests depends on the table's iteration order: commands
-//! only look rows up by id, and the encoding sorts the rows by id first, so the bytes are
-//! those of an id-keyed ordered map (and of the `IdMap` these tables were before). The hash
-//! is seeded at random per table, so a client cannot choose ids that collide, and no replica's
-//! answers can depend on the seed.
+//! This is the one place replicated state lives in a hash table (docs/architecture.md asks for
+//! ordered containers): what that rule protects, that no answer, byte or digest depends on an
+//! iteration order, holds here by construction. Commands only look rows up by id, and the
+//! encoding sorts the rows by id first, so the bytes are those of an id-keyed ordered map. The
+//! hash is seeded at random per table, so a client cannot choose ids that collide, and no
+//! replica's answers can depend on the seed.
 //!
 //! Each row keeps its id's hash. A table that doubles moves its rows by their stored hashes,
 //! never reading an id's bytes (each a likely cache miss). The encoding sorts the rows, off
 //! the apply path (snapshots encode on a blocking thread, see the router's cut).
 //!
-//! Past `SPLIT_AT_ROWS` rows a table splits into `SHARDS` tables, each holding the rows whose
-//! hash has its number in bits 32..40, and each growing on its own. One table of millions of
-//! rows doubled in one go: the command that crossed the line waited for every row to move,
-//! and so did every replica at the same log index (a family of 5.5M rows paused 0.14-0.57 s
-//! on this VM, and the pause doubles with the size; `ledger/benches/growth.rs`). Split, the
-//! largest move is a shard's, 1/256 of the rows: the slowest apply over 6M commands fell to
-//! 2-8 ms. The cost is one more load per lookup (the shard's header): at millions of rows
-//! that bench applies 5-8% fewer commands per second between pauses, ~1.5% more CPU in all.
-//! The shards' bits are apart from the low bits a shard uses for its buckets and the top
-//! seven it keeps as tags, so a shard filters its probes as well as one table did.
+//! Past `SPLIT_AT_ROWS` rows a table splits into `SHARDS` tables by bits 32..40 of the row
+//! hash, each doubling on its own, so no single apply waits for millions of rows to move
+//! (every replica applies that command at the same log index, so such a wait stalls them all).
+//! The largest move is then one shard's, for one more load per lookup (the shard's header).
+//! The shards' bits are apart from the low bits a shard uses for its buckets and the top seven
+//! it keeps as tags, so a shard filters its probes as well as one table does.
+//! `ledger/benches/growth.rs` measures the slowest apply while a family grows; figures are in
+//! docs/benchmarks.md.
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
@@ -58,10 +49,10 @@ struct Row<K, V> {
 pub struct RowHash(u64);
 
 /// Rows at which a table splits into `SHARDS` (a family's dedupe table crosses it after about
-/// 22,000 tool calls). Below it one table's doubling moves at most this many rows. The split
-/// moves them once more, into shards spread over more memory: about 5 ms here, the longest
-/// pause left. Splitting at 16,384 rows cut that to 2 ms, but a family splitting after 5,500
-/// calls made `ledger fresh family` (20,000 calls) 1-4% slower.
+/// 22,000 tool calls). Below it one table's doubling moves at most this many rows, and the
+/// split moves them once more, into shards spread over more memory: the longest move left. A
+/// lower threshold shortens that move but splits families early in their life, where the
+/// extra load per lookup slows every apply of a fresh family.
 const SPLIT_AT_ROWS: usize = 1 << 16;
 
 /// Tables a split table keeps (a power of two): the largest single move is then about
@@ -124,8 +115,8 @@ impl<K, V> Layout<K, V> {
             unreachable!("only a single table splits");
         };
         // Room for a shard's share: `hashbrown` rounds it up to 512 buckets (448 rows), as
-        // many buckets in all as the single table had. Twice that left a table of 100,000
-        // holds with twice the buckets it needs (+21 bytes a command in the memory bench).
+        // many buckets in all as the single table had. Twice that would leave a table of
+        // 100,000 holds with twice the buckets it needs.
         let mut shards: Box<[HashTable<Row<K, V>>; SHARDS]> = (0..SHARDS)
             .map(|_| HashTable::with_capacity(SPLIT_AT_ROWS / SHARDS))
             .collect::<Box<[_]>>()

@@ -7,25 +7,21 @@
 //! `identity::digest_of`): as the encoder starts a field, the one before it is complete and its
 //! slice of the canonical encoding is hashed on its own. A field of a few bytes (an amount,
 //! the limits, a currency, a short id) is kept as its bytes instead and hashed only when a
-//! conflict or a snapshot asks: most fields are that short, and each hash has a fixed cost
-//! (about 150 instructions a command together with the pass over recorded spans this
-//! replaced). Everything outside this file sees only the hashes.
+//! conflict or a snapshot asks: most fields are that short, and each hash has a fixed cost.
+//! Everything outside this file sees only the hashes.
 //!
 //! A 64-bit hash can collide; then a differing field goes unnamed, and a conflict whose
 //! differences all collided is named `identity` (the SHA-256 digest still tells it apart).
 //!
-//! The hash function changed once (2026-11-30: a multiply per 8 bytes of each small write, in
-//! one dependent chain, became one independent multiply per 16 bytes of the whole field; the
-//! identity's share of `Family::apply` fell from about a quarter). Snapshots written before
-//! keep the old hashes for the commands they retain: a conflict with one of those names every
-//! field it has instead of the differing ones (the answer is the same `Conflict`) until it is
-//! compacted. All nodes of a cluster run one build, so replicas never mix the two.
+//! The hash is `field_hash`. Its values are part of snapshots and carry no version: a
+//! snapshot written by a build with another field hash keeps that build's hashes for the
+//! commands it retains, and a conflict with one of those names every field it has instead of
+//! the differing ones (the answer is the same `Conflict`) until it is compacted. All nodes of
+//! a cluster run one build, so replicas never mix two.
 
 use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-use crate::tables::short_copy::load_short;
 
 /// An identity field. The order of the variants is the order a conflict names them in, which
 /// is the order `Identity::fields` lists them for every operation.
@@ -91,7 +87,12 @@ fn pack(bytes: &[u8]) -> u64 {
         bytes.len() <= MAX_VERBATIM_BYTES,
         "a verbatim field is short"
     );
-    load_short(bytes) as u64 | ((bytes.len() as u64) << 56)
+    // Little-endian: the first byte lowest.
+    let word = bytes
+        .iter()
+        .rev()
+        .fold(0, |word, &byte| (word << 8) | u64::from(byte));
+    word | ((bytes.len() as u64) << 56)
 }
 
 /// What `pack` packed.
@@ -254,8 +255,12 @@ pub(crate) fn field_hash(bytes: &[u8]) -> u64 {
     }
     let tail = chunks.remainder();
     if !tail.is_empty() {
-        // Zero-padded to 16 bytes, little-endian like the whole chunks.
-        state = mix(state, load_short(tail));
+        // Zero-padded to 16 bytes, little-endian like the whole chunks: the first byte lowest.
+        let block = tail
+            .iter()
+            .rev()
+            .fold(0, |block, &byte| (block << 8) | u128::from(byte));
+        state = mix(state, block);
     }
     state ^= state >> 30;
     state = state.wrapping_mul(0xbf58_476d_1ce4_e5b9);

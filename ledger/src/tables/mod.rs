@@ -10,5 +10,4 @@ pub(crate) mod dedupe_table;
 pub mod id_map;
 pub mod id_table;
 pub(crate) mod identity_fields;
-pub(crate) mod short_copy;
 pub(crate) mod spare_capacity;
