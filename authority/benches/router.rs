@@ -1,6 +1,7 @@
 //! Router benchmarks: apply throughput (authorize + capture + reconcile) over 1, 100 and
 //! 100,000 families; snapshot and restore of a router holding 1,000,000 accounts; memory per
-//! passivated family. Each figure is also printed as a `SUMMARY` line for the README.
+//! passivated family. Each figure is also printed as a `SUMMARY` line for
+//! docs/benchmarks.md.
 //! Knobs: `TALLY_BENCH_WORKERS` (tokio workers, default 2), `TALLY_BENCH_APPLY_ONLY` (only the
 //! 1- and 100-family apply benches).
 

@@ -29,7 +29,7 @@ pub enum CliCommand {
         /// Seconds of workload and faults (ci: 90, soak: 1800).
         #[arg(long)]
         duration_s: Option<u64>,
-        /// Where data dirs, node logs and reports go (default target/chaos/<profile>-<seed>).
+        /// Where data dirs, node logs and reports go (default `target/chaos/<profile>-<seed>`).
         #[arg(long)]
         out: Option<PathBuf>,
         /// The node binary (default: chaos-node next to this binary).

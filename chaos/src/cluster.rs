@@ -27,9 +27,9 @@ use crate::proxy::Network;
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// One call of the final state read (the digest, a page of events, the usages, the holds).
-/// Their cost grows with the state: after a 20-minute soak (~150k commands retained in full,
-/// debug-built nodes) the digest alone took longer than `CONTROL_TIMEOUT`, so every read
-/// failed and no invariant could be checked.
+/// Their cost grows with the state: after a long soak (debug-built nodes, every command
+/// retained in full) the digest alone outlasts `CONTROL_TIMEOUT`, and a read that times out
+/// leaves no invariant checked.
 const STATE_READ_TIMEOUT: Duration = Duration::from_secs(120);
 /// Rows per final-state read page, and pages per list of a family.
 const PAGE: u32 = 5_000;

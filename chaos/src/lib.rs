@@ -1,6 +1,6 @@
-//! Tally's chaos harness (docs/architecture.md "Tests, in layers" item 5): real node processes behind
-//! fault-injecting proxies, a seeded workload and seeded nemeses, a recorded history, and a
-//! pure checker for docs/spec.md §11.
+//! Tally's chaos harness (docs/chaos.md): real node processes behind fault-injecting proxies,
+//! a seeded workload and seeded nemeses, a recorded history, and a pure checker for
+//! docs/spec.md §11.
 //!
 //! Run it with `cargo run -p tally-chaos --bin tally-chaos -- run --profile ci --seed 42`
 //! (about two minutes; `--profile soak --duration-s 3600` for longer). It writes

@@ -1,7 +1,9 @@
 //! The nemeses and their seeded schedule: SIGKILL of the leader at a failpoint during
-//! captures, SIGKILL of any node, SIGSTOP/SIGCONT pauses, partitions through the proxies
-//! (leader in the minority, one-way, a bridge), slow links, and a snapshot install to a
-//! restarted node. Every fault is healed before the next one starts, and every wait is bounded.
+//! captures, a crash at a failpoint while restarting, SIGKILL of the leader or any node,
+//! SIGSTOP/SIGCONT pauses, partitions through the proxies (leader in the minority, one-way, a
+//! bridge, clients cut off), slow links, a membership change, a snapshot install to a
+//! restarted node, and kills of kernel processes. Every fault is healed before the next one
+//! starts, and every wait is bounded.
 
 use std::time::{Duration, Instant};
 

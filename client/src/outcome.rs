@@ -18,14 +18,6 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// Whether the command certainly did not apply.
-    pub fn is_definite_no(&self) -> bool {
-        matches!(
-            self,
-            Self::Refused(_) | Self::Unavailable { .. } | Self::NotApplied { .. }
-        )
-    }
-
     pub fn decision(&self) -> Option<&Decision> {
         match self {
             Self::Decided(decision) => Some(decision),

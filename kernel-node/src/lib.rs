@@ -1,5 +1,6 @@
-//! The kernel node's building blocks (docs/architecture.md, `kernel-node/`): ed25519 capability tokens
-//! with delegation, payment adapters keyed by the request id, and signed receipts. The node
+//! The kernel node (docs/architecture.md, `kernel-node/`): the docs/spec.md §9 evaluation
+//! pipeline and its server, ed25519 capability tokens with delegation, payment adapters keyed
+//! by the request id, execution nonces, the reconciler, and signed receipts. The node
 //! keeps no state of its own that matters: budgets live in the cluster, payments on the rail,
 //! and receipts are signed facts about both that anyone with the kernel's public key can check.
 

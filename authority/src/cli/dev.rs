@@ -53,7 +53,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let mut nodes: Vec<NodeHandle> = Vec::new();
     for id in 1..=args.nodes {
         let config = node_config(&args, id);
-        let node = node::start(config, Arc::new(NetworkFaults::default())).await?;
+        let node = node::start(config, Arc::<NetworkFaults>::default()).await?;
         nodes.push(node);
     }
     if fresh {

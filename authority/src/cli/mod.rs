@@ -82,7 +82,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
             println!("tally-node configuration:\n{}", toml_text(&config));
-            let node = crate::node::start(config, Arc::new(NetworkFaults::default())).await?;
+            let node = crate::node::start(config, Arc::<NetworkFaults>::default()).await?;
             wait_for_signal().await;
             tracing::info!("shutting down");
             node.shutdown().await;

@@ -1,7 +1,5 @@
 //! The production stand-ins for the fault switchboards: same queries, nothing ever injected.
 
-use std::time::Duration;
-
 use tally_ledger::Command;
 
 use crate::raft::types::NodeId;
@@ -14,11 +12,6 @@ impl NetworkFaults {
     #[inline(always)]
     pub fn is_cut(&self, _from: NodeId, _to: NodeId) -> bool {
         false
-    }
-
-    #[inline(always)]
-    pub fn delay(&self) -> Option<Duration> {
-        None
     }
 }
 

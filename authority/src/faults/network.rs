@@ -1,10 +1,9 @@
-//! A fault-injecting switchboard for the Raft network, used by tests: it can cut links (both
-//! ways or one way), isolate a node, and delay messages. Production nodes hold one that never
-//! injects anything.
+//! A fault-injecting switchboard for the Raft network, used by tests: it can cut a link one
+//! way or isolate a node. Compiled with the `testing` feature only; production builds hold
+//! `inert::NetworkFaults`.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use crate::raft::types::NodeId;
 
@@ -19,7 +18,6 @@ struct FaultState {
     cut: BTreeSet<(NodeId, NodeId)>,
     /// Nodes cut off from everyone, both ways.
     isolated: BTreeSet<NodeId>,
-    delay_ms: u64,
 }
 
 impl NetworkFaults {
@@ -38,28 +36,13 @@ impl NetworkFaults {
         })
     }
 
-    pub fn delay(&self) -> Option<Duration> {
-        self.with(|s| (s.delay_ms > 0).then(|| Duration::from_millis(s.delay_ms)))
-    }
-
     /// Cuts `from → to` only: `to` still reaches `from`.
     pub fn cut_one_way(&self, from: NodeId, to: NodeId) {
         self.with(|s| s.cut.insert((from, to)));
     }
 
-    pub fn cut_both_ways(&self, a: NodeId, b: NodeId) {
-        self.with(|s| {
-            s.cut.insert((a, b));
-            s.cut.insert((b, a));
-        });
-    }
-
     pub fn isolate(&self, node: NodeId) {
         self.with(|s| s.isolated.insert(node));
-    }
-
-    pub fn set_delay_ms(&self, delay_ms: u64) {
-        self.with(|s| s.delay_ms = delay_ms);
     }
 
     pub fn heal(&self) {

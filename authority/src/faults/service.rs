@@ -1,7 +1,7 @@
 //! Client-facing fault injection for tests: lose a request before it is proposed, or lose the
-//! reply after the command committed, for chosen event ids. Production nodes hold one that
-//! never injects anything. Both failures reach the client as an error without a Tally detail,
-//! exactly as a reset connection would: indefinite.
+//! reply after the command committed, for chosen event ids. Compiled with the `testing` feature
+//! only; production builds hold `inert::ServiceFaults`. Both failures reach the client as an
+//! error without a Tally detail, exactly as a reset connection would: indefinite.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};

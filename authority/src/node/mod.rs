@@ -176,7 +176,7 @@ pub async fn start(
         config.advertise_addr = Some(local_addr.to_string());
     }
 
-    let service_faults = Arc::new(ServiceFaults::default());
+    let service_faults = Arc::<ServiceFaults>::default();
     let budget = BudgetServer::new(BudgetService::new(
         proposer.clone(),
         reads.clone(),

@@ -12,15 +12,13 @@ use tally_api::pb::raft_client::RaftClient;
 use tally_api::pb::RaftBytes;
 use tally_api::{decode_raft, encode_raft, MAX_MESSAGE_BYTES};
 use tally_ledger::limits::MAX_COMMANDS_PER_ENTRY;
-use tally_ledger::{ClusterParams, Command, Decision, LedgerError};
+use tally_ledger::{ClusterParams, Command};
 use tonic::transport::{Channel, Endpoint};
 
 use super::clock::NodeClock;
 use super::metrics::NodeMetrics;
 use super::write_error::WriteError;
 use crate::raft::types::{NodeId, Proposal, ProposalReply, Raft};
-
-pub type CommandResults = Vec<Result<Decision, LedgerError>>;
 
 /// Forwarded writes carry domain commands as versioned rmp-serde, like Raft messages.
 pub type ForwardReply = Result<ProposalReply, WriteError>;

@@ -25,10 +25,3 @@ pub enum WriteError {
     #[error("internal: {reason}")]
     Internal { reason: String },
 }
-
-impl WriteError {
-    /// Whether the caller knows the command did not apply.
-    pub fn is_definite(&self) -> bool {
-        matches!(self, Self::Unavailable { .. } | Self::Invalid { .. })
-    }
-}

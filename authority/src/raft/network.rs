@@ -80,9 +80,6 @@ struct LinkCut {
 impl Connection {
     /// Applies injected faults, then returns a connected client (connecting lazily).
     async fn client(&mut self) -> Result<RaftClient<Channel>, RPCError<TypeConfig>> {
-        if let Some(delay) = self.faults.delay() {
-            tokio::time::sleep(delay).await;
-        }
         if self.faults.is_cut(self.self_id, self.target) {
             return Err(unreachable(&LinkCut {
                 from: self.self_id,

@@ -14,8 +14,8 @@ use sha2::{Digest, Sha256};
 use super::types::{Snapshot, SnapshotMeta};
 
 const MAGIC: &[u8; 8] = b"TALLYSNP";
-/// 2 (2026-11-30): the family encoding changed (compaction queue keys, retained commands
-/// keep field hashes), so version-1 files do not decode.
+/// The snapshot file's format version, raised whenever the family encoding changes: a file
+/// of another version would not decode, so it is refused by its version, not misread.
 const FORMAT_VERSION: u32 = 2;
 const SUFFIX: &str = ".tsnap";
 /// Snapshots kept on disk: the newest and one fallback.
@@ -50,9 +50,9 @@ impl From<SnapshotFileError> for io::Error {
 pub struct SnapshotDir {
     dir: PathBuf,
     /// Held while a file is written and old ones pruned. The node's own snapshot builder and
-    /// an install from the leader may save at the same time (a chaos run caught it): each
-    /// pruned what the other had just removed, and the install failed with "No such file",
-    /// which openraft treats as fatal.
+    /// an install from the leader may save at the same time; unserialised, each could prune
+    /// what the other had just removed, and the install would fail with "No such file", which
+    /// openraft treats as fatal.
     writing: Arc<Mutex<()>>,
 }
 

@@ -23,7 +23,7 @@ pub struct ParamsArgs {
 }
 
 const SIZING: &str = "Without options, prints the parameters in force. Memory per command \
-(README, \"Sizing memory\"): about 1.1 KB while its full event is retained, about 0.4 KB for \
+(docs/sizing.md): about 1.1 KB while its full event is retained, about 0.4 KB for \
 ever after. Example: tally params --retention-ms 3600000";
 
 impl ParamsArgs {

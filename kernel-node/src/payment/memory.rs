@@ -79,10 +79,6 @@ impl InMemoryRail {
         self.lock().counts.values().map(|c| c.authorizations).sum()
     }
 
-    pub fn total_captures(&self) -> u32 {
-        self.lock().counts.values().map(|c| c.captures).sum()
-    }
-
     pub fn available_units(&self) -> Option<u64> {
         self.lock().available_units
     }

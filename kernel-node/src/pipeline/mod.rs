@@ -1,8 +1,10 @@
-//! The evaluation pipeline of docs/spec.md §9, pure of transport: a tool call comes in, a verdict
-//! and a signed receipt go out. Budgets live in the cluster (through a [`BudgetLedger`]),
-//! money on the rail (a [`PaymentAdapter`]), so a kernel node keeps nothing that matters:
-//! any node can evaluate any request, and two nodes evaluating the same one race only in the
-//! cluster, where exactly one attempt owns the capture.
+//! The evaluation pipeline of docs/spec.md §9, pure of transport: a tool call comes in, a
+//! verdict and a signed receipt go out. Budgets live in the cluster (through a
+//! [`BudgetLedger`]), money on the rail (a [`PaymentAdapter`]), so a kernel node keeps nothing
+//! that matters: any node can evaluate any request, and two nodes evaluating the same one race
+//! only in the cluster, where exactly one attempt owns the capture.
+//!
+//! [`PaymentAdapter`]: crate::payment::PaymentAdapter
 
 mod authorize;
 mod capture;

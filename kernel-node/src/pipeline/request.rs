@@ -41,9 +41,3 @@ pub enum KernelError {
     #[error("receipt could not be signed: {0}")]
     Receipt(#[from] ReceiptError),
 }
-
-impl Response {
-    pub fn is_allowed(&self) -> bool {
-        self.verdict == Verdict::Allow
-    }
-}

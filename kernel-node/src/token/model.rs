@@ -95,10 +95,6 @@ impl Grant {
             .map(|m| m.currency.as_str())
     }
 
-    pub fn is_monetary(&self) -> bool {
-        self.currency().is_some()
-    }
-
     /// The ledger's view of this grant: the limits its account is pinned to.
     pub fn limits(&self) -> GrantLimits {
         GrantLimits {
