@@ -3,9 +3,12 @@
 //! single-stream `fdatasync` rate of the same disk (the physical reference).
 //!
 //! Build both binaries, then run: `cargo build --release -p tally-authority -p tally-bench &&
-//! target/release/tally-bench`.
+//! target/release/tally-bench`. `tally-bench compare etcd` runs the same workload against a
+//! 3-member etcd too and prints the ratios (`compare`).
 
 mod cluster;
+mod compare;
+mod etcd;
 mod fsync;
 
 use std::path::PathBuf;
@@ -19,7 +22,8 @@ use tally_client::{ClientConfig, TallyClient};
 #[derive(Debug, Parser)]
 #[command(
     name = "tally-bench",
-    about = "Cluster load benchmark against the disk's fdatasync rate"
+    about = "Cluster load benchmark against the disk's fdatasync rate",
+    args_conflicts_with_subcommands = true
 )]
 struct Args {
     /// The tally-node binary (default: next to this one).
@@ -39,9 +43,12 @@ struct Args {
     #[arg(long)]
     json_out: Option<PathBuf>,
     /// A load to run, as `BATCH:CONCURRENCY` (batch 0 = unary calls); repeat for several, run
-    /// in order. Default: the README's three, `0:64`, `64:1024` and `256:1024`.
+    /// in order. Default: `0:64`, `64:1024` and `256:1024` (the loads docs/benchmarks.md
+    /// reports).
     #[arg(long = "scenario", value_parser = parse_scenario)]
     scenarios: Vec<(usize, usize)>,
+    #[command(subcommand)]
+    command: Option<compare::Command>,
 }
 
 /// Enough callers that the nodes, not the callers, are the limit: with 256 callers `Batch` 64
@@ -81,6 +88,9 @@ struct Scenario {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(command) = args.command {
+        return compare::run(command).await;
+    }
     let binary = match args.node_binary {
         Some(binary) => binary,
         None => std::env::current_exe()?.with_file_name("tally-node"),
