@@ -7,10 +7,13 @@
 //! it has just made durable here, and readers take a range from here when it starts inside
 //! the cached tail.
 //!
-//! The cache is always a contiguous suffix of the log: appends extend it (entries become
-//! visible here only after their fsync, as in the file), `truncate_after` and `purge` cut it
-//! before they change the file, and when it grows past its limits the oldest entries leave
-//! first. So an entry read from here is exactly the entry the file holds at that index.
+//! The cache is always a contiguous suffix of the log as openraft has issued it: `append` extends
+//! it before its entries are written (openraft requires them to be readable when `append`
+//! returns, and only reports them durable through the callback, see `writer.rs`),
+//! `truncate_after` and `purge` cut it before they change the file, and when it grows past its
+//! limits the oldest *durable* entries leave first. Entries not yet written never leave, so a
+//! reader finds every entry openraft has issued either here or in the file, and an entry read
+//! from either place is the entry at that index.
 
 use std::collections::VecDeque;
 
@@ -38,6 +41,11 @@ pub(crate) struct EntryCache<E> {
     /// Each entry with its encoded size.
     entries: VecDeque<(E, usize)>,
     bytes: usize,
+    /// One past the last entry known to be in the file; entries from here on are only here.
+    durable_end: u64,
+    /// Raised whenever cached entries are dropped from the tail, so the completion of a write
+    /// issued before that cannot mark the entries that replaced them as durable.
+    generation: u64,
 }
 
 impl<E: Clone> EntryCache<E> {
@@ -47,6 +55,21 @@ impl<E: Clone> EntryCache<E> {
             first_index: 0,
             entries: VecDeque::new(),
             bytes: 0,
+            durable_end: 0,
+            generation: 0,
+        }
+    }
+
+    /// The current generation, to hand back to [`EntryCache::mark_durable`].
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The entries before `end` are in the file, as of `generation`: they may now be evicted.
+    pub fn mark_durable(&mut self, end: u64, generation: u64) {
+        if generation == self.generation {
+            self.durable_end = self.durable_end.max(end.min(self.end_index()));
+            self.evict();
         }
     }
 
@@ -55,9 +78,9 @@ impl<E: Clone> EntryCache<E> {
         self.first_index + self.entries.len() as u64
     }
 
-    /// Adds entries just made durable, starting at `first_index`. A batch that does not
-    /// continue the cached tail replaces it (the store appends contiguously, so this happens
-    /// only after the cache was emptied).
+    /// Adds entries issued to the file but not yet written, starting at `first_index`. A batch
+    /// that does not continue the cached tail replaces it (the store appends contiguously, so
+    /// this happens only after the cache was emptied).
     pub fn extend(&mut self, first_index: u64, batch: Vec<(E, usize)>) {
         if batch.is_empty() {
             return;
@@ -65,12 +88,20 @@ impl<E: Clone> EntryCache<E> {
         if self.entries.is_empty() || first_index != self.end_index() {
             self.clear();
             self.first_index = first_index;
+            self.durable_end = first_index;
         }
         for (entry, size) in batch {
             self.bytes += size;
             self.entries.push_back((entry, size));
         }
-        while self.entries.len() > self.limits.max_entries || self.bytes > self.limits.max_bytes {
+        self.evict();
+    }
+
+    /// Drops the oldest durable entries while the cache is over its limits.
+    fn evict(&mut self) {
+        while (self.entries.len() > self.limits.max_entries || self.bytes > self.limits.max_bytes)
+            && self.first_index < self.durable_end
+        {
             let Some((_, size)) = self.entries.pop_front() else {
                 break;
             };
@@ -79,11 +110,22 @@ impl<E: Clone> EntryCache<E> {
         }
     }
 
+    /// The last cached entry, if any.
+    pub fn last(&self) -> Option<E> {
+        self.entries.back().map(|(entry, _)| entry.clone())
+    }
+
+    /// Index of the first cached entry, if any.
+    pub fn first_cached(&self) -> Option<u64> {
+        (!self.entries.is_empty()).then_some(self.first_index)
+    }
+
     /// Forgets entries at `from` and after.
     pub fn truncate_from(&mut self, from: u64) {
         if self.entries.is_empty() || from >= self.end_index() {
             return;
         }
+        self.generation += 1;
         if from <= self.first_index {
             self.clear();
             return;
@@ -92,6 +134,7 @@ impl<E: Clone> EntryCache<E> {
         for (_, size) in self.entries.drain(keep..) {
             self.bytes -= size;
         }
+        self.durable_end = self.durable_end.min(from);
     }
 
     /// Forgets entries up to and including `upto`.
@@ -106,6 +149,7 @@ impl<E: Clone> EntryCache<E> {
     fn clear(&mut self) {
         self.entries.clear();
         self.bytes = 0;
+        self.generation += 1;
     }
 
     /// The entries of `start..end` (`end` exclusive, `None` = to the end), if `start` lies in
@@ -166,15 +210,56 @@ mod tests {
         assert_eq!(c.range(11, None), None);
     }
 
+    /// Extends and marks the batch written, as the writer thread does after its commit.
+    fn extend_durable(c: &mut EntryCache<u64>, indices: std::ops::Range<u64>) {
+        let end = indices.end;
+        c.extend(indices.start, batch(indices));
+        let generation = c.generation();
+        c.mark_durable(end, generation);
+    }
+
     #[test]
     fn limits_evict_the_oldest() {
         let mut c = cache(4, 1_000);
-        c.extend(1, batch(1..7));
+        extend_durable(&mut c, 1..7);
         assert_eq!(c.indices(), 3..7);
         let mut c = cache(100, 25);
-        c.extend(1, batch(1..4));
+        extend_durable(&mut c, 1..4);
         assert_eq!(c.indices(), 2..4, "30 bytes > 25: the oldest goes");
         assert_eq!(c.bytes, 20);
+    }
+
+    #[test]
+    fn entries_not_yet_written_are_never_evicted() {
+        let mut c = cache(4, 1_000);
+        c.extend(1, batch(1..7));
+        let generation = c.generation();
+        assert_eq!(
+            c.indices(),
+            1..7,
+            "over the limit, but nothing is in the file yet"
+        );
+        c.mark_durable(3, generation);
+        assert_eq!(c.indices(), 3..7, "only what is written may go");
+        c.mark_durable(7, generation);
+        assert_eq!(c.indices(), 3..7);
+    }
+
+    #[test]
+    fn a_write_issued_before_a_truncate_marks_nothing_after_it() {
+        let mut c = cache(2, 1_000);
+        c.extend(1, batch(1..6));
+        let before = c.generation();
+        c.truncate_from(3);
+        c.extend(3, batch(3..6));
+        c.mark_durable(6, before);
+        assert_eq!(
+            c.indices(),
+            1..6,
+            "the old batch's completion says nothing of the entries that replaced it"
+        );
+        c.mark_durable(6, c.generation());
+        assert_eq!(c.indices(), 4..6);
     }
 
     #[test]

@@ -11,16 +11,17 @@
 //!
 //! # Crash contract
 //!
-//! Every write is one redb write transaction committed with [`redb::Durability::Immediate`]
+//! Every write is one redb write transaction, run by one writer thread in the order openraft
+//! issued the calls and committed with [`redb::Durability::Immediate`]
 //! (but the committed-id hint, below): the commit returns only after redb's fsync, and redb's
 //! commit is atomic, so a crash at any point leaves the file at the last completed commit,
 //! never part of one.
 //!
 //! | call | durable when |
 //! |------|--------------|
-//! | [`RaftLogStorage::append`] | when the `IOFlushed` callback is called with `Ok` (one transaction, one fsync, for all entries of the call; the callback runs after the commit and before `append` returns) |
+//! | [`RaftLogStorage::append`] | when the `IOFlushed` callback is called with `Ok`: `append` returns as soon as the entries are readable, the log's writer thread commits them (with any appends queued behind them: one transaction, one fsync) and then calls the callback |
 //! | [`RaftLogStorage::save_vote`] | when it returns `Ok` |
-//! | [`RaftLogStorage::save_committed`] | with the next durable write (no fsync of its own: it is only a restart hint, and every entry it names is already durable; losing it makes a restarted node replay less and learn the rest from the leader) |
+//! | [`RaftLogStorage::save_committed`] | with the next durable write (queued, not waited for, no fsync of its own: it is only a restart hint, and every entry it names is already durable; losing it makes a restarted node replay less and learn the rest from the leader) |
 //! | [`RaftLogStorage::truncate_after`] | when it returns `Ok` |
 //! | [`RaftLogStorage::purge`] | when it returns `Ok` (entries removed and the purged id recorded in the same transaction) |
 //!
@@ -54,6 +55,7 @@ mod reader;
 mod schema;
 mod store;
 mod txn;
+mod writer;
 
 pub use entry_cache::CacheLimits;
 pub use error::StoreError;

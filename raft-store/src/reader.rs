@@ -90,6 +90,15 @@ impl Shared {
         }
     }
 
+    /// The indices the stored log holds, `first..end`, or `None` when it is empty.
+    pub(crate) fn stored_range(&self) -> Result<Option<(u64, u64)>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let log = txn.open_table(LOG)?;
+        let first = log.first()?.map(|(k, _)| k.value());
+        let last = log.last()?.map(|(k, _)| k.value());
+        Ok(first.zip(last).map(|(first, last)| (first, last + 1)))
+    }
+
     /// The last purged id and the last log id, from one snapshot of the file.
     pub(crate) fn read_log_state<C: RaftTypeConfig>(&self) -> Result<LogState<C>, StoreError> {
         let txn = self.db.begin_read()?;
@@ -217,19 +226,39 @@ where
         let Some((start, end)) = half_open(range) else {
             return Ok(Vec::new());
         };
-        let cached = self
-            .cache
-            .lock()
-            .expect("entry cache lock")
-            .range(start, end);
-        self.metrics.record_read(cached.is_some());
-        match cached {
-            Some(entries) => Ok(entries),
-            None => Ok(match end {
-                Some(end) => self.shared.read_entries::<C>(start..end)?,
-                None => self.shared.read_entries::<C>(start..)?,
-            }),
+        // Entries not yet written are only in the cache, and the cache never evicts them
+        // (`entry_cache.rs`), so the file answers up to where the cached tail begins and the
+        // cache the rest. If the tail moved on meanwhile, what it let go is in the file: read
+        // on from there.
+        let mut entries = Vec::new();
+        let mut next = start;
+        let mut from_cache = true;
+        loop {
+            let (cached, first_cached) = {
+                let cache = self.cache.lock().expect("entry cache lock");
+                (cache.range(next, end), cache.first_cached())
+            };
+            if let Some(tail) = cached {
+                entries.extend(tail);
+                break;
+            }
+            from_cache = false;
+            match first_cached {
+                Some(first) if next < first && end.is_none_or(|end| end > first) => {
+                    entries.extend(self.shared.read_entries::<C>(next..first)?);
+                    next = first;
+                }
+                _ => {
+                    entries.extend(match end {
+                        Some(end) => self.shared.read_entries::<C>(next..end)?,
+                        None => self.shared.read_entries::<C>(next..)?,
+                    });
+                    break;
+                }
+            }
         }
+        self.metrics.record_read(from_cache);
+        Ok(entries)
     }
 
     /// The vote as of the last `save_vote` that returned.

@@ -1,9 +1,10 @@
 //! [`RedbLogStore`]: openraft's `RaftLogStorage` on the redb file.
 //!
-//! The async methods are a thin shell: encode and check on the calling task, run the one
-//! blocking redb transaction (and its fsync) on a blocking thread via the type config's
-//! runtime, then report. openraft serialises calls (`&mut self`) and awaits each, so writes
-//! reach the file in the order openraft issued them, as its storage contract requires.
+//! The async methods are a thin shell: encode and check on the calling task, then hand the
+//! redb transaction (and its fsync) to the log's writer thread (`writer.rs`), which runs them
+//! in the order openraft issued them, as its storage contract requires. `append` returns once
+//! its entries are readable (in the entry cache) and reports durability through openraft's
+//! callback; the other writes return when their transaction has committed.
 
 use std::io;
 use std::marker::PhantomData;
@@ -13,7 +14,6 @@ use std::sync::{Arc, Mutex};
 use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::type_config::alias::{LogIdOf, VoteOf};
-use openraft::type_config::TypeConfigExt;
 use openraft::{OptionalSend, RaftTypeConfig};
 
 use crate::codec::encode;
@@ -24,6 +24,7 @@ use crate::open::open_database;
 use crate::reader::{RedbLogReader, Shared};
 use crate::schema::{KEY_COMMITTED, KEY_PURGED, KEY_VOTE};
 use crate::txn::{self, Encoded};
+use crate::writer::{FileOp, LogWriter, WriteOp};
 
 /// Default [`StoreConfig::max_entry_bytes`]: 64 MiB, far above any Tally command batch and far
 /// below redb's 3 GiB value limit.
@@ -57,10 +58,15 @@ impl Default for StoreConfig {
 /// Not `Clone`: exactly one writer, owned by openraft; readers come from
 /// [`RaftLogStorage::get_log_reader`] or [`RedbLogStore::reader`].
 pub struct RedbLogStore<C: RaftTypeConfig> {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     cache: Arc<Mutex<EntryCache<C::Entry>>>,
     metrics: Arc<StoreMetrics>,
     config: StoreConfig,
+    writer: LogWriter<C>,
+    /// The indices the log holds once every write issued so far is done, `first..end`
+    /// (`None`: empty). `append` checks a batch against it before caching or queueing
+    /// anything, so a batch that would leave a hole fails at once with nothing changed.
+    issued: Option<(u64, u64)>,
     _types: PhantomData<fn() -> C>,
 }
 
@@ -93,11 +99,17 @@ where
         let db = open_database(&path)?;
         let shared = Arc::new(Shared { db, path });
         shared.verify_log::<C>()?;
+        let cache = Arc::new(Mutex::new(EntryCache::new(config.cache)));
+        let metrics = Arc::new(StoreMetrics::default());
+        let issued = shared.stored_range()?;
+        let writer = LogWriter::start(shared.clone(), cache.clone(), metrics.clone())?;
         Ok(Self {
+            issued,
             shared,
-            cache: Arc::new(Mutex::new(EntryCache::new(config.cache))),
-            metrics: Arc::new(StoreMetrics::default()),
+            cache,
+            metrics,
             config,
+            writer,
             _types: PhantomData,
         })
     }
@@ -157,24 +169,12 @@ where
         Ok((out, bytes))
     }
 
-    /// Runs one write transaction on a blocking thread, so its fsync does not stall the async
-    /// runtime's workers.
-    async fn write<F>(&self, op: F) -> Result<(), StoreError>
+    /// Runs one durable write transaction in its turn on the writer thread and waits for it.
+    async fn write_durable<F>(&self, op: F) -> Result<(), StoreError>
     where
         F: FnOnce(&Shared) -> Result<(), StoreError> + Send + 'static,
     {
-        let shared = self.shared.clone();
-        match C::spawn_blocking(move || op(&shared)).await {
-            Ok(result) => result,
-            Err(e) => Err(StoreError::Thread(e.to_string())),
-        }
-    }
-
-    /// Writes one state record durably and counts the fsync.
-    async fn put_record(&self, key: &'static str, bytes: Vec<u8>) -> Result<(), StoreError> {
-        self.write(move |s| txn::put_record(s, key, &bytes)).await?;
-        self.metrics.record_other_commit();
-        Ok(())
+        self.writer.write(Box::new(op) as FileOp, true).await
     }
 }
 
@@ -195,7 +195,16 @@ where
 
     /// Last purged id and last log id, read from one snapshot of the file.
     async fn get_log_state(&mut self) -> Result<LogState<C>, io::Error> {
-        Ok(self.shared.read_log_state::<C>()?)
+        let mut state = self.shared.read_log_state::<C>()?;
+        // Entries issued but not yet written are the log's tail too.
+        let stored_end = state.last_log_id.as_ref().map_or(0, |id| id.index + 1);
+        if self.issued.is_some_and(|(_, end)| end > stored_end) {
+            let last = self.cache.lock().expect("entry cache lock").last();
+            if let Some(entry) = last {
+                state.last_log_id = Some(entry.log_id());
+            }
+        }
+        Ok(state)
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -205,19 +214,26 @@ where
     /// Durable when it returns `Ok`: one transaction, one fsync.
     async fn save_vote(&mut self, vote: &VoteOf<C>) -> Result<(), io::Error> {
         let bytes = encode(vote, || "vote".to_string())?;
-        Ok(self.put_record(KEY_VOTE, bytes).await?)
+        Ok(self
+            .write_durable(move |s| txn::put_record(s, KEY_VOTE, &bytes))
+            .await?)
     }
 
-    /// Durable when it returns `Ok` (one fsync per call). After a restart `read_committed`
-    /// returns the last value saved, so the state machine replays exactly the entries that
-    /// were known committed.
-    /// The committed id is a restart hint (how far to replay before the leader says more),
-    /// so it is written without an fsync of its own: the next append's fsync carries it. A
-    /// crash may lose the latest value; the node then applies a little less at start-up and
-    /// learns the rest from the leader. Every entry it names is already durable in the log.
+    /// The committed id is a restart hint (how far to replay before the leader says more), so
+    /// it is queued and not waited for, and written without an fsync of its own: the next
+    /// durable write carries it. A crash may lose the latest value; the node then applies a
+    /// little less at start-up and learns the rest from the leader. Every entry it names is
+    /// already durable in the log, because openraft commits only flushed entries and the hint
+    /// is written after every append queued before it.
     async fn save_committed(&mut self, committed: Option<LogIdOf<C>>) -> Result<(), io::Error> {
         let bytes = encode(&committed, || "committed log id".to_string())?;
-        self.write(move |s| txn::put_hint(s, KEY_COMMITTED, &bytes))
+        let op: FileOp = Box::new(move |s| txn::put_hint(s, KEY_COMMITTED, &bytes));
+        self.writer
+            .submit(WriteOp::Other {
+                op,
+                durable: false,
+                done: None,
+            })
             .await?;
         Ok(())
     }
@@ -246,20 +262,36 @@ where
             callback.io_completed(Ok(()));
             return Ok(());
         };
-        let sizes: Vec<usize> = batch.iter().map(|(_, bytes)| bytes.len()).collect();
-        let count = batch.len() as u64;
-        if let Err(e) = self.write(move |s| txn::append(s, &batch)).await {
-            return Err(report_failure(callback, e));
+        let end = batch.last().map_or(first_index, |(index, _)| index + 1);
+        match self.issued {
+            Some((_, expected)) if expected != first_index => {
+                return Err(report_failure(
+                    callback,
+                    StoreError::NotContiguous {
+                        expected,
+                        got: first_index,
+                    },
+                ));
+            }
+            Some((first, _)) => self.issued = Some((first, end)),
+            None => self.issued = Some((first_index, end)),
         }
-        // Durable now: readers may see the entries (from the file or from here).
-        self.cache
-            .lock()
-            .expect("entry cache lock")
-            .extend(first_index, entries.into_iter().zip(sizes).collect());
-        self.metrics.record_append(count, bytes);
-        #[cfg(feature = "failpoints")]
-        crate::failpoint::abort_if_armed(crate::failpoint::LOG_AFTER_APPEND);
-        callback.io_completed(Ok(()));
+        let sizes: Vec<usize> = batch.iter().map(|(_, bytes)| bytes.len()).collect();
+        // Readable from now on, as openraft requires when `append` returns; durable when the
+        // writer thread has committed them and called `callback`.
+        let generation = {
+            let mut cache = self.cache.lock().expect("entry cache lock");
+            cache.extend(first_index, entries.into_iter().zip(sizes).collect());
+            cache.generation()
+        };
+        self.writer
+            .submit(WriteOp::Append {
+                batch,
+                bytes,
+                generation,
+                callback,
+            })
+            .await?;
         Ok(())
     }
 
@@ -277,8 +309,13 @@ where
             .lock()
             .expect("entry cache lock")
             .truncate_from(from);
-        self.write(move |s| txn::truncate_from(s, from)).await?;
-        self.metrics.record_other_commit();
+        self.issued = match self.issued {
+            Some((first, _)) if from <= first => None,
+            Some((first, end)) => Some((first, end.min(from))),
+            None => None,
+        };
+        self.write_durable(move |s| txn::truncate_from(s, from))
+            .await?;
         Ok(())
     }
 
@@ -299,8 +336,13 @@ where
             .lock()
             .expect("entry cache lock")
             .purge_upto(upto);
-        self.write(move |s| txn::purge(s, upto, &bytes)).await?;
-        self.metrics.record_other_commit();
+        self.issued = match self.issued {
+            Some((_, end)) if upto.saturating_add(1) >= end => None,
+            Some((first, end)) => Some((first.max(upto + 1), end)),
+            None => None,
+        };
+        self.write_durable(move |s| txn::purge(s, upto, &bytes))
+            .await?;
         Ok(())
     }
 }

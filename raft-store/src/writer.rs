@@ -1,0 +1,320 @@
+//! The one thread that writes the log file.
+//!
+//! openraft calls `append` from its core task and asks it to return as soon as the entries are
+//! readable, reporting durability later through the `IOFlushed` callback. If `append` waited
+//! for its fsync, the core could do nothing else meanwhile: the leader would start replicating
+//! an entry only after its own fsync, so every command would wait for two fsyncs one after the
+//! other (the leader's, then a follower's) instead of side by side. So the store hands every
+//! write to this thread, in the order openraft issued them, and returns:
+//!
+//! - an append is reported through its callback once its transaction has committed;
+//! - appends that queued up while a transaction ran are written together in the next one (one
+//!   fsync for all, the group commit), each callback still called after that commit;
+//! - every other write (vote, truncate, purge, the committed-id hint) takes its turn in the
+//!   same queue, so it never overtakes an append issued before it; the store awaits those that
+//!   must be durable when the call returns.
+//!
+//! After a failed transaction the thread refuses every later write: a log that lost one batch
+//! must not go on with the next (it would have a hole), and openraft stops on the first error.
+
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+
+use openraft::storage::IOFlushed;
+use openraft::type_config::alias::OneshotSenderOf;
+use openraft::type_config::async_runtime::oneshot::OneshotSender;
+use openraft::type_config::TypeConfigExt;
+use openraft::RaftTypeConfig;
+
+use crate::entry_cache::EntryCache;
+use crate::error::StoreError;
+use crate::metrics::StoreMetrics;
+use crate::reader::Shared;
+use crate::txn::{self, Encoded};
+
+/// Writes waiting for the thread. When it is full, the store waits on a blocking thread for
+/// room, so a slow disk holds openraft back instead of queueing without bound.
+pub(crate) const MAX_QUEUED_WRITES: usize = 1_024;
+
+/// Most entries written in one transaction when appends have queued up.
+const MAX_ENTRIES_PER_COMMIT: usize = 4_096;
+
+/// A write other than an append: one transaction on the file.
+pub(crate) type FileOp = Box<dyn FnOnce(&Shared) -> Result<(), StoreError> + Send>;
+
+pub(crate) enum WriteOp<C: RaftTypeConfig> {
+    Append {
+        batch: Vec<Encoded>,
+        bytes: u64,
+        /// The entry cache's generation when the batch was cached (`EntryCache::mark_durable`).
+        generation: u64,
+        callback: IOFlushed<C>,
+    },
+    Other {
+        op: FileOp,
+        /// Whether the transaction fsyncs (counted in the metrics).
+        durable: bool,
+        /// Told the outcome; `None` when nobody waits (the committed-id hint).
+        done: Option<OneshotSenderOf<C, Result<(), StoreError>>>,
+    },
+}
+
+/// The store's end of the queue.
+pub(crate) struct LogWriter<C: RaftTypeConfig> {
+    /// `None` only while dropping.
+    queue: Option<SyncSender<WriteOp<C>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Dropping the store waits for the writes it queued, so the file is closed (and may be opened
+/// again) once the store is gone.
+impl<C: RaftTypeConfig> Drop for LogWriter<C> {
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                tracing::error!("the raft log writer thread panicked");
+            }
+        }
+    }
+}
+
+impl<C: RaftTypeConfig> LogWriter<C> {
+    /// Starts the writer thread for `shared`. It ends when the store (the queue's only
+    /// sender) is dropped, after writing what was queued.
+    pub(crate) fn start<E: Clone + Send + 'static>(
+        shared: Arc<Shared>,
+        cache: Arc<Mutex<EntryCache<E>>>,
+        metrics: Arc<StoreMetrics>,
+    ) -> Result<Self, StoreError> {
+        let (queue, receiver) = sync_channel(MAX_QUEUED_WRITES);
+        let thread = std::thread::Builder::new()
+            .name("raft-log-writer".to_owned())
+            .spawn(move || run(&shared, &cache, &metrics, &receiver))
+            .map_err(|e| StoreError::Thread(e.to_string()))?;
+        Ok(Self {
+            queue: Some(queue),
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues `op`; waits (on a blocking thread, never on the async worker) while the queue is
+    /// full.
+    pub(crate) async fn submit(&self, op: WriteOp<C>) -> Result<(), StoreError> {
+        let queue = self.queue.as_ref().ok_or_else(writer_gone)?;
+        match queue.try_send(op) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(op)) => {
+                let queue = queue.clone();
+                match C::spawn_blocking(move || queue.send(op).map_err(|_| ())).await {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(())) => Err(writer_gone()),
+                    Err(e) => Err(StoreError::Thread(e.to_string())),
+                }
+            }
+            Err(TrySendError::Disconnected(_)) => Err(writer_gone()),
+        }
+    }
+
+    /// Runs `op` in its turn and waits for its outcome.
+    pub(crate) async fn write(&self, op: FileOp, durable: bool) -> Result<(), StoreError> {
+        let (done, outcome) = C::oneshot();
+        self.submit(WriteOp::Other {
+            op,
+            durable,
+            done: Some(done),
+        })
+        .await?;
+        outcome.await.map_err(|_| writer_gone())?
+    }
+}
+
+/// One past the last index of a batch (the store never queues an empty one).
+fn end_of(batch: &[Encoded]) -> u64 {
+    batch.last().map_or(0, |(index, _)| index + 1)
+}
+
+fn writer_gone() -> StoreError {
+    StoreError::Thread("the log writer thread has stopped".to_owned())
+}
+
+fn run<C: RaftTypeConfig, E: Clone>(
+    shared: &Shared,
+    cache: &Mutex<EntryCache<E>>,
+    metrics: &StoreMetrics,
+    receiver: &Receiver<WriteOp<C>>,
+) {
+    let mut failed: Option<String> = None;
+    let mut next: Option<WriteOp<C>> = None;
+    loop {
+        let op = match next.take() {
+            Some(op) => op,
+            None => match receiver.recv() {
+                Ok(op) => op,
+                Err(_) => return, // the store is gone and the queue is empty
+            },
+        };
+        match op {
+            WriteOp::Append {
+                batch,
+                bytes,
+                generation,
+                callback,
+            } => {
+                let mut batch = batch;
+                let mut bytes = bytes;
+                let mut written = vec![(end_of(&batch), generation)];
+                let mut callbacks = vec![callback];
+                // Group commit: take the appends that queued up behind this one, as long as
+                // they continue it.
+                while batch.len() < MAX_ENTRIES_PER_COMMIT {
+                    match receiver.try_recv() {
+                        Ok(WriteOp::Append {
+                            batch: more,
+                            bytes: more_bytes,
+                            generation,
+                            callback,
+                        }) if more.first().map(|(index, _)| *index) == Some(end_of(&batch)) => {
+                            written.push((end_of(&more), generation));
+                            batch.extend(more);
+                            bytes += more_bytes;
+                            callbacks.push(callback);
+                        }
+                        Ok(other) => {
+                            next = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                let outcome = match &failed {
+                    Some(reason) => Err(StoreError::Thread(reason.clone())),
+                    None => txn::append(shared, &batch),
+                };
+                match outcome {
+                    Ok(()) => {
+                        let mut cache = cache.lock().expect("entry cache lock");
+                        for (end, generation) in written {
+                            cache.mark_durable(end, generation);
+                        }
+                        drop(cache);
+                        metrics.record_append(batch.len() as u64, bytes);
+                        #[cfg(feature = "failpoints")]
+                        crate::failpoint::abort_if_armed(crate::failpoint::LOG_AFTER_APPEND);
+                        for callback in callbacks {
+                            callback.io_completed(Ok(()));
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "raft log append failed");
+                        failed.get_or_insert_with(|| format!("an earlier log write failed: {e}"));
+                        for callback in callbacks {
+                            callback.io_completed(Err(std::io::Error::other(e.to_string())));
+                        }
+                    }
+                }
+            }
+            WriteOp::Other { op, durable, done } => {
+                let outcome = match &failed {
+                    Some(reason) => Err(StoreError::Thread(reason.clone())),
+                    None => op(shared),
+                };
+                match &outcome {
+                    Ok(()) if durable => metrics.record_other_commit(),
+                    Ok(()) => {}
+                    Err(e) => {
+                        tracing::error!(error = %e, "raft log write failed");
+                        failed.get_or_insert_with(|| format!("an earlier log write failed: {e}"));
+                    }
+                }
+                if let Some(done) = done {
+                    // The caller may have stopped waiting; the write stands either way.
+                    let _ = done.send(outcome);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use openraft::entry::RaftEntry;
+    use openraft::storage::{IOFlushed, RaftLogReader, RaftLogStorage};
+    use openraft::type_config::TypeConfigExt;
+
+    use crate::RedbLogStore;
+
+    openraft::declare_raft_types!(
+        TestConfig:
+            D = u64,
+            R = u64,
+    );
+    type C = TestConfig;
+    type Entry = <C as openraft::RaftTypeConfig>::Entry;
+
+    fn entry(index: u64) -> Entry {
+        let log_id = openraft::LogId {
+            leader_id: openraft::impls::leader_id_adv::LeaderId {
+                term: 1,
+                node_id: 0,
+            },
+            index,
+        };
+        Entry::new_normal(log_id, index)
+    }
+
+    /// The point of the writer thread: openraft's core gets `append` back while the write is
+    /// still waiting for the disk, with the entries already readable, and hears of
+    /// durability only once the transaction has committed. Appends that queue up meanwhile
+    /// share the next transaction.
+    #[tokio::test]
+    async fn append_returns_before_its_write_and_queued_appends_share_one_commit() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut store = RedbLogStore::<C>::open(dir.path().join("raft.redb")).expect("open");
+        // An open write transaction holds the writer thread at its next `begin_write`.
+        let blocker = store.shared.db.begin_write().expect("write transaction");
+        let mut flushed = Vec::new();
+        for index in 0..3 {
+            let (tx, rx) = C::oneshot();
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                store.append(vec![entry(index)], IOFlushed::signal(tx)),
+            )
+            .await
+            .expect("append must not wait for the disk")
+            .expect("append");
+            flushed.push(rx);
+        }
+        let mut reader = store.get_log_reader().await;
+        let read = reader.try_get_log_entries(0..3).await.expect("read");
+        assert_eq!(read.len(), 3, "entries are readable when append returns");
+        for rx in &mut flushed {
+            assert!(
+                futures_poll_once(rx).await.is_none(),
+                "no callback before the write has committed"
+            );
+        }
+        drop(blocker);
+        for rx in flushed {
+            rx.await.expect("callback").expect("durable");
+        }
+        let metrics = store.metrics();
+        assert_eq!(metrics.entries, 3);
+        assert!(
+            metrics.appends <= 2,
+            "the appends queued behind the blocked one share a commit: {metrics:?}"
+        );
+    }
+
+    /// Polls `fut` once: `Some` if it was ready.
+    async fn futures_poll_once<F: std::future::Future + Unpin>(fut: &mut F) -> Option<F::Output> {
+        use std::task::Poll;
+        std::future::poll_fn(|cx| match std::pin::Pin::new(&mut *fut).poll(cx) {
+            Poll::Ready(out) => Poll::Ready(Some(out)),
+            Poll::Pending => Poll::Ready(None),
+        })
+        .await
+    }
+}
