@@ -1,17 +1,22 @@
 //! The family router against a bare-ledger reference: ordering, commit indexes, snapshots,
-//! passivation, cluster time, parameters, expiry scheduling and fatal family failures.
+//! passivation, cluster time, parameters, expiry scheduling, fatal family failures, reads that
+//! leave apply alone and the hold index.
 
 mod router_support;
 
+use std::pin::pin;
+use std::time::Duration;
+
 use router_support::*;
 use tally_authority::families::{
-    EntryOutput, FamilyRouter, RouterConfig, RouterError, RouterSnapshot,
+    self, EntryInput, EntryOutput, FamilyRouter, RouterConfig, RouterError, RouterSnapshot,
 };
 use tally_ledger::limits::MAX_LOG_INDEX;
 use tally_ledger::{
-    AccountKey, BudgetCommitIndex, ClusterParams, Command, HoldFilter, HoldView, InvocationState,
-    LedgerError, Outcome,
+    AccountKey, BudgetCommitIndex, ClusterParams, Command, FamilyId, Hold, HoldFilter,
+    HoldPosition, HoldView, InvocationState, LedgerError, Outcome,
 };
+use tokio::sync::{oneshot, Mutex};
 
 fn router(max_live_actors: usize) -> FamilyRouter {
     let config = RouterConfig {
@@ -471,5 +476,328 @@ async fn a_repeated_log_index_is_fatal() -> anyhow::Result<()> {
         router.apply(vec![blank(6, T0)]).await,
         Err(RouterError::Halted(_))
     ));
+    Ok(())
+}
+
+/// What a test waits at most for something that must happen (never a performance bound).
+const WATCHDOG: Duration = Duration::from_secs(10);
+
+/// A read that decodes passivated families does so with the router lock released: an apply
+/// that comes after the read took its cut completes while the read still waits to decode,
+/// and the read then answers the state at its cut. The only blocking thread is kept busy, so
+/// the read cannot finish before the apply whatever the timing; a read holding the lock while
+/// it decodes would hold the apply up until the watchdog fires.
+#[test]
+fn a_read_decoding_passivated_families_does_not_hold_up_apply() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(1)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut router = router(1);
+        let count = 200;
+        let entries: Vec<_> = (0..count)
+            .map(|i| {
+                let now = T0 + i as u64;
+                entry(
+                    i as u64 + 1,
+                    now,
+                    vec![authorize(&family(i), "h", 10, now, None)],
+                )
+            })
+            .collect();
+        router.apply(entries).await?;
+        // More than a read decodes inline (64 KiB): the scan decodes on a blocking thread.
+        assert!(
+            router.passivated_bytes() > 64 * 1024,
+            "{}",
+            router.passivated_bytes()
+        );
+        let shared = Mutex::new(router);
+        let usages = |r: &FamilyRouter| r.list_usages(None, None, None, 10_000);
+        let at_cut = families::read(&shared, usages).await?;
+        assert_eq!(at_cut.len(), count);
+
+        let (busy_tx, busy_rx) = oneshot::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let blocker = tokio::task::spawn_blocking(move || {
+            let _ = busy_tx.send(());
+            let _ = release_rx.recv();
+        });
+        busy_rx.await?;
+        let mut reading = pin!(families::read(&shared, usages));
+        // One poll: the read takes the lock and its cut, then waits for a blocking thread.
+        tokio::select! {
+            biased;
+            _ = &mut reading => panic!("the read decoded without a blocking thread"),
+            () = std::future::ready(()) => {}
+        }
+        let now = T0 + 1_000;
+        let more = entry(
+            count as u64 + 1,
+            now,
+            vec![authorize(&family(0), "h2", 10, now, None)],
+        );
+        let mut applying = pin!(async { shared.lock().await.apply(vec![more]).await });
+        let first = tokio::select! {
+            applied = &mut applying => {
+                applied?;
+                "apply"
+            }
+            _ = &mut reading => "read",
+            () = tokio::time::sleep(WATCHDOG) => "neither (apply waits for the read's lock)",
+        };
+        release_tx.send(())?;
+        blocker.await?;
+        assert_eq!(first, "apply", "apply must not wait for a read in flight");
+        assert_eq!(
+            reading.await?,
+            at_cut,
+            "the read answers the state at its cut"
+        );
+        let after = families::read(&shared, usages).await?;
+        assert_ne!(after, at_cut, "the apply changed family 0's usage");
+        Ok(())
+    })
+}
+
+/// Holds in every state over 15 families (3 live actors, the rest passivated), in three
+/// phases: (1) open holds (authorized, partly released, captured with exposure), final ones
+/// (reconciled, captured without exposure, reversed by expiry) and denials; (2) 70 s later,
+/// with a retention of 3 s, every final hold archived, so only kind-0 families keep live
+/// holds; (3) more holds, some finished.
+fn hold_phase(phase: u8, first_index: u64, start_ms: u64) -> Vec<EntryInput> {
+    let families = 15;
+    let mut out = Vec::new();
+    let mut index = first_index;
+    let mut push = |now: u64, commands: Vec<Command>| {
+        out.push(entry(index, now, commands));
+        index += 1;
+    };
+    match phase {
+        1 => {
+            for i in 0..families {
+                let (f, now) = (family(i), start_ms + i as u64 * 100);
+                let id = |kind: &str| format!("{kind}-{i}");
+                let commands = match i % 5 {
+                    0 => vec![
+                        authorize(&f, &id("open"), 10, now, None),
+                        authorize(&f, &id("cap"), 20, now, None),
+                        capture(&f, &id("cap"), now),
+                        authorize(&f, &id("rel"), 30, now, None),
+                        release(&f, &id("rel"), 10, now),
+                    ],
+                    1 => vec![
+                        authorize(&f, &id("done"), 5, now, None),
+                        capture(&f, &id("done"), now),
+                        reconcile(&f, &id("done"), 5, 3, now),
+                    ],
+                    2 => vec![authorize(&f, &id("denied"), 1_000, now, None)],
+                    3 => vec![authorize(&f, &id("exp"), 10, now, Some(500))],
+                    _ => vec![
+                        authorize(&f, &id("zero"), 0, now, None),
+                        capture(&f, &id("zero"), now),
+                    ],
+                };
+                push(now, commands);
+            }
+            // Every expiring hold is due; no final hold is past its retention yet.
+            let now = start_ms + 2_000;
+            push(
+                now,
+                (0..families).map(|i| expire(&family(i), now)).collect(),
+            );
+        }
+        2 => {
+            // Cluster time moves at most 10 s per entry.
+            for step in 1..=7 {
+                let now = start_ms + step * 10_000;
+                push(
+                    now,
+                    (0..families).map(|i| expire(&family(i), now)).collect(),
+                );
+            }
+        }
+        _ => {
+            let now = start_ms;
+            push(
+                now,
+                vec![
+                    authorize(&family(2), "late-2", 10, now, None),
+                    authorize(&family(7), "late-7", 10, now, Some(1_000)),
+                    capture(&family(0), "open-0", now),
+                    reconcile(&family(0), "cap-0", 20, 20, now),
+                    authorize(&family(5), "late-5", 10, now, None),
+                ],
+            );
+        }
+    }
+    out
+}
+
+fn named(rows: &[(FamilyId, Hold)]) -> Vec<String> {
+    rows.iter()
+        .map(|(f, h)| format!("{f}/{}", h.hold_id))
+        .collect()
+}
+
+/// Every filter a reader uses, each read page by page at several page sizes, equals the
+/// brute-force list over every family of `reference`, and the hold index names exactly the
+/// families with live holds.
+async fn assert_hold_lists_match(
+    shared: &Mutex<FamilyRouter>,
+    reference: &Reference,
+    phase: &str,
+) -> anyhow::Result<()> {
+    let filters = [
+        HoldFilter::default(),
+        HoldFilter {
+            state: Some(InvocationState::Captured),
+            with_remaining_exposure: true,
+            ..HoldFilter::default()
+        },
+        HoldFilter {
+            state: Some(InvocationState::Reversed),
+            ..HoldFilter::default()
+        },
+        HoldFilter {
+            state: Some(InvocationState::Authorized),
+            created_before_ms: Some(T0 + 800),
+            ..HoldFilter::default()
+        },
+    ];
+    for filter in &filters {
+        let expected = reference.all_holds(filter);
+        for limit in [1, 4, 1_000] {
+            let mut pages: Vec<Vec<(FamilyId, Hold)>> = Vec::new();
+            let mut after = None;
+            loop {
+                let filter = HoldFilter {
+                    after: after.clone(),
+                    ..filter.clone()
+                };
+                let page = families::read(shared, |r| r.list_holds(None, &filter, limit)).await?;
+                let full = page.len() == limit;
+                after = page.last().map(|(f, h)| HoldPosition::of(f, h));
+                pages.push(page);
+                if !full {
+                    break;
+                }
+            }
+            let chunks: Vec<_> = expected.chunks(limit).map(<[_]>::to_vec).collect();
+            let pages: Vec<_> = pages.into_iter().filter(|p| !p.is_empty()).collect();
+            assert!(
+                pages == chunks,
+                "{phase}: {filter:?} in pages of {limit}:\n got {:?}\nwant {:?}",
+                pages.iter().map(|p| named(p)).collect::<Vec<_>>(),
+                chunks.iter().map(|p| named(p)).collect::<Vec<_>>(),
+            );
+        }
+    }
+    let router = shared.lock().await;
+    if router.families_uncounted() == 0 {
+        assert_eq!(
+            router.families_with_live_holds(),
+            reference.families_with_live_holds(),
+            "{phase}: the hold index"
+        );
+    }
+    Ok(())
+}
+
+/// `ListHolds` without a family reads only the families the hold index names, and answers
+/// exactly what a scan of every family answers: with every filter, page by page, with most
+/// families passivated, as holds open, end and are archived, and after a restore, both
+/// before the restored families are counted and after `rebuild_hold_index` counted them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_holds_reads_the_hold_index_and_answers_like_a_scan_of_every_family(
+) -> anyhow::Result<()> {
+    let mut reference = Reference::default();
+    let short = ClusterParams {
+        retention_ms: 3_000,
+        ..ClusterParams::default()
+    };
+    let mut entries = vec![set_params(1, T0, short)];
+    entries.extend(hold_phase(1, 2, T0));
+    reference.apply(&entries);
+    let next = entries.len() as u64 + 1;
+    let shared = Mutex::new(router(3));
+    shared.lock().await.apply(entries).await?;
+    {
+        let router = shared.lock().await;
+        assert!(
+            router.passivated_families() >= 10,
+            "most families are passivated"
+        );
+        assert_eq!(router.families_uncounted(), 0);
+    }
+    assert_eq!(
+        reference.families_with_live_holds().len(),
+        12,
+        "every family but the denied-only ones holds live holds"
+    );
+    for state in [
+        InvocationState::Authorized,
+        InvocationState::Captured,
+        InvocationState::Reversed,
+    ] {
+        let filter = HoldFilter {
+            state: Some(state),
+            ..HoldFilter::default()
+        };
+        assert!(
+            !reference.all_holds(&filter).is_empty(),
+            "no {state:?} hold"
+        );
+    }
+    assert_hold_lists_match(&shared, &reference, "open, final and expired").await?;
+
+    let archiving = hold_phase(2, next, T0);
+    let next = next + archiving.len() as u64;
+    reference.apply(&archiving);
+    shared.lock().await.apply(archiving).await?;
+    assert_eq!(
+        reference.families_with_live_holds(),
+        [0, 5, 10].map(family).to_vec(),
+        "final holds are archived: only open ones are left"
+    );
+    assert_hold_lists_match(&shared, &reference, "after archiving").await?;
+
+    let snapshot = shared.lock().await.snapshot().await?;
+    let restored = Mutex::new(FamilyRouter::restore(RouterConfig::default(), snapshot)?);
+    assert_eq!(restored.lock().await.families_uncounted(), 15);
+    assert!(restored.lock().await.families_with_live_holds().is_empty());
+    assert_hold_lists_match(&restored, &reference, "restored, uncounted").await?;
+    let late = hold_phase(3, next, T0 + 80_000);
+    reference.apply(&late);
+    restored.lock().await.apply(late.clone()).await?;
+    assert_eq!(
+        restored.lock().await.families_uncounted(),
+        11,
+        "an apply counts its families"
+    );
+    assert_hold_lists_match(&restored, &reference, "restored, partly counted").await?;
+    assert_eq!(families::rebuild_hold_index(&restored).await?, 11);
+    assert_eq!(restored.lock().await.families_uncounted(), 0);
+    assert_eq!(
+        families::rebuild_hold_index(&restored).await?,
+        0,
+        "nothing left"
+    );
+    assert_hold_lists_match(&restored, &reference, "restored and rebuilt").await?;
+
+    // The router that never restored got the same entries: the same index.
+    shared.lock().await.apply(late).await?;
+    assert_hold_lists_match(&shared, &reference, "late holds").await?;
+    assert_eq!(
+        shared.lock().await.families_with_live_holds(),
+        restored.lock().await.families_with_live_holds()
+    );
+    assert_eq!(
+        shared.lock().await.digest().await?,
+        restored.lock().await.digest().await?,
+        "the index is not replicated state"
+    );
     Ok(())
 }

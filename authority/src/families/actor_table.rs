@@ -21,7 +21,7 @@ pub(crate) struct LiveActor {
 /// Where a family is right now.
 pub(crate) enum Located<'a> {
     Live(&'a ActorRef<FamilyMsg>),
-    Passivated(&'a [u8]),
+    Passivated(&'a Arc<Vec<u8>>),
     Absent,
 }
 
@@ -50,7 +50,7 @@ impl ActorTable {
             return Located::Live(&live.actor);
         }
         match self.passivated.get(family_id) {
-            Some(bytes) => Located::Passivated(bytes.as_slice()),
+            Some(bytes) => Located::Passivated(bytes),
             None => Located::Absent,
         }
     }

@@ -22,12 +22,21 @@ pub enum RouterError {
     Halted(String),
     #[error("invalid router config: {0}")]
     Config(String),
+    /// A family actor stopped before answering a read queued to it: the router was replaced
+    /// (a snapshot install) or shut down, or the family failed. `families::read` starts the
+    /// read again once; this is never a partial answer.
+    #[error("a read of family {family_id} was interrupted: its actor stopped before answering")]
+    ReadInterrupted { family_id: FamilyId },
 }
 
 impl RouterError {
     /// Whether the node must stop: its state may no longer match its peers'.
-    /// `Snapshot` and `Config` are not: they refuse to build a router and change nothing.
+    /// `Snapshot` and `Config` are not: they refuse to build a router and change nothing;
+    /// nor is `ReadInterrupted`: a read changes nothing.
     pub fn is_fatal(&self) -> bool {
-        !matches!(self, Self::Config(_) | Self::Snapshot(_))
+        !matches!(
+            self,
+            Self::Config(_) | Self::Snapshot(_) | Self::ReadInterrupted { .. }
+        )
     }
 }

@@ -34,4 +34,8 @@ pub(crate) struct AppliedBatch {
     /// The family holds no state at all (every command was refused), so the router may
     /// forget it rather than keep an empty family in every snapshot.
     pub pristine: bool,
+    /// The family held live holds before the batch, and holds them after it (for the
+    /// router's `HoldIndex`).
+    pub had_live_holds: bool,
+    pub has_live_holds: bool,
 }

@@ -11,6 +11,7 @@ use super::config::RouterConfig;
 use super::entry::{EntryInput, EntryOutput};
 use super::error::RouterError;
 use super::expiry_index::ExpiryIndex;
+use super::hold_index::HoldIndex;
 use super::messages::FamilyMsg;
 use super::router_state::RouterState;
 
@@ -22,6 +23,9 @@ pub struct FamilyRouter {
     pub(super) expiry: ExpiryIndex,
     /// Node-local: which families are live and which are passivated.
     pub(super) actors: ActorTable,
+    /// Node-local, derived: which families hold live holds (what `ListHolds` without a
+    /// family reads).
+    pub(super) holds: HoldIndex,
     /// Set by the first fatal error; from then on the router refuses all work.
     pub(super) halted: Option<String>,
 }
@@ -43,11 +47,14 @@ impl FamilyRouter {
         actors: ActorTable,
     ) -> Result<Self, RouterError> {
         config.validate()?;
+        // Families restored passivated have not been counted; a new router has none.
+        let holds = HoldIndex::uncounted(actors.passivated().keys());
         Ok(Self {
             config,
             state,
             expiry,
             actors,
+            holds,
             halted: None,
         })
     }
@@ -104,6 +111,7 @@ impl FamilyRouter {
                 outputs[entry].fill(position, result);
             }
             self.expiry.set(&family_id, applied.maintenance_due_ms);
+            (self.holds).applied(&family_id, applied.had_live_holds, applied.has_live_holds);
             if applied.pristine {
                 pristine.push(family_id);
             }
@@ -180,6 +188,17 @@ impl FamilyRouter {
 
     pub fn is_live(&self, family_id: &FamilyId) -> bool {
         self.actors.is_live(family_id)
+    }
+
+    /// Families known to hold live holds (the hold index; see `hold_index.rs`).
+    pub fn families_with_live_holds(&self) -> Vec<FamilyId> {
+        self.holds.holding().iter().cloned().collect()
+    }
+
+    /// Families restored from a snapshot whose holds are not counted yet: a cross-family
+    /// `ListHolds` reads them too, until `rebuild_hold_index` counts them.
+    pub fn families_uncounted(&self) -> usize {
+        self.holds.uncounted_families().len()
     }
 
     /// The fatal error that halted the router, if any.

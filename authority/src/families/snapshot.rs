@@ -54,18 +54,13 @@ impl RouterSnapshot {
             .collect();
         compose_digest(&self.state, &self.maintenance_due, &families)
     }
-
-    /// Total bytes of encoded family state.
-    pub fn family_bytes(&self) -> usize {
-        self.families.values().map(|bytes| bytes.len()).sum()
-    }
 }
 
 /// A consistent cut at the last applied index, not yet encoded: the live families are shared
 /// with their actors (copy on write) and the passivated families' bytes with the actor table,
 /// so taking it holds up the apply path for a message round trip per live family and a
-/// reference count per passivated one, instead of encoding (or copying) every family's state
-/// (measured before: a cut of ~200k retained commands held writes up for up to 3 s). `encode`
+/// reference count per passivated one, instead of encoding (or copying) every family's state,
+/// which would hold writes up for as long as the whole state takes to encode. `encode`
 /// does the heavy part, off the apply path; it drops each family as soon as it is encoded, so
 /// an actor copies its family only if it applies a command before the encoder got to it.
 pub struct RouterCut {

@@ -366,13 +366,12 @@ impl Budget for BudgetService {
             .ok_or_else(|| failure_status(WireError::missing("account").into(), None))?
             .into();
         self.read_barrier(request.consistency).await?;
-        let usage = self
-            .router
-            .lock()
-            .await
-            .get_usage(&family_id, &key)
-            .await
-            .map_err(router_status)?;
+        // Every read here holds the router lock only to start (families/reads.rs): apply
+        // never waits for a read's decoding or actor round trips.
+        let usage =
+            crate::families::read(&self.router, |router| router.get_usage(&family_id, &key))
+                .await
+                .map_err(router_status)?;
         Ok(definite(pb::GetUsageReply::from_record(
             &family_id,
             usage.as_ref(),
@@ -389,18 +388,16 @@ impl Budget for BudgetService {
         let after = request.after.map(usage_position).transpose()?;
         let limit = limit(request.limit);
         self.read_barrier(request.consistency).await?;
-        let rows = self
-            .router
-            .lock()
-            .await
-            .list_usages(
+        let rows = crate::families::read(&self.router, |router| {
+            router.list_usages(
                 family_id.as_ref(),
                 capability.as_ref(),
                 after.as_ref(),
                 limit,
             )
-            .await
-            .map_err(router_status)?;
+        })
+        .await
+        .map_err(router_status)?;
         Ok(definite(pb::ListUsagesReply::from_rows(&rows, limit)))
     }
 
@@ -412,19 +409,17 @@ impl Budget for BudgetService {
         let family_id = family(&request.family_id)?;
         let capability = request.capability_id.map(CapabilityId::from);
         self.read_barrier(request.consistency).await?;
-        let events = self
-            .router
-            .lock()
-            .await
-            .list_events(
+        let events = crate::families::read(&self.router, |router| {
+            router.list_events(
                 &family_id,
                 capability.as_ref(),
                 request.grant_index,
                 request.after_commit_index.map(BudgetCommitIndex),
                 limit(request.limit),
             )
-            .await
-            .map_err(router_status)?;
+        })
+        .await
+        .map_err(router_status)?;
         Ok(definite(pb::ListEventsReply::from_records(&events)))
     }
 
@@ -436,13 +431,11 @@ impl Budget for BudgetService {
         let family_id = family(&request.family_id)?;
         let event_id = valid_id(EventId::from(request.event_id), EventId::validate)?;
         self.read_barrier(request.consistency).await?;
-        let lookup = self
-            .router
-            .lock()
-            .await
-            .get_event(&family_id, &event_id)
-            .await
-            .map_err(router_status)?;
+        let lookup = crate::families::read(&self.router, |router| {
+            router.get_event(&family_id, &event_id)
+        })
+        .await
+        .map_err(router_status)?;
         Ok(definite(pb::EventLookup::from(&lookup)))
     }
 
@@ -454,13 +447,10 @@ impl Budget for BudgetService {
         let family_id = family(&request.family_id)?;
         let hold_id = valid_id(HoldId::from(request.hold_id), HoldId::validate)?;
         self.read_barrier(request.consistency).await?;
-        let view = self
-            .router
-            .lock()
-            .await
-            .get_hold(&family_id, &hold_id)
-            .await
-            .map_err(router_status)?;
+        let view =
+            crate::families::read(&self.router, |router| router.get_hold(&family_id, &hold_id))
+                .await
+                .map_err(router_status)?;
         Ok(definite(pb::GetHoldReply::from_view(
             &family_id,
             view.as_ref(),
@@ -481,13 +471,11 @@ impl Budget for BudgetService {
         let family_id = request.family_id.as_deref().map(family).transpose()?;
         let limit = limit(request.limit);
         self.read_barrier(request.consistency).await?;
-        let holds = self
-            .router
-            .lock()
-            .await
-            .list_holds(family_id.as_ref(), &filter, limit)
-            .await
-            .map_err(router_status)?;
+        let holds = crate::families::read(&self.router, |router| {
+            router.list_holds(family_id.as_ref(), &filter, limit)
+        })
+        .await
+        .map_err(router_status)?;
         Ok(definite(pb::ListHoldsReply::from_holds(&holds, limit)))
     }
 }

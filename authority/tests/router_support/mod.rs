@@ -6,9 +6,11 @@ use std::collections::BTreeMap;
 
 use tally_authority::families::{EntryInput, EntryPayload};
 use tally_ledger::cluster_time::advance;
+use tally_ledger::limits::MAX_LIST_LIMIT;
+use tally_ledger::list_position::hold_order;
 use tally_ledger::{
     ApplyCtx, ClientCommand, ClusterParams, Command, CommandHeader, Decision, Family, FamilyId,
-    GrantLimits, LedgerError, LogPosition, Operation,
+    GrantLimits, Hold, HoldFilter, LedgerError, LogPosition, Operation,
 };
 
 pub const T0: u64 = 1_700_000_000_000;
@@ -77,6 +79,24 @@ pub fn reconcile(
     })
 }
 
+pub fn release(family_id: &FamilyId, hold: &str, units: u64, now_ms: u64) -> Command {
+    Command::Apply(ClientCommand {
+        header: header(family_id, &format!("{hold}:release"), now_ms),
+        op: Operation::ReleaseHold {
+            hold_id: hold.into(),
+            released_exposure_units: units,
+        },
+    })
+}
+
+/// The leader's maintenance command: expires due holds and runs due compactions.
+pub fn expire(family_id: &FamilyId, up_to_ms: u64) -> Command {
+    Command::ExpireHolds {
+        family_id: family_id.clone(),
+        up_to_ms,
+    }
+}
+
 pub fn entry(index: u64, stamped_ms: u64, commands: Vec<Command>) -> EntryInput {
     EntryInput {
         log_id: LogPosition { term: 1, index },
@@ -97,7 +117,7 @@ pub fn set_params(index: u64, stamped_ms: u64, params: ClusterParams) -> EntryIn
     EntryInput {
         log_id: LogPosition { term: 1, index },
         stamped_ms,
-        payload: EntryPayload::SetParams(params),
+        payload: EntryPayload::SetParams(params.into()),
     }
 }
 
@@ -117,7 +137,7 @@ impl Reference {
             let mut results = Vec::new();
             match &entry.payload {
                 EntryPayload::Blank => {}
-                EntryPayload::SetParams(params) => self.params = *params,
+                EntryPayload::SetParams(change) => self.params = change.apply_to(self.params),
                 EntryPayload::Commands(commands) => {
                     for (position, command) in commands.iter().enumerate() {
                         let ctx = ApplyCtx {
@@ -137,6 +157,34 @@ impl Reference {
             out.push(results);
         }
         out
+    }
+}
+
+impl Reference {
+    /// `ListHolds` across every family the brute-force way: every family's every matching
+    /// hold (ignoring `filter.after`), merged in list order.
+    pub fn all_holds(&self, filter: &HoldFilter) -> Vec<(FamilyId, Hold)> {
+        let filter = HoldFilter {
+            after: None,
+            ..filter.clone()
+        };
+        let mut all: Vec<(FamilyId, Hold)> = (self.families.iter())
+            .flat_map(|(id, family)| {
+                let holds = family.list_holds(&filter, MAX_LIST_LIMIT);
+                assert!(holds.len() < MAX_LIST_LIMIT, "the test family is too big");
+                holds.into_iter().map(move |hold| (id.clone(), hold))
+            })
+            .collect();
+        all.sort_by(|a, b| hold_order((&a.0, &a.1), (&b.0, &b.1)));
+        all
+    }
+
+    /// The families with at least one live (not archived) hold.
+    pub fn families_with_live_holds(&self) -> Vec<FamilyId> {
+        (self.families.iter())
+            .filter(|(_, family)| family.live_hold_count() > 0)
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 }
 
