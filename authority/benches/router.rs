@@ -192,7 +192,7 @@ fn bench_apply(c: &mut Criterion, rt: &Runtime, summary: &mut Vec<String>) {
         let mut work = Workload::new(families);
         let params = work
             .log
-            .entry(EntryPayload::SetParams(short_retention()), 1);
+            .entry(EntryPayload::SetParams(short_retention().into()), 1);
         rt.block_on(router.apply(vec![params])).expect("set params");
         // Touch every family once so the measurement is steady state, not first creation.
         let warm_batches = families.div_ceil(BATCH / 3);
@@ -247,7 +247,7 @@ fn million_accounts(rt: &Runtime, families: usize, accounts_per_family: usize) -
     };
     let mut router = FamilyRouter::new(config).expect("config");
     let mut log = Log::new();
-    let params = log.entry(EntryPayload::SetParams(short_retention()), 1);
+    let params = log.entry(EntryPayload::SetParams(short_retention().into()), 1);
     rt.block_on(router.apply(vec![params])).expect("set params");
     let ids: Vec<FamilyId> = (0..families)
         .map(|i| FamilyId::from(format!("fam-{i:06}")))
@@ -373,7 +373,7 @@ fn passivated_memory(rt: &Runtime, summary: &mut Vec<String>) {
     };
     let mut router = FamilyRouter::new(config).expect("config");
     let mut log = Log::new();
-    let params = log.entry(EntryPayload::SetParams(short_retention()), 1);
+    let params = log.entry(EntryPayload::SetParams(short_retention().into()), 1);
     rt.block_on(router.apply(vec![params])).expect("set params");
     let ids: Vec<FamilyId> = (0..families)
         .map(|i| FamilyId::from(format!("fam-{i:06}")))

@@ -965,3 +965,584 @@ async fn list_reads_page_through_every_family() {
     assert_eq!(cluster.family_state("pages-a").await, before);
     cluster.shutdown().await;
 }
+
+/// Every hold `ListHolds` answers for `family` (`None`: across families), page by page.
+async fn all_holds(
+    client: &mut tally_api::pb::budget_client::BudgetClient<tonic::transport::Channel>,
+    family: Option<&str>,
+) -> Vec<pb::Hold> {
+    let mut holds = Vec::new();
+    let mut after = None;
+    loop {
+        let page = client
+            .list_holds(pb::ListHoldsRequest {
+                family_id: family.map(str::to_owned),
+                limit: 2,
+                after,
+                ..Default::default()
+            })
+            .await
+            .expect("list holds")
+            .into_inner();
+        holds.extend(page.holds);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return holds,
+        }
+    }
+}
+
+/// A node restarted from a snapshot restores every family passivated and uncounted in its
+/// hold index, counts them in the background (`rebuild_hold_index`, off the router lock),
+/// and ends with exactly the families that hold live holds; `ListHolds` across families
+/// answers, page by page, what listing every family one by one answers, before and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_from_a_snapshot_rebuilds_its_hold_index() {
+    init_logs();
+    let mut cluster = TestCluster::start_with(1, |c| c.max_live_families = 2).await;
+    let leader = cluster.wait_leader().await;
+    let mut client = cluster.budget(leader).await;
+    for (family, hold, units) in [
+        ("idx-a", "h0", 5),
+        ("idx-a", "h1", 5),
+        ("idx-b", "h0", 5),
+        ("idx-c", "h0", 1_000), // over the per-call limit: denied, no hold
+        ("idx-d", "h0", 5),
+    ] {
+        client
+            .authorize_hold(authorize(family, hold, units))
+            .await
+            .expect("authorize");
+    }
+    client
+        .capture_invocation(capture("idx-b", "h0", "a"))
+        .await
+        .expect("capture");
+    let families = ["idx-a", "idx-b", "idx-c", "idx-d"];
+    let mut one_by_one = Vec::new();
+    for family in families {
+        one_by_one.extend(all_holds(&mut client, Some(family)).await);
+    }
+    one_by_one.sort_by(|a, b| {
+        (a.created_at_ms, &a.family_id, &a.hold_id).cmp(&(
+            b.created_at_ms,
+            &b.family_id,
+            &b.hold_id,
+        ))
+    });
+    assert_eq!(one_by_one.len(), 4);
+    assert_eq!(all_holds(&mut client, None).await, one_by_one);
+    let holding = ["idx-a", "idx-b", "idx-d"]
+        .map(tally_ledger::FamilyId::from)
+        .to_vec();
+    assert_eq!(
+        cluster.nodes[&leader]
+            .router
+            .lock()
+            .await
+            .families_with_live_holds(),
+        holding
+    );
+
+    let applied =
+        tally_authority::raft::types::current_metrics(&cluster.nodes[&leader].raft).last_applied;
+    cluster
+        .admin(leader)
+        .await
+        .trigger_snapshot(pb::TriggerSnapshotRequest {})
+        .await
+        .expect("trigger snapshot");
+    let start = std::time::Instant::now();
+    while tally_authority::raft::types::current_metrics(&cluster.nodes[&leader].raft).snapshot
+        < applied
+    {
+        assert!(start.elapsed() < LIVENESS, "no snapshot");
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    drop(client);
+    cluster.kill(leader).await;
+    // An in-process kill leaves the node's tasks letting go of its log for a moment.
+    let config = cluster.configs[&leader].clone();
+    let start = std::time::Instant::now();
+    let node = loop {
+        match tally_authority::node::start(config.clone(), cluster.faults.clone()).await {
+            Ok(node) => break node,
+            Err(error) if error.to_string().contains("already open") => {
+                assert!(
+                    start.elapsed() < LIVENESS,
+                    "the killed node's log stays open"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("the node does not restart: {error}"),
+        }
+    };
+    cluster.nodes.insert(leader, node);
+    let leader = cluster.wait_leader().await;
+    let router = cluster.nodes[&leader].router.clone();
+    {
+        let router = router.lock().await;
+        assert_eq!(router.family_count(), 4);
+        assert_eq!(
+            router.live_actors(),
+            0,
+            "restored from the snapshot, not replayed"
+        );
+    }
+    let start = std::time::Instant::now();
+    while router.lock().await.families_uncounted() > 0 {
+        assert!(start.elapsed() < LIVENESS, "the hold index was not rebuilt");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    {
+        let router = router.lock().await;
+        assert_eq!(router.families_with_live_holds(), holding);
+        assert_eq!(
+            router.live_actors(),
+            0,
+            "counting decodes nothing into actors"
+        );
+    }
+    let mut client = cluster.budget(leader).await;
+    assert_eq!(all_holds(&mut client, None).await, one_by_one);
+    cluster.shutdown().await;
+}
+
+/// The parameters in force on node `id`, as `Admin.Status` reports them.
+async fn params_on(cluster: &TestCluster, id: u64) -> pb::ClusterParams {
+    cluster
+        .admin(id)
+        .await
+        .status(pb::StatusRequest {})
+        .await
+        .expect("status")
+        .into_inner()
+        .params
+        .expect("status carries the parameters")
+}
+
+/// Issue 22: `SetParams` validates each named field's range and refuses an empty change,
+/// INVALID_ARGUMENT and definite, naming the field and the range; nothing is proposed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_params_refuses_out_of_range_and_empty_changes_and_proposes_nothing() {
+    init_logs();
+    let cluster = TestCluster::start(1).await;
+    let leader = cluster.wait_leader().await;
+    let mut admin = cluster.admin(leader).await;
+    let before = params_on(&cluster, leader).await;
+    let last = || {
+        tally_authority::raft::types::current_metrics(&cluster.nodes[&leader].raft).last_log_index
+    };
+    let appended = last();
+    let refusals = [
+        (
+            pb::SetParamsRequest {
+                retention_ms: Some(u64::MAX),
+                max_clock_step_ms: None,
+            },
+            "retention_ms must be within 1000..=31536000000 ms",
+        ),
+        (
+            pb::SetParamsRequest {
+                retention_ms: Some(999),
+                max_clock_step_ms: None,
+            },
+            "retention_ms must be within 1000..=31536000000 ms",
+        ),
+        (
+            pb::SetParamsRequest {
+                retention_ms: Some(3_600_000),
+                max_clock_step_ms: Some(u64::MAX),
+            },
+            "max_clock_step_ms must be within 1000..=600000 ms",
+        ),
+        (
+            pb::SetParamsRequest {
+                retention_ms: None,
+                max_clock_step_ms: Some(0),
+            },
+            "max_clock_step_ms must be within 1000..=600000 ms",
+        ),
+        (
+            pb::SetParamsRequest::default(),
+            "params name at least one parameter",
+        ),
+    ];
+    for (request, expected) in refusals {
+        let status = admin.set_params(request).await.expect_err("refused");
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "{request:?}: {status:?}"
+        );
+        assert_eq!(
+            definiteness(&status),
+            Some(tally_api::status::Definiteness::Definite),
+            "{request:?}: definite"
+        );
+        assert!(
+            status.message().contains(expected),
+            "{request:?}: {:?} must say {expected:?}",
+            status.message()
+        );
+    }
+    assert_eq!(last(), appended, "nothing was proposed");
+    assert_eq!(params_on(&cluster, leader).await, before);
+
+    // In range, at the bounds: accepted and committed.
+    let reply = admin
+        .set_params(pb::SetParamsRequest {
+            retention_ms: Some(1_000),
+            max_clock_step_ms: Some(600_000),
+        })
+        .await
+        .expect("in range")
+        .into_inner();
+    let expected = pb::ClusterParams {
+        retention_ms: 1_000,
+        max_clock_step_ms: 600_000,
+    };
+    assert_eq!(reply.params, Some(expected));
+    assert_eq!(params_on(&cluster, leader).await, expected);
+    cluster.shutdown().await;
+}
+
+/// Issue 22: two changes of different fields in flight at once both hold. Each entry carries
+/// only its named field and applies on top of the parameters in force at apply time; a
+/// whole struct read before proposing would let the second change revert the first. Holding
+/// the leader's router lock keeps both proposals unapplied until both are in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_param_changes_of_different_fields_both_hold() {
+    init_logs();
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.wait_leader().await;
+    let before = params_on(&cluster, leader).await;
+    assert_ne!(before.retention_ms, 3_600_000);
+    assert_ne!(before.max_clock_step_ms, 2_000);
+    let raft = cluster.nodes[&leader].raft.clone();
+    let appended = tally_authority::raft::types::current_metrics(&raft)
+        .last_log_index
+        .unwrap_or(0);
+
+    let router = cluster.nodes[&leader].router.lock().await;
+    let mut retention_admin = cluster.admin(leader).await;
+    let mut step_admin = cluster.admin(leader).await;
+    let retention = tokio::spawn(async move {
+        retention_admin
+            .set_params(pb::SetParamsRequest {
+                retention_ms: Some(3_600_000),
+                max_clock_step_ms: None,
+            })
+            .await
+    });
+    let step = tokio::spawn(async move {
+        step_admin
+            .set_params(pb::SetParamsRequest {
+                retention_ms: None,
+                max_clock_step_ms: Some(2_000),
+            })
+            .await
+    });
+    // Both in the log, neither applied (bounded: a node that reads the parameters before
+    // proposing is stuck on the lock, and the test must still end and fail).
+    let start = std::time::Instant::now();
+    while tally_authority::raft::types::current_metrics(&raft)
+        .last_log_index
+        .unwrap_or(0)
+        < appended + 2
+        && start.elapsed() < std::time::Duration::from_secs(2)
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    drop(router);
+    for call in [retention, step] {
+        call.await.expect("joins").expect("both changes commit");
+    }
+    let expected = pb::ClusterParams {
+        retention_ms: 3_600_000,
+        max_clock_step_ms: 2_000,
+    };
+    cluster.converged_digests().await;
+    for id in cluster.nodes.keys() {
+        assert_eq!(
+            params_on(&cluster, *id).await,
+            expected,
+            "node {id}: neither change reverted the other"
+        );
+    }
+    cluster.shutdown().await;
+}
+
+/// Issue 22: beyond `max_in_flight_requests`, a `Budget` request is refused at once with a
+/// definite UNAVAILABLE and nothing is proposed for it, while the admitted ones are answered
+/// and the node serves again right after. The leader's router lock holds the admitted
+/// requests in flight (proposed, not applied), so the flood meets a full node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_beyond_the_in_flight_limit_is_shed_at_once_and_definitely() {
+    const LIMIT: usize = 4;
+    const FLOOD: usize = 36;
+    init_logs();
+    let cluster = TestCluster::start_with(1, |c| c.max_in_flight_requests = LIMIT).await;
+    let leader = cluster.wait_leader().await;
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(cluster.budget(leader).await);
+    }
+    clients[0]
+        .authorize_hold(authorize("flood", "warm", 1))
+        .await
+        .expect("the family exists before the flood");
+
+    let router = cluster.nodes[&leader].router.lock().await;
+    let (answers_tx, mut answers) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..FLOOD {
+        let mut client = clients[i % clients.len()].clone();
+        let answers_tx = answers_tx.clone();
+        tokio::spawn(async move {
+            let hold = format!("h{i}");
+            let result = client.authorize_hold(authorize("flood", &hold, 1)).await;
+            let _ = answers_tx.send((hold, result));
+        });
+    }
+    drop(answers_tx);
+    // Every refusal arrives while the admitted requests are still stuck behind the lock: the
+    // flood was never queued behind them.
+    let mut shed = Vec::new();
+    while shed.len() < FLOOD - LIMIT {
+        let (hold, result) = tokio::time::timeout(LIVENESS, answers.recv())
+            .await
+            .expect("refusals arrive while the admitted requests are in flight")
+            .expect("an answer");
+        let status = result.expect_err("only refusals can arrive while apply is held");
+        assert_eq!(
+            status.code(),
+            tonic::Code::Unavailable,
+            "{hold}: {status:?}"
+        );
+        assert_eq!(
+            definiteness(&status),
+            Some(tally_api::status::Definiteness::Definite),
+            "{hold}: a shed request was certainly not applied"
+        );
+        assert_eq!(detail(&status).kind, pb::ErrorKind::Unavailable as i32);
+        shed.push(hold);
+    }
+    drop(router);
+    let mut admitted = Vec::new();
+    while let Some((hold, result)) = answers.recv().await {
+        let decision = result
+            .unwrap_or_else(|s| panic!("{hold}: admitted, so answered: {s:?}"))
+            .into_inner();
+        assert!(matches!(
+            outcome(&decision),
+            pb::outcome::Outcome::Authorized(_)
+        ));
+        admitted.push(hold);
+    }
+    assert_eq!(admitted.len(), LIMIT, "exactly the limit was admitted");
+    let node = &cluster.nodes[&leader];
+    assert_eq!(node.metrics.shed_requests(), (FLOOD - LIMIT) as u64);
+    let scrape = tally_authority::node::metrics::render(&tally_authority::node::metrics::Sources {
+        node_id: leader,
+        metrics: node.metrics.clone(),
+        raft: node.raft.clone(),
+        store: node.store_metrics.clone(),
+        router: node.router.clone(),
+    })
+    .await;
+    assert!(
+        scrape.contains(&format!("\ntally_requests_shed_total {}\n", FLOOD - LIMIT)),
+        "{scrape}"
+    );
+
+    // Nothing was proposed for a shed request; the node serves again at once.
+    let client = &mut clients[1];
+    for hold in &shed {
+        let lookup = get_event(client, "flood", &format!("{hold}:authorize")).await;
+        assert!(
+            matches!(lookup, pb::event_lookup::Lookup::Unknown(_)),
+            "{hold} was shed, so never applied: {lookup:?}"
+        );
+    }
+    for hold in &admitted {
+        let lookup = get_event(client, "flood", &format!("{hold}:authorize")).await;
+        assert!(
+            matches!(lookup, pb::event_lookup::Lookup::Applied(_)),
+            "{hold}: {lookup:?}"
+        );
+    }
+    client
+        .authorize_hold(authorize("flood", "after", 1))
+        .await
+        .expect("the node serves after the flood");
+    cluster.shutdown().await;
+}
+
+/// A gRPC codec for a call that never sends a message and expects none: enough to open a
+/// request stream and leave it hanging.
+#[derive(Default)]
+struct Silent;
+
+impl tonic::codec::Codec for Silent {
+    type Encode = ();
+    type Decode = ();
+    type Encoder = Silent;
+    type Decoder = Silent;
+
+    fn encoder(&mut self) -> Silent {
+        Silent
+    }
+
+    fn decoder(&mut self) -> Silent {
+        Silent
+    }
+}
+
+impl tonic::codec::Encoder for Silent {
+    type Item = ();
+    type Error = tonic::Status;
+
+    fn encode(&mut self, _: (), _: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for Silent {
+    type Item = ();
+    type Error = tonic::Status;
+
+    fn decode(&mut self, _: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<()>, tonic::Status> {
+        Err(tonic::Status::internal("a hanging call expects no message"))
+    }
+}
+
+/// Issue 22: a client that opens a request and never finishes sending it holds an in-flight
+/// slot only until `request_timeout_ms`: it is then answered UNKNOWN (indefinite: nothing is
+/// known of a request never read), the slot is free, and other clients are served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_request_holds_its_slot_only_until_the_request_timeout() {
+    init_logs();
+    let cluster = TestCluster::start_with(1, |c| {
+        c.max_in_flight_requests = 2;
+        c.propose_timeout_ms = 500;
+        c.request_timeout_ms = 2_000;
+    })
+    .await;
+    let leader = cluster.wait_leader().await;
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.address(leader)))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
+    let hang = |channel: tonic::transport::Channel| async move {
+        let mut grpc = tonic::client::Grpc::new(channel);
+        grpc.ready().await.expect("ready");
+        let request = tonic::Request::new(futures_util::stream::pending::<()>());
+        grpc.client_streaming(
+            request,
+            tonic::codegen::http::uri::PathAndQuery::from_static("/tally.v1.Budget/GetUsage"),
+            Silent,
+        )
+        .await
+    };
+    let hanging = [
+        tokio::spawn(hang(channel.clone())),
+        tokio::spawn(hang(channel.clone())),
+    ];
+    let mut client = cluster.budget(leader).await;
+    let metrics = cluster.nodes[&leader].metrics.clone();
+    // While both hang, every slot is taken: another request is refused at once, not queued.
+    let start = std::time::Instant::now();
+    while metrics.in_flight_requests() < 2 {
+        assert!(
+            start.elapsed() < LIVENESS,
+            "the hanging requests never arrived"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let status = client
+        .authorize_hold(authorize("hang", "h1", 1))
+        .await
+        .expect_err("every slot is held by a hanging request");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert_eq!(
+        definiteness(&status),
+        Some(tally_api::status::Definiteness::Definite)
+    );
+    for call in hanging {
+        let status = tokio::time::timeout(LIVENESS, call)
+            .await
+            .expect("a hanging request is answered at its timeout")
+            .expect("joins")
+            .expect_err("answered with an error");
+        assert_eq!(status.code(), tonic::Code::Unknown, "{status:?}");
+        assert_eq!(
+            definiteness(&status),
+            Some(tally_api::status::Definiteness::Indefinite)
+        );
+    }
+    assert_eq!(metrics.expired_requests(), 2);
+    client
+        .authorize_hold(authorize("hang", "h2", 1))
+        .await
+        .expect("served once the hanging requests timed out");
+    cluster.shutdown().await;
+}
+
+/// Issue 22: beyond `max_connections` a connection is closed as soon as it is accepted, and
+/// one is served again once another closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_cap_are_closed_at_once() {
+    init_logs();
+    let cluster = TestCluster::start_with(1, |c| c.max_connections = 2).await;
+    let leader = cluster.wait_leader().await;
+    let metrics = cluster.nodes[&leader].metrics.clone();
+    let address = cluster.address(leader);
+    let wait_open = |count: u64| {
+        let metrics = metrics.clone();
+        async move {
+            let start = std::time::Instant::now();
+            while metrics.open_connections() != count {
+                assert!(
+                    start.elapsed() < LIVENESS,
+                    "{} connections open, expected {count}",
+                    metrics.open_connections()
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+    };
+    wait_open(0).await;
+    let first = tokio::net::TcpStream::connect(&address).await.expect("tcp");
+    let _second = tokio::net::TcpStream::connect(&address).await.expect("tcp");
+    wait_open(2).await;
+
+    let refused = async {
+        let mut client =
+            tally_api::pb::budget_client::BudgetClient::connect(format!("http://{address}"))
+                .await
+                .map_err(|e| e.to_string())?;
+        client
+            .authorize_hold(authorize("cap", "h1", 1))
+            .await
+            .map_err(|e| e.to_string())
+    };
+    let result = tokio::time::timeout(LIVENESS, refused)
+        .await
+        .expect("closed at once, not left waiting");
+    assert!(
+        result.is_err(),
+        "a third connection is not served: {result:?}"
+    );
+    assert!(metrics.refused_connections() >= 1);
+
+    drop(first);
+    wait_open(1).await;
+    let mut client = cluster.budget(leader).await;
+    client
+        .authorize_hold(authorize("cap", "h2", 1))
+        .await
+        .expect("served once a connection closed");
+    cluster.shutdown().await;
+}

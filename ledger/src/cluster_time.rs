@@ -1,7 +1,24 @@
 //! Cluster time (docs/spec.md §6): the leader's stamp, clamped so it never goes back and one bad
-//! clock cannot leap it forward.
+//! clock cannot leap it forward. And the replicated parameters, with the ranges a change must
+//! stay within.
+
+use std::ops::RangeInclusive;
 
 use serde::{Deserialize, Serialize};
+
+use crate::error::LedgerError;
+
+const SECOND_MS: u64 = 1_000;
+const DAY_MS: u64 = 86_400_000;
+
+/// `retention_ms` may be set to 1 s ..= 365 days. Below a second a replay of a command still in
+/// flight could miss its full event; beyond a year memory grows with no use (docs/spec.md §5.5).
+pub const RETENTION_MS: RangeInclusive<u64> = SECOND_MS..=365 * DAY_MS;
+
+/// `max_clock_step_ms` may be set to 1 s ..= 10 min. Below a second a busy leader's honest
+/// stamps would be clamped and cluster time would fall behind; beyond ten minutes one bad clock
+/// could expire every hold at once (docs/spec.md §6).
+pub const MAX_CLOCK_STEP_MS: RangeInclusive<u64> = SECOND_MS..=600 * SECOND_MS;
 
 /// Replicated parameters: changed only through the log, so every replica compacts alike.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,6 +38,80 @@ impl Default for ClusterParams {
     }
 }
 
+impl ClusterParams {
+    /// Whether every field is within its range ([`RETENTION_MS`], [`MAX_CLOCK_STEP_MS`]).
+    pub fn validate(&self) -> Result<(), LedgerError> {
+        ParamsChange::from(*self).validate()
+    }
+}
+
+/// A change of the named parameters; `None` keeps the value in force. The log carries the
+/// change, not the resulting struct, and it is applied on top of the parameters in force when
+/// its entry applies: two changes of different fields proposed at once both hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ParamsChange {
+    pub retention_ms: Option<u64>,
+    pub max_clock_step_ms: Option<u64>,
+}
+
+impl ParamsChange {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Refuses an empty change and any named value outside its range, naming the field and
+    /// the range. Checked before proposing; an entry applies what it carries, so a log
+    /// written before these ranges existed replays unchanged.
+    pub fn validate(&self) -> Result<(), LedgerError> {
+        if self.is_empty() {
+            return Err(LedgerError::invalid(
+                "params",
+                "name at least one parameter to change (retention_ms, max_clock_step_ms)",
+            ));
+        }
+        check("retention_ms", self.retention_ms, &RETENTION_MS)?;
+        check(
+            "max_clock_step_ms",
+            self.max_clock_step_ms,
+            &MAX_CLOCK_STEP_MS,
+        )
+    }
+
+    /// The parameters after this change: unnamed fields keep their value in `current`.
+    pub fn apply_to(&self, current: ClusterParams) -> ClusterParams {
+        ClusterParams {
+            retention_ms: self.retention_ms.unwrap_or(current.retention_ms),
+            max_clock_step_ms: self.max_clock_step_ms.unwrap_or(current.max_clock_step_ms),
+        }
+    }
+}
+
+/// A whole parameter struct is the change that names every field (what the log carried
+/// before changes were named field by field).
+impl From<ClusterParams> for ParamsChange {
+    fn from(params: ClusterParams) -> Self {
+        Self {
+            retention_ms: Some(params.retention_ms),
+            max_clock_step_ms: Some(params.max_clock_step_ms),
+        }
+    }
+}
+
+fn check(field: &str, value: Option<u64>, range: &RangeInclusive<u64>) -> Result<(), LedgerError> {
+    match value {
+        Some(value) if !range.contains(&value) => Err(LedgerError::invalid(
+            field,
+            format!(
+                "must be within {}..={} ms, got {value}",
+                range.start(),
+                range.end()
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// `max(previous, min(stamped, previous + max_step))`; the first stamp (previous = 0)
 /// bootstraps the clock.
 pub fn advance(previous_ms: u64, stamped_ms: u64, max_step_ms: u64) -> u64 {
@@ -32,7 +123,7 @@ pub fn advance(previous_ms: u64, stamped_ms: u64, max_step_ms: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::advance;
+    use super::*;
 
     #[test]
     fn never_goes_back_and_never_leaps() {
@@ -41,5 +132,64 @@ mod tests {
         assert_eq!(advance(1_000_000, 1_005_000, 10_000), 1_005_000);
         assert_eq!(advance(1_000_000, 9_000_000, 10_000), 1_010_000);
         assert_eq!(advance(u64::MAX - 1, u64::MAX, 10_000), u64::MAX);
+    }
+
+    #[test]
+    fn a_change_keeps_unnamed_fields_and_a_whole_struct_names_every_field() {
+        let current = ClusterParams::default();
+        let retention = ParamsChange {
+            retention_ms: Some(3_600_000),
+            ..ParamsChange::default()
+        };
+        let step = ParamsChange {
+            max_clock_step_ms: Some(5_000),
+            ..ParamsChange::default()
+        };
+        let both = step.apply_to(retention.apply_to(current));
+        assert_eq!(both.retention_ms, 3_600_000);
+        assert_eq!(both.max_clock_step_ms, 5_000);
+        assert_eq!(retention.apply_to(step.apply_to(current)), both);
+        let whole = ClusterParams {
+            retention_ms: 7,
+            max_clock_step_ms: u64::MAX,
+        };
+        assert_eq!(ParamsChange::from(whole).apply_to(current), whole);
+    }
+
+    #[test]
+    fn out_of_range_and_empty_changes_are_refused_naming_the_field_and_range() {
+        let refused = |change: ParamsChange| match change.validate() {
+            Err(LedgerError::InvalidArgument { field, reason }) => format!("{field} {reason}"),
+            other => panic!("{change:?} must be refused, got {other:?}"),
+        };
+        assert!(refused(ParamsChange::default()).starts_with("params "));
+        for bad in [0, 999, 365 * DAY_MS + 1, u64::MAX] {
+            let message = refused(ParamsChange {
+                retention_ms: Some(bad),
+                ..ParamsChange::default()
+            });
+            assert_eq!(
+                message,
+                format!("retention_ms must be within 1000..=31536000000 ms, got {bad}")
+            );
+        }
+        for bad in [0, 999, 600_001, u64::MAX] {
+            let message = refused(ParamsChange {
+                max_clock_step_ms: Some(bad),
+                ..ParamsChange::default()
+            });
+            assert_eq!(
+                message,
+                format!("max_clock_step_ms must be within 1000..=600000 ms, got {bad}")
+            );
+        }
+        for (retention, step) in [(1_000, 1_000), (365 * DAY_MS, 600_000)] {
+            let change = ParamsChange {
+                retention_ms: Some(retention),
+                max_clock_step_ms: Some(step),
+            };
+            assert_eq!(change.validate(), Ok(()));
+        }
+        assert_eq!(ClusterParams::default().validate(), Ok(()));
     }
 }

@@ -27,7 +27,7 @@ pub mod snapshot;
 pub mod tables;
 
 pub use account::{Account, AccountKey, GrantLimits, LegacyUnheld, UsageRecord};
-pub use cluster_time::ClusterParams;
+pub use cluster_time::{ClusterParams, ParamsChange};
 pub use command::{AncestorAccount, ClientCommand, Command, CommandHeader, Operation};
 pub use commit_index::{BudgetCommitIndex, LogPosition};
 pub use decision::{Decision, DenyReason, DenyRule, Outcome, Resolution};

@@ -1,6 +1,6 @@
 //! Replicated cluster parameters (docs/spec.md §5.5, §6), changed only through the log.
 
-use tally_ledger::ClusterParams;
+use tally_ledger::{ClusterParams, ParamsChange};
 
 use crate::pb;
 
@@ -22,12 +22,23 @@ impl From<pb::ClusterParams> for ClusterParams {
     }
 }
 
-impl pb::SetParamsRequest {
-    /// The parameters after this request: unset fields keep their current value.
-    pub fn apply_to(&self, current: ClusterParams) -> ClusterParams {
-        ClusterParams {
-            retention_ms: self.retention_ms.unwrap_or(current.retention_ms),
-            max_clock_step_ms: self.max_clock_step_ms.unwrap_or(current.max_clock_step_ms),
+/// The fields a request names, and only those: the log carries this change and applies it on
+/// top of the parameters in force at that point, so concurrent changes of different fields
+/// both hold. Ranges are checked by `ParamsChange::validate`.
+impl From<&pb::SetParamsRequest> for ParamsChange {
+    fn from(request: &pb::SetParamsRequest) -> Self {
+        Self {
+            retention_ms: request.retention_ms,
+            max_clock_step_ms: request.max_clock_step_ms,
+        }
+    }
+}
+
+impl From<&ParamsChange> for pb::SetParamsRequest {
+    fn from(change: &ParamsChange) -> Self {
+        Self {
+            retention_ms: change.retention_ms,
+            max_clock_step_ms: change.max_clock_step_ms,
         }
     }
 }

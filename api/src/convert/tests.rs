@@ -1160,3 +1160,39 @@ proptest! {
         prop_assert_eq!(back, Ok(domain));
     }
 }
+
+proptest! {
+    /// Only the fields a request names reach the change: an unset field stays unset (it keeps
+    /// its value in force), it never becomes 0 or the value the node happened to read.
+    #[test]
+    fn a_params_request_carries_exactly_the_named_fields(
+        retention_ms in proptest::option::of(any::<u64>()),
+        max_clock_step_ms in proptest::option::of(any::<u64>()),
+    ) {
+        let change = tally_ledger::ParamsChange { retention_ms, max_clock_step_ms };
+        let bytes = pb::SetParamsRequest::from(&change).encode_to_vec();
+        let wire = pb::SetParamsRequest::decode(bytes.as_slice()).expect("decodes");
+        prop_assert_eq!(tally_ledger::ParamsChange::from(&wire), change);
+    }
+}
+
+#[test]
+fn a_refused_params_change_is_invalid_argument_and_definite() {
+    let change = tally_ledger::ParamsChange {
+        retention_ms: Some(u64::MAX),
+        ..Default::default()
+    };
+    let error = change.validate().expect_err("out of range");
+    let status = tonic::Status::from(pb::ErrorDetail::from(&error));
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("retention_ms")
+            && status.message().contains("1000..=31536000000"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(
+        Definiteness::from_metadata(status.metadata()),
+        Some(Definiteness::Definite)
+    );
+}

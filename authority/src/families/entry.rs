@@ -1,6 +1,6 @@
 //! What the router consumes (committed log entries) and what it answers per entry.
 
-use tally_ledger::{ClusterParams, Command, Decision, LedgerError, LogPosition};
+use tally_ledger::{Command, Decision, LedgerError, LogPosition, ParamsChange};
 
 /// One committed log entry, as the Raft layer hands it over.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,8 +17,9 @@ pub enum EntryPayload {
     Blank,
     /// At most `tally_ledger::limits::MAX_COMMANDS_PER_ENTRY` commands, applied in order.
     Commands(Vec<Command>),
-    /// Parameters change only through the log, so every replica compacts alike.
-    SetParams(ClusterParams),
+    /// Parameters change only through the log, so every replica compacts alike: the named
+    /// fields, applied on top of the parameters in force (a whole struct names every field).
+    SetParams(ParamsChange),
 }
 
 /// The answers to one entry's commands, in the entry's order.

@@ -35,8 +35,8 @@ impl RouterState {
             entry.stamped_ms,
             self.params.max_clock_step_ms,
         );
-        if let EntryPayload::SetParams(params) = &entry.payload {
-            self.params = *params;
+        if let EntryPayload::SetParams(change) = &entry.payload {
+            self.params = change.apply_to(self.params);
         }
         Ok(self.cluster_time_ms)
     }

@@ -40,6 +40,28 @@ pub struct NodeConfig {
     pub expiry_interval_ms: u64,
     /// Family actors kept live; the least recently used beyond it are passivated.
     pub max_live_families: usize,
+    /// Connections served at once, peers' included (they share the listener): one more is
+    /// closed as soon as it is accepted, before anything is read from it.
+    pub max_connections: usize,
+    /// HTTP/2 streams one connection may have open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+    /// At least `max_in_flight_requests`: a follower forwards its writes to the leader on one
+    /// connection, and a write waiting there for a stream could time out unsent as UNKNOWN.
+    pub max_concurrent_streams: u32,
+    /// `Budget` requests served at once by this node. One more is refused at once with
+    /// UNAVAILABLE, definite (docs/spec.md §10: load shed before proposing), never queued
+    /// until its deadline. Raft, Admin and health calls are not counted, so peers and
+    /// operators are never shed.
+    pub max_in_flight_requests: usize,
+    /// A `Budget` request still unanswered after this is answered UNKNOWN (indefinite). Above
+    /// `propose_timeout_ms`, so a write's own timeout answers first, naming its event.
+    pub request_timeout_ms: u64,
+    /// HTTP/2 PING interval on idle connections, and how long an unanswered PING keeps one
+    /// open: a vanished peer or client frees its connection and requests.
+    pub http2_keepalive_interval_ms: u64,
+    pub http2_keepalive_timeout_ms: u64,
+    /// The largest `Budget` or `Admin` message decoded or encoded. Raft messages between
+    /// nodes always allow `tally_api::MAX_MESSAGE_BYTES`, since every peer must accept them.
+    pub max_message_bytes: usize,
     /// `pretty` or `json`.
     pub log_format: LogFormat,
     /// Shifts this node's clock by this many ms. Always 0 in production; tests use it to make
@@ -73,6 +95,13 @@ impl Default for NodeConfig {
             max_clock_offset_ms: 500,
             expiry_interval_ms: 1_000,
             max_live_families: 10_000,
+            max_connections: 1_024,
+            max_concurrent_streams: 2_048,
+            max_in_flight_requests: 2_048,
+            request_timeout_ms: 10_000,
+            http2_keepalive_interval_ms: 10_000,
+            http2_keepalive_timeout_ms: 20_000,
+            max_message_bytes: tally_api::MAX_MESSAGE_BYTES,
             log_format: LogFormat::Pretty,
             clock_offset_ms: 0,
         }
@@ -144,7 +173,53 @@ impl NodeConfig {
         if self.max_live_families == 0 {
             return invalid("max_live_families must be positive".to_owned());
         }
-        Ok(())
+        self.validate_limits()
+    }
+
+    /// The server limits: each within its range, and consistent with each other.
+    fn validate_limits(&self) -> Result<(), ConfigError> {
+        let within = |name: &str, value: u64, range: std::ops::RangeInclusive<u64>| {
+            if range.contains(&value) {
+                Ok(())
+            } else {
+                Err(ConfigError::Invalid(format!(
+                    "{name} must be {}..={}, got {value}",
+                    range.start(),
+                    range.end()
+                )))
+            }
+        };
+        within("max_connections", self.max_connections as u64, 1..=65_536)?;
+        within(
+            "max_in_flight_requests",
+            self.max_in_flight_requests as u64,
+            1..=65_536,
+        )?;
+        within(
+            "max_concurrent_streams",
+            u64::from(self.max_concurrent_streams),
+            self.max_in_flight_requests as u64..=65_536,
+        )?;
+        within(
+            "request_timeout_ms",
+            self.request_timeout_ms,
+            self.propose_timeout_ms + 1..=600_000,
+        )?;
+        within(
+            "http2_keepalive_interval_ms",
+            self.http2_keepalive_interval_ms,
+            100..=3_600_000,
+        )?;
+        within(
+            "http2_keepalive_timeout_ms",
+            self.http2_keepalive_timeout_ms,
+            100..=3_600_000,
+        )?;
+        within(
+            "max_message_bytes",
+            self.max_message_bytes as u64,
+            1_048_576..=tally_api::MAX_MESSAGE_BYTES as u64,
+        )
     }
 
     pub fn advertised(&self) -> String {
@@ -178,6 +253,58 @@ mod tests {
             ..NodeConfig::default()
         };
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn server_limits_are_validated_and_name_the_setting() {
+        let refused = |config: NodeConfig| match config.validate() {
+            Err(ConfigError::Invalid(message)) => message,
+            other => panic!("{config:?} must be refused, got {other:?}"),
+        };
+        let message = refused(NodeConfig {
+            max_in_flight_requests: 0,
+            ..NodeConfig::default()
+        });
+        assert!(
+            message.starts_with("max_in_flight_requests must be 1..="),
+            "{message}"
+        );
+        let message = refused(NodeConfig {
+            max_connections: 0,
+            ..NodeConfig::default()
+        });
+        assert!(message.starts_with("max_connections"), "{message}");
+        let message = refused(NodeConfig {
+            max_concurrent_streams: 100,
+            max_in_flight_requests: 200,
+            ..NodeConfig::default()
+        });
+        assert!(
+            message.starts_with("max_concurrent_streams must be 200..="),
+            "{message}"
+        );
+        let message = refused(NodeConfig {
+            request_timeout_ms: 5_000,
+            propose_timeout_ms: 5_000,
+            ..NodeConfig::default()
+        });
+        assert!(
+            message.starts_with("request_timeout_ms must be 5001..="),
+            "{message}"
+        );
+        let message = refused(NodeConfig {
+            max_message_bytes: 64 * 1024 * 1024,
+            ..NodeConfig::default()
+        });
+        assert!(message.starts_with("max_message_bytes"), "{message}");
+        let message = refused(NodeConfig {
+            http2_keepalive_timeout_ms: 0,
+            ..NodeConfig::default()
+        });
+        assert!(
+            message.starts_with("http2_keepalive_timeout_ms"),
+            "{message}"
+        );
     }
 
     #[test]

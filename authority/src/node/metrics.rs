@@ -1,5 +1,6 @@
 //! Prometheus metrics on `/metrics` (docs/architecture.md "Observability"): commit latency, entries per
-//! fsync, apply lag, leader changes, forwarded writes, denials by reason and family actors.
+//! fsync, apply lag, leader changes, forwarded writes, denials by reason, family actors, and the
+//! server limits at work (requests shed and timed out, connections refused).
 //! The text format is written by hand and served by a minimal HTTP/1.1 responder on a plain
 //! `TcpListener`, so no HTTP framework or metrics crate is needed.
 
@@ -43,6 +44,14 @@ pub struct NodeMetrics {
     denials: [AtomicU64; DENY_RULES.len()],
     /// How long the last leaderless period lasted, as this node saw it.
     last_election_ms: AtomicU64,
+    /// `Budget` requests refused at once because `max_in_flight_requests` were in flight.
+    shed_requests: AtomicU64,
+    /// `Budget` requests answered UNKNOWN after `request_timeout_ms`.
+    expired_requests: AtomicU64,
+    /// Connections closed on accept because `max_connections` were open.
+    refused_connections: AtomicU64,
+    in_flight_requests: AtomicU64,
+    open_connections: AtomicU64,
 }
 
 impl NodeMetrics {
@@ -85,6 +94,56 @@ impl NodeMetrics {
 
     pub fn leader_changes(&self) -> u64 {
         self.leader_changes.load(Ordering::Relaxed)
+    }
+
+    pub fn observe_shed(&self) {
+        self.shed_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn observe_expired(&self) {
+        self.expired_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn observe_refused_connection(&self) {
+        self.refused_connections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request admitted (`+1`) or answered (`-1`).
+    pub fn track_in_flight(&self, admitted: bool) {
+        track(&self.in_flight_requests, admitted);
+    }
+
+    /// A connection accepted (`+1`) or closed (`-1`).
+    pub fn track_connection(&self, opened: bool) {
+        track(&self.open_connections, opened);
+    }
+
+    pub fn shed_requests(&self) -> u64 {
+        self.shed_requests.load(Ordering::Relaxed)
+    }
+
+    pub fn expired_requests(&self) -> u64 {
+        self.expired_requests.load(Ordering::Relaxed)
+    }
+
+    pub fn refused_connections(&self) -> u64 {
+        self.refused_connections.load(Ordering::Relaxed)
+    }
+
+    pub fn in_flight_requests(&self) -> u64 {
+        self.in_flight_requests.load(Ordering::Relaxed)
+    }
+
+    pub fn open_connections(&self) -> u64 {
+        self.open_connections.load(Ordering::Relaxed)
+    }
+}
+
+fn track(gauge: &AtomicU64, up: bool) {
+    if up {
+        gauge.fetch_add(1, Ordering::Relaxed);
+    } else {
+        gauge.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -243,6 +302,36 @@ pub async fn render(sources: &Sources) -> String {
         "counter",
         "Denied decisions this node proposed, by the rule that denied.",
         &denials,
+    );
+    metric(
+        "tally_requests_shed_total",
+        "counter",
+        "Budget requests refused at once (UNAVAILABLE, definite) at max_in_flight_requests.",
+        &plain(m.shed_requests().to_string()),
+    );
+    metric(
+        "tally_requests_expired_total",
+        "counter",
+        "Budget requests answered UNKNOWN (indefinite) after request_timeout_ms.",
+        &plain(m.expired_requests().to_string()),
+    );
+    metric(
+        "tally_requests_in_flight",
+        "gauge",
+        "Budget requests being served now.",
+        &plain(m.in_flight_requests.load(Ordering::Relaxed).to_string()),
+    );
+    metric(
+        "tally_connections_refused_total",
+        "counter",
+        "Connections closed on accept at max_connections.",
+        &plain(m.refused_connections().to_string()),
+    );
+    metric(
+        "tally_connections_open",
+        "gauge",
+        "gRPC connections open now (clients and peers).",
+        &plain(m.open_connections.load(Ordering::Relaxed).to_string()),
     );
     metric(
         "tally_family_actors",

@@ -38,6 +38,7 @@ use crate::raft::state_machine::{SharedRouter, TallyStateMachine};
 use crate::raft::types::{LogId, Raft, TypeConfig};
 use crate::service::admin::AdminService;
 use crate::service::budget::BudgetService;
+use crate::service::limits::{Admission, ConnectionCap, RequestLimits};
 use crate::service::raft::RaftService;
 use crate::service::read_gate::ReadGate;
 
@@ -185,8 +186,20 @@ pub async fn start(
         config.max_batch_commands,
         service_faults.clone(),
     ))
-    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    .max_decoding_message_size(config.max_message_bytes)
+    .max_encoding_message_size(config.max_message_bytes);
+    // Only client requests are counted and shed: Raft traffic, peers' clock probes and
+    // operators' Admin calls always get through (a follower's forwarded writes were counted
+    // on the follower).
+    let budget = Admission::new(
+        budget,
+        RequestLimits::new(
+            config.max_in_flight_requests,
+            Duration::from_millis(config.request_timeout_ms),
+            metrics.clone(),
+            proposer.clone(),
+        ),
+    );
     let admin = AdminServer::new(AdminService::new(
         config.node_id,
         raft.clone(),
@@ -194,7 +207,9 @@ pub async fn start(
         router.clone(),
         health.clone(),
         config.cluster_id.clone(),
-    ));
+    ))
+    .max_decoding_message_size(config.max_message_bytes)
+    .max_encoding_message_size(config.max_message_bytes);
     let raft_rpc = RaftServer::new(RaftService::new(
         raft.clone(),
         proposer.clone(),
@@ -210,18 +225,31 @@ pub async fn start(
 
     // Accepted sockets need TCP_NODELAY set here (tonic only sets it on listeners it binds
     // itself): without it a reply's header, body and trailer frames meet Nagle's algorithm
-    // and the peer's delayed ACK, adding ~40 ms to every rpc.
-    let incoming = TcpListenerStream::new(listener).map(|stream| {
-        if let Ok(stream) = &stream {
-            if let Err(error) = stream.set_nodelay(true) {
-                tracing::debug!(%error, "could not set TCP_NODELAY");
+    // and the peer's delayed ACK, adding ~40 ms to every rpc. A socket beyond
+    // `max_connections` is closed here, before anything is read from it.
+    let connections = ConnectionCap::new(config.max_connections, metrics.clone());
+    let incoming = TcpListenerStream::new(listener).filter_map(move |stream| {
+        let admitted = match stream {
+            Ok(stream) => {
+                if let Err(error) = stream.set_nodelay(true) {
+                    tracing::debug!(%error, "could not set TCP_NODELAY");
+                }
+                connections.admit(stream).map(Ok)
             }
-        }
-        stream
+            Err(error) => Some(Err(error)),
+        };
+        std::future::ready(admitted)
     });
     let mut server_shutdown = shutdown_rx.clone();
     let server = tokio::spawn(
         tonic::transport::Server::builder()
+            .max_concurrent_streams(config.max_concurrent_streams)
+            .http2_keepalive_interval(Some(Duration::from_millis(
+                config.http2_keepalive_interval_ms,
+            )))
+            .http2_keepalive_timeout(Some(Duration::from_millis(
+                config.http2_keepalive_timeout_ms,
+            )))
             .add_service(budget)
             .add_service(admin)
             .add_service(raft_rpc)
@@ -273,7 +301,18 @@ pub async fn start(
         shutdown_rx.clone(),
     )));
 
-    tracing::info!(node_id = config.node_id, addr = %local_addr, "node started");
+    tracing::info!(
+        node_id = config.node_id,
+        addr = %local_addr,
+        max_connections = config.max_connections,
+        max_concurrent_streams = config.max_concurrent_streams,
+        max_in_flight_requests = config.max_in_flight_requests,
+        request_timeout_ms = config.request_timeout_ms,
+        http2_keepalive_interval_ms = config.http2_keepalive_interval_ms,
+        http2_keepalive_timeout_ms = config.http2_keepalive_timeout_ms,
+        max_message_bytes = config.max_message_bytes,
+        "node started"
+    );
     Ok(NodeHandle {
         config,
         raft,

@@ -12,7 +12,7 @@ use tally_api::pb::raft_client::RaftClient;
 use tally_api::pb::RaftBytes;
 use tally_api::{decode_raft, encode_raft, MAX_MESSAGE_BYTES};
 use tally_ledger::limits::MAX_COMMANDS_PER_ENTRY;
-use tally_ledger::{ClusterParams, Command};
+use tally_ledger::{Command, ParamsChange};
 use tonic::transport::{Channel, Endpoint};
 
 use super::clock::NodeClock;
@@ -119,15 +119,16 @@ impl Proposer {
         Ok(reply)
     }
 
-    /// Proposes a parameter change (leader only; the admin service forwards nothing).
-    pub async fn propose_params(&self, params: ClusterParams) -> Result<ProposalReply, WriteError> {
+    /// Proposes a parameter change, validated by the caller (leader only; the admin service
+    /// forwards nothing).
+    pub async fn propose_params(&self, change: ParamsChange) -> Result<ProposalReply, WriteError> {
         if !self.is_leader() {
             return Err(WriteError::Unavailable {
                 leader: self.leader(),
                 reason: "parameters change on the leader".to_owned(),
             });
         }
-        self.write_local(Proposal::set_params(self.clock.now_ms(), params))
+        self.write_local(Proposal::change_params(self.clock.now_ms(), change))
             .await
     }
 

@@ -13,8 +13,8 @@ use tokio::sync::{watch, Mutex};
 
 use super::snapshot_file::SnapshotDir;
 use super::types::{
-    log_position, LogId, Membership, ProposalBody, ProposalReply, Snapshot, SnapshotMeta,
-    TypeConfig, PROPOSAL_VERSION,
+    log_position, LogId, Membership, ProposalReply, Snapshot, SnapshotMeta, TypeConfig,
+    PROPOSAL_VERSION,
 };
 use crate::families::{
     EntryInput, EntryPayload, FamilyRouter, RouterConfig, RouterCut, RouterSnapshot,
@@ -86,11 +86,7 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
                             proposal.version
                         )));
                     }
-                    let payload = match proposal.body {
-                        ProposalBody::Commands(commands) => EntryPayload::Commands(commands),
-                        ProposalBody::SetParams(params) => EntryPayload::SetParams(params),
-                    };
-                    (proposal.stamped_ms, payload)
+                    (proposal.stamped_ms, proposal.body.into_payload())
                 }
             };
             inputs.push(EntryInput {
@@ -183,6 +179,15 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
             FamilyRouter::restore(self.router_config, router_snapshot).map_err(io::Error::other)?;
         let old = std::mem::replace(&mut *self.router.lock().await, restored);
         old.shutdown().await;
+        // Every restored family starts passivated and uncounted in the hold index: count them
+        // in the background, off the lock (until then `ListHolds` reads them all).
+        let router = Arc::clone(&self.router);
+        tokio::spawn(async move {
+            match crate::families::rebuild_hold_index(&router).await {
+                Ok(counted) => tracing::info!(counted, "hold index rebuilt after a snapshot"),
+                Err(error) => tracing::warn!(%error, "hold index not rebuilt after a snapshot"),
+            }
+        });
         self.snapshots.save(&Snapshot {
             meta: meta.clone(),
             snapshot,

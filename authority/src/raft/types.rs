@@ -3,13 +3,18 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use tally_ledger::{ClusterParams, Command, Decision, LedgerError, LogPosition};
+use tally_ledger::{ClusterParams, Command, Decision, LedgerError, LogPosition, ParamsChange};
+
+use crate::families::EntryPayload;
 
 /// Raft node ids are small integers chosen by the operator.
 pub type NodeId = u64;
 
 /// Version of [`Proposal`]; a node that meets an entry of another version stops rather than
-/// guess at its meaning (docs/architecture.md: an unknown payload version is fatal).
+/// guess at its meaning (docs/architecture.md: an unknown payload version is fatal). A new
+/// [`ProposalBody`] variant keeps the version: variants are encoded by name, so the entries
+/// already logged decode as before, and a node that does not know the variant fails to decode
+/// it rather than misread it.
 pub const PROPOSAL_VERSION: u8 = 1;
 
 /// The payload of a normal log entry: commands or a parameter change, stamped with the
@@ -21,12 +26,31 @@ pub struct Proposal {
     pub body: ProposalBody,
 }
 
+/// Append variants at the end and never change one's payload: the log keeps every entry ever
+/// proposed, and an old log must replay to the same state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ProposalBody {
     /// At most `tally_ledger::limits::MAX_COMMANDS_PER_ENTRY` commands, applied in order.
     Commands(Vec<Command>),
-    /// Cluster parameters change only through the log.
+    /// The whole parameter struct, as nodes proposed it before [`Self::ChangeParams`]. No
+    /// longer proposed; still applied, as the change that names every field, so an old log
+    /// replays to the same parameters.
     SetParams(ClusterParams),
+    /// Cluster parameters change only through the log: the named fields only, applied on top
+    /// of the parameters in force when the entry applies (so two changes of different fields
+    /// both hold).
+    ChangeParams(ParamsChange),
+}
+
+impl ProposalBody {
+    /// What the router applies for this body.
+    pub fn into_payload(self) -> EntryPayload {
+        match self {
+            Self::Commands(commands) => EntryPayload::Commands(commands),
+            Self::SetParams(params) => EntryPayload::SetParams(ParamsChange::from(params)),
+            Self::ChangeParams(change) => EntryPayload::SetParams(change),
+        }
+    }
 }
 
 impl Proposal {
@@ -38,11 +62,11 @@ impl Proposal {
         }
     }
 
-    pub fn set_params(stamped_ms: u64, params: ClusterParams) -> Self {
+    pub fn change_params(stamped_ms: u64, change: ParamsChange) -> Self {
         Self {
             version: PROPOSAL_VERSION,
             stamped_ms,
-            body: ProposalBody::SetParams(params),
+            body: ProposalBody::ChangeParams(change),
         }
     }
 }
@@ -63,6 +87,13 @@ impl fmt::Display for Proposal {
                 write!(
                     f,
                     "proposal v{} @{}: set {params:?}",
+                    self.version, self.stamped_ms
+                )
+            }
+            ProposalBody::ChangeParams(change) => {
+                write!(
+                    f,
+                    "proposal v{} @{}: change {change:?}",
                     self.version, self.stamped_ms
                 )
             }
@@ -114,4 +145,107 @@ pub fn with_metrics<T>(raft: &Raft, read: impl FnOnce(&Metrics) -> T) -> T {
     let receiver = raft.metrics();
     let metrics = receiver.borrow_watched();
     read(&metrics)
+}
+
+#[cfg(test)]
+mod tests {
+    use tally_ledger::{ClusterParams, LogPosition, ParamsChange};
+
+    use super::{Proposal, ProposalBody, PROPOSAL_VERSION};
+    use crate::families::{EntryInput, EntryPayload, RouterState};
+
+    const T0: u64 = 1_700_000_000_000;
+
+    /// `rmp_serde::to_vec_named` (the log store's encoding) of a whole-struct `SetParams`
+    /// proposal as nodes wrote it before parameter changes were named field by field:
+    /// `{version: 1, stamped_ms: T0, body: {SetParams: {retention_ms: 3600000,
+    /// max_clock_step_ms: 5000}}}`.
+    const OLD_SET_PARAMS: &str = "83a776657273696f6e01aa7374616d7065645f6d73cf0000018bcfe56800\
+        a4626f647981a9536574506172616d7382ac726574656e74696f6e5f6d73ce0036ee80b16d61785f636c6f\
+        636b5f737465705f6d73cd1388";
+
+    fn hex(text: &str) -> Vec<u8> {
+        (0..text.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex"))
+            .collect()
+    }
+
+    fn enter(state: &mut RouterState, index: u64, payload: EntryPayload) {
+        state
+            .enter(&EntryInput {
+                log_id: LogPosition { term: 1, index },
+                stamped_ms: T0 + index,
+                payload,
+            })
+            .expect("in log order");
+    }
+
+    #[test]
+    fn an_old_whole_struct_entry_still_decodes_and_replays_to_the_same_params() {
+        let old = ClusterParams {
+            retention_ms: 3_600_000,
+            max_clock_step_ms: 5_000,
+        };
+        let decoded: Proposal =
+            rmp_serde::from_slice(&hex(OLD_SET_PARAMS)).expect("an old entry decodes");
+        assert_eq!(
+            decoded,
+            Proposal {
+                version: PROPOSAL_VERSION,
+                stamped_ms: T0,
+                body: ProposalBody::SetParams(old),
+            }
+        );
+        assert_eq!(
+            rmp_serde::to_vec_named(&decoded).expect("encodes"),
+            hex(OLD_SET_PARAMS),
+            "the old variant's encoding is unchanged"
+        );
+        let mut replayed = RouterState::default();
+        enter(&mut replayed, 1, EntryPayload::Commands(Vec::new()));
+        enter(&mut replayed, 2, decoded.body.into_payload());
+        assert_eq!(replayed.params, old, "a whole struct replaces every field");
+        // A later named change still applies on top of it.
+        let step = ParamsChange {
+            max_clock_step_ms: Some(2_000),
+            ..ParamsChange::default()
+        };
+        enter(
+            &mut replayed,
+            3,
+            ProposalBody::ChangeParams(step).into_payload(),
+        );
+        assert_eq!(replayed.params.retention_ms, 3_600_000);
+        assert_eq!(replayed.params.max_clock_step_ms, 2_000);
+    }
+
+    #[test]
+    fn two_changes_of_different_fields_proposed_at_once_both_hold() {
+        let current = ClusterParams::default();
+        let retention = ParamsChange {
+            retention_ms: Some(60_000),
+            ..ParamsChange::default()
+        };
+        let step = ParamsChange {
+            max_clock_step_ms: Some(2_000),
+            ..ParamsChange::default()
+        };
+        // Both proposed against `current`, neither applied yet: the log carries the changes.
+        let mut state = RouterState::default();
+        for (index, change) in [(1, retention), (2, step)] {
+            let proposal = Proposal::change_params(T0, change);
+            let bytes = rmp_serde::to_vec_named(&proposal).expect("encodes");
+            let logged: Proposal = rmp_serde::from_slice(&bytes).expect("decodes");
+            enter(&mut state, index, logged.body.into_payload());
+        }
+        assert_eq!(
+            state.params,
+            ClusterParams {
+                retention_ms: 60_000,
+                max_clock_step_ms: 2_000,
+            },
+            "neither change reverts the other (started from {current:?})"
+        );
+    }
 }

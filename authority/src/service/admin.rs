@@ -7,6 +7,7 @@ use std::sync::Arc;
 use openraft::{BasicNode, ServerState};
 use tally_api::pb::admin_server::Admin;
 use tally_api::pb::{self, NodeRole};
+use tally_ledger::ParamsChange;
 use tonic::{Request, Response, Status};
 
 use super::outcome::{definite, failure_status, Failure};
@@ -172,19 +173,21 @@ impl Admin for AdminService {
         &self,
         request: Request<pb::SetParamsRequest>,
     ) -> Result<Response<pb::SetParamsReply>, Status> {
-        let request = request.into_inner();
-        let current = self.router.lock().await.params();
-        let params = request.apply_to(current);
-        if params.max_clock_step_ms == 0 {
-            return Err(Status::invalid_argument(
-                "max_clock_step_ms must be positive",
-            ));
-        }
+        // Only the named fields travel, and they apply on top of whatever is in force when the
+        // entry applies: reading the parameters here and proposing a whole struct would let
+        // two concurrent changes revert each other.
+        let change = ParamsChange::from(request.get_ref());
+        change
+            .validate()
+            .map_err(|e| failure_status(e.into(), None))?;
         let reply = self
             .proposer
-            .propose_params(params)
+            .propose_params(change)
             .await
             .map_err(|e| failure_status(e.into(), None))?;
+        // Applied before the proposer answered, so this includes the change (and possibly a
+        // change committed right after it).
+        let params = self.router.lock().await.params();
         Ok(definite(pb::SetParamsReply {
             params: Some(params.into()),
             log_index: reply.log_id.index,

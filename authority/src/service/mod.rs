@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod budget;
+pub mod limits;
 pub mod outcome;
 pub mod raft;
 pub mod read_gate;

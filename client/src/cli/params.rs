@@ -1,9 +1,12 @@
 //! `tally params`: the replicated cluster parameters (docs/spec.md §5.5, §6). They change only
 //! through the log, so every replica compacts and clamps time alike; this shows them as the
-//! leader applied them, or proposes new values and waits until they are committed.
+//! leader applied them, or proposes a change of the fields given (and only those) and waits
+//! until it is committed.
 
 use clap::Args;
 use tally_api::pb;
+use tally_ledger::cluster_time::{MAX_CLOCK_STEP_MS, RETENTION_MS};
+use tally_ledger::ParamsChange;
 
 use super::find_leader;
 use super::output::{print_json, Table};
@@ -14,34 +17,37 @@ use crate::TallyClient;
 pub struct ParamsArgs {
     /// How long after a command's `not_after_ms` its full event stays in memory; after it,
     /// only a compact record is kept (for ever). Memory grows with commands/s × retention.
-    #[arg(long)]
+    /// 1000..=31536000000 (1 s to 365 days).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(RETENTION_MS))]
     pub retention_ms: Option<u64>,
     /// The largest step cluster time may take in one log entry (a bad leader clock cannot
-    /// leap it forward further).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    /// leap it forward further). 1000..=600000 (1 s to 10 min).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(MAX_CLOCK_STEP_MS))]
     pub max_clock_step_ms: Option<u64>,
 }
 
-const SIZING: &str = "Without options, prints the parameters in force. Memory per command \
-(docs/sizing.md): about 1.1 KB while its full event is retained, about 0.4 KB for \
-ever after. Example: tally params --retention-ms 3600000";
+const SIZING: &str = "Without options, prints the parameters in force. With options, changes \
+only the parameters given: a change made at the same time by someone else to another \
+parameter also holds. Memory per command (docs/sizing.md): about 1.1 KB while its full event \
+is retained, about 0.4 KB for ever after. Example: tally params --retention-ms 3600000";
 
 impl ParamsArgs {
-    fn is_change(&self) -> bool {
-        self.retention_ms.is_some() || self.max_clock_step_ms.is_some()
+    fn change(&self) -> ParamsChange {
+        ParamsChange {
+            retention_ms: self.retention_ms,
+            max_clock_step_ms: self.max_clock_step_ms,
+        }
     }
 }
 
 /// Prints the parameters in force, after changing them when asked.
 pub async fn run(client: &TallyClient, args: ParamsArgs, json: bool) -> anyhow::Result<u8> {
     let leader = find_leader(client).await?;
-    let (params, log_index) = if args.is_change() {
+    let change = args.change();
+    let (params, log_index) = if !change.is_empty() {
         let reply = client
             .admin_client(&leader)?
-            .set_params(pb::SetParamsRequest {
-                retention_ms: args.retention_ms,
-                max_clock_step_ms: args.max_clock_step_ms,
-            })
+            .set_params(pb::SetParamsRequest::from(&change))
             .await?
             .into_inner();
         (reply.params, Some(reply.log_index))
