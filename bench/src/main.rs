@@ -101,9 +101,11 @@ async fn main() -> anyhow::Result<()> {
         binary.display()
     );
     let temp = tempfile::tempdir_in(args.data_dir.clone().unwrap_or_else(std::env::temp_dir))?;
-    let fdatasync = fsync::fdatasync_rate(temp.path(), Duration::from_secs(3))?;
+    let (fdatasync, fsync_p50_ms, fsync_p99_ms) =
+        fsync::fdatasync_profile(temp.path(), Duration::from_secs(3))?;
     println!(
-        "disk: {fdatasync:.0} sequential fdatasync/s (512 B appends) in {}",
+        "disk: {fdatasync:.0} sequential fdatasync/s, p50 {fsync_p50_ms:.2} ms, p99 \
+         {fsync_p99_ms:.2} ms (512 B appends) in {}",
         temp.path().display()
     );
 

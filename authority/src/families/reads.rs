@@ -57,7 +57,7 @@ const INLINE_DECODE_BYTES: usize = 64 * 1024;
 /// the read, awaited with the lock released (see the module docs). A read interrupted by an
 /// actor stopping (the router was replaced) is started once more.
 ///
-/// ```ignore
+/// ```text
 /// let usage = families::read(&router, |r| r.get_usage(&family_id, &key)).await?;
 /// ```
 pub async fn read<T, Fut>(

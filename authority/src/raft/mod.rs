@@ -1,5 +1,5 @@
 //! openraft integration: type config, state machine over the family router, snapshot files,
-//! and the network over tonic (with a fault switchboard for tests).
+//! and the network over tonic (which consults `faults::NetworkFaults`, inert outside tests).
 
 pub mod network;
 pub mod snapshot_file;
