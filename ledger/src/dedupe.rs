@@ -1,58 +1,18 @@
-//! The dedupe table's rows (docs/spec.md §5): an applied command's stored answer, or a tombstone,
-//! under its `event_id`. A row keeps only its command's identity digest. The per-field hashes
-//! that name the differing fields of a conflict while the command is retained wait in the
-//! compaction queue: compacting a command is popping that queue item, with no lookup here.
-
-use serde::{Deserialize, Serialize};
+//! The dedupe rules of a family (docs/spec.md §5): whether a command seen again is the one stored
+//! under its `event_id`, and which fields differ when it is not. A row (`tables/dedupe_table.rs`)
+//! keeps only its command's identity digest; the per-field hashes that name the differing
+//! fields of a conflict while the command is retained wait in the compaction queue
+//! (`tables/compaction_queue.rs`), so compacting a command is popping that queue item, with no
+//! lookup here.
 
 use crate::command::ClientCommand;
-use crate::commit_index::{BudgetCommitIndex, LogPosition};
-use crate::decision::{Decision, Outcome};
+use crate::commit_index::BudgetCommitIndex;
 use crate::error::LedgerError;
 use crate::family::Family;
 use crate::identity::{digest_of, identity_hashes};
 use crate::ids::EventId;
-use crate::tables::compaction_queue::{CompactionItem, QueueKey};
-use crate::tables::identity_fields::FieldHashes;
-
-/// What a row keeps of its command's identity.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct RowIdentity {
-    #[serde(with = "crate::identity::serde_bytes_array")]
-    pub digest: [u8; 32],
-    /// The queue item that holds the field hashes until it falls due.
-    pub retained: QueueKey,
-}
-
-/// An applied command's stored answer (its `Decision` less the id, which is the row's key).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct AppliedRow {
-    pub identity: RowIdentity,
-    pub outcome: Outcome,
-    pub commit_index: Option<BudgetCommitIndex>,
-    pub log_id: Option<LogPosition>,
-}
-
-impl AppliedRow {
-    /// The answer as it was first given.
-    pub fn decision(&self, event_id: &EventId) -> Decision {
-        Decision {
-            event_id: event_id.clone(),
-            outcome: self.outcome.clone(),
-            commit_index: self.commit_index,
-            log_id: self.log_id,
-            replayed: false,
-        }
-    }
-}
-
-/// What a retained command keeps until it is compacted: its identity's field hashes, to name
-/// the fields of a conflict, and its own event, which leaves the journal with it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Retained {
-    pub fields: FieldHashes,
-    pub event: Option<BudgetCommitIndex>,
-}
+use crate::tables::compaction_queue::{CompactionItem, Retained};
+use crate::tables::dedupe_table::RowIdentity;
 
 impl Family {
     /// `Ok` when `candidate` is the command stored as `stored` under its id, else a conflict

@@ -10,7 +10,6 @@ use crate::cluster_time::ClusterParams;
 use crate::command::{ClientCommand, Command, Operation};
 use crate::commit_index::{BudgetCommitIndex, LogPosition};
 use crate::decision::{Decision, Outcome};
-use crate::dedupe::AppliedRow;
 use crate::error::{LedgerError, PreconditionCode};
 use crate::event::{AccountImage, AfterImages, EventRecord};
 use crate::hold::HoldSlot;
@@ -18,7 +17,7 @@ use crate::ids::{EventId, FamilyId, HoldId, NonceId};
 use crate::journal::Journal;
 use crate::limits::MAX_EVENTS_PER_COMMAND;
 use crate::tables::compaction_queue::{CompactionItem, CompactionQueue};
-use crate::tables::dedupe_table::{DedupeRow, DedupeTable};
+use crate::tables::dedupe_table::{AppliedRow, DedupeRow, DedupeTable};
 use crate::tables::id_table::{IdTable, RowHash};
 
 /// Where and when a command applies: its log position and the clamped cluster time.

@@ -13,10 +13,18 @@ use std::fmt;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::commit_index::BudgetCommitIndex;
-use crate::dedupe::Retained;
 use crate::ids::{EventId, HoldId, NonceId};
 use crate::tables::chunked_deque::ChunkedDeque;
+use crate::tables::identity_fields::FieldHashes;
 use crate::tables::spare_capacity::release_spare;
+
+/// What a retained command keeps until it is compacted: its identity's field hashes, to name
+/// the fields of a conflict, and its own event, which leaves the journal with it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Retained {
+    pub fields: FieldHashes,
+    pub event: Option<BudgetCommitIndex>,
+}
 
 /// One piece of compaction work.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -16,11 +16,44 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::dedupe::{AppliedRow, RowIdentity};
+use crate::commit_index::{BudgetCommitIndex, LogPosition};
+use crate::decision::{Decision, Outcome};
 use crate::ids::EventId;
 use crate::tables::chunked_deque::ChunkedDeque;
+use crate::tables::compaction_queue::QueueKey;
 use crate::tables::id_map::{deserialize_unique_rows, UniqueRows};
 use crate::tables::id_table::{IdTable, RowHash};
+
+/// What a row keeps of its command's identity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct RowIdentity {
+    #[serde(with = "crate::identity::serde_bytes_array")]
+    pub digest: [u8; 32],
+    /// The queue item that holds the field hashes until it falls due.
+    pub retained: QueueKey,
+}
+
+/// An applied command's stored answer (its `Decision` less the id, which is the row's key).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct AppliedRow {
+    pub identity: RowIdentity,
+    pub outcome: Outcome,
+    pub commit_index: Option<BudgetCommitIndex>,
+    pub log_id: Option<LogPosition>,
+}
+
+impl AppliedRow {
+    /// The answer as it was first given.
+    pub fn decision(&self, event_id: &EventId) -> Decision {
+        Decision {
+            event_id: event_id.clone(),
+            outcome: self.outcome.clone(),
+            commit_index: self.commit_index,
+            log_id: self.log_id,
+            replayed: false,
+        }
+    }
+}
 
 #[derive(Clone, Default)]
 pub(crate) struct DedupeTable {
