@@ -2,10 +2,15 @@
 //! authorize + capture + reconcile on 1,000 families, unary and `Batch`, reported next to the
 //! single-stream `fdatasync` rate of the same disk (the physical reference).
 //!
-//! Build both binaries, then run: `cargo build --release -p tally-authority -p tally-bench &&
-//! target/release/tally-bench`. `tally-bench compare etcd` runs the same workload against a
-//! 3-member etcd too and prints the ratios (`compare`).
+//! Build both binaries, the node with its stage timings, then run: `cargo build --release -p
+//! tally-authority --features stage-stats -p tally-bench && target/release/tally-bench`. After
+//! each load it prints where a command's time goes on the leader, stage by stage (`breakdown`:
+//! proposed → received → submitted → persisted → committed → applied), next to the client's
+//! p50 and the disk's fsync p50; a node built without `stage-stats` runs the same, with no
+//! breakdown. `tally-bench compare etcd` runs the same workload against a 3-member etcd too and
+//! prints the ratios (`compare`).
 
+mod breakdown;
 mod cluster;
 mod compare;
 mod etcd;
@@ -83,6 +88,9 @@ struct Scenario {
     log_entries: u64,
     commands_per_entry: f64,
     times_fdatasync_rate: f64,
+    /// Each node's stage-to-stage percentiles after this load (empty gaps without
+    /// `stage-stats`).
+    stages: Vec<breakdown::NodeStages>,
 }
 
 #[tokio::main]
@@ -97,7 +105,7 @@ async fn main() -> anyhow::Result<()> {
     };
     anyhow::ensure!(
         binary.exists(),
-        "{} not found: build it (cargo build --release -p tally-authority)",
+        "{} not found: build it (cargo build --release -p tally-authority --features stage-stats)",
         binary.display()
     );
     let temp = tempfile::tempdir_in(args.data_dir.clone().unwrap_or_else(std::env::temp_dir))?;
@@ -143,12 +151,14 @@ async fn main() -> anyhow::Result<()> {
             .await?
             .saturating_sub(before)
             .max(1);
+        let stages = breakdown::collect(&cluster.metrics).await;
         let scenario = Scenario {
             name,
             commands_per_entry: report.commands as f64 / entries as f64,
             times_fdatasync_rate: report.commands_per_s / fdatasync,
             log_entries: entries,
             report,
+            stages,
         };
         println!(
             "{:<10} {:>9.0} commands/s  p50 {:>7.2} ms  p99 {:>7.2} ms  {:>6.1} commands/entry  {:>5.1}x fdatasync rate  (concurrency {}, errors {})",
@@ -160,6 +170,15 @@ async fn main() -> anyhow::Result<()> {
             scenario.times_fdatasync_rate,
             concurrency,
             scenario.report.errors,
+        );
+        print!(
+            "{}",
+            breakdown::render(
+                &scenario.stages,
+                scenario.report.p50_ms,
+                fsync_p50_ms,
+                scenario.log_entries,
+            )
         );
         scenarios.push(scenario);
     }

@@ -342,7 +342,62 @@ pub async fn render(sources: &Sources) -> String {
             ("{state=\"passivated\"}".to_owned(), passivated.to_string()),
         ],
     );
+    #[cfg(feature = "stage-stats")]
+    render_stage_latency(&mut out, &sources.raft).await;
     out
+}
+
+/// The stage-to-stage gaps openraft's core measures per log entry (feature `stage-stats`):
+/// proposed (client_write) → received (core dequeued it) → submitted (to the log store) →
+/// persisted (the store's fsync returned) → committed (this node saw the commit index) →
+/// applied (the state machine answered). Followers record from `submitted` on. openraft keeps
+/// the last 1,024 batches per stage, so these percentiles cover a recent window, not all time.
+/// One call to the core, at scrape time only.
+#[cfg(feature = "stage-stats")]
+async fn render_stage_latency(out: &mut String, raft: &Raft) {
+    const NAME: &str = "tally_raft_stage_latency_microseconds";
+    const SAMPLES: &str = "tally_raft_stage_samples";
+    let Ok(mut stats) = raft.runtime_stats().await else {
+        return;
+    };
+    // The core builds the histograms before it answers; building them again is harmless and
+    // keeps this independent of that detail.
+    stats.build_log_stage_histograms();
+    let h = &stats.log_stage_histograms;
+    let stages = [
+        ("proposed_to_received", &h.proposed_to_received),
+        ("received_to_submitted", &h.received_to_submitted),
+        ("submitted_to_persisted", &h.submitted_to_persisted),
+        ("persisted_to_committed", &h.persisted_to_committed),
+        ("committed_to_applied", &h.committed_to_applied),
+        ("proposed_to_applied", &h.proposed_to_applied),
+    ];
+    let _ = writeln!(
+        out,
+        "# HELP {NAME} Log entry stage-to-stage latency over openraft's recent window."
+    );
+    let _ = writeln!(out, "# TYPE {NAME} gauge");
+    for (stage, histogram) in &stages {
+        let p = histogram.percentile_stats();
+        for (quantile, value) in [("0.5", p.p50), ("0.9", p.p90), ("0.99", p.p99)] {
+            let _ = writeln!(
+                out,
+                "{NAME}{{stage=\"{stage}\",quantile=\"{quantile}\"}} {value}"
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP {SAMPLES} Log entries behind tally_raft_stage_latency_microseconds, by stage."
+    );
+    let _ = writeln!(out, "# TYPE {SAMPLES} gauge");
+    for (stage, histogram) in &stages {
+        let _ = writeln!(
+            out,
+            "{SAMPLES}{{stage=\"{stage}\"}} {}",
+            histogram.percentile_stats().samples
+        );
+    }
 }
 
 /// Counts leader changes and times leaderless periods from Raft's metrics.
