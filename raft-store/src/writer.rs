@@ -138,13 +138,78 @@ fn writer_gone() -> StoreError {
     StoreError::Thread("the log writer thread has stopped".to_owned())
 }
 
+/// Remembers the first failed write and refuses every later one: a log that lost one batch
+/// must not go on with the next (it would have a hole).
+#[derive(Default)]
+struct FirstFailure(Option<String>);
+
+impl FirstFailure {
+    fn attempt(
+        &mut self,
+        write: impl FnOnce() -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        if let Some(reason) = &self.0 {
+            return Err(StoreError::Thread(reason.clone()));
+        }
+        let outcome = write();
+        if let Err(e) = &outcome {
+            tracing::error!(error = %e, "raft log write failed");
+            self.0 = Some(format!("an earlier log write failed: {e}"));
+        }
+        outcome
+    }
+}
+
+/// Appends written in one transaction: their entries, and per append its end, cache
+/// generation and callback.
+struct Group<C: RaftTypeConfig> {
+    batch: Vec<Encoded>,
+    bytes: u64,
+    written: Vec<(u64, u64)>,
+    callbacks: Vec<IOFlushed<C>>,
+}
+
+impl<C: RaftTypeConfig> Group<C> {
+    fn new(batch: Vec<Encoded>, bytes: u64, generation: u64, callback: IOFlushed<C>) -> Self {
+        Self {
+            written: vec![(end_of(&batch), generation)],
+            batch,
+            bytes,
+            callbacks: vec![callback],
+        }
+    }
+
+    /// Takes the appends that queued up behind this one, as long as they continue it (the
+    /// group commit). Returns the first queued write it did not take.
+    fn take_queued(&mut self, receiver: &Receiver<WriteOp<C>>) -> Option<WriteOp<C>> {
+        while self.batch.len() < MAX_ENTRIES_PER_COMMIT {
+            match receiver.try_recv() {
+                Ok(WriteOp::Append {
+                    batch,
+                    bytes,
+                    generation,
+                    callback,
+                }) if batch.first().map(|(index, _)| *index) == Some(end_of(&self.batch)) => {
+                    self.written.push((end_of(&batch), generation));
+                    self.batch.extend(batch);
+                    self.bytes += bytes;
+                    self.callbacks.push(callback);
+                }
+                Ok(other) => return Some(other),
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+}
+
 fn run<C: RaftTypeConfig, E: Clone>(
     shared: &Shared,
     cache: &Mutex<EntryCache<E>>,
     metrics: &StoreMetrics,
     receiver: &Receiver<WriteOp<C>>,
 ) {
-    let mut failed: Option<String> = None;
+    let mut failure = FirstFailure::default();
     let mut next: Option<WriteOp<C>> = None;
     loop {
         let op = match next.take() {
@@ -161,71 +226,33 @@ fn run<C: RaftTypeConfig, E: Clone>(
                 generation,
                 callback,
             } => {
-                let mut batch = batch;
-                let mut bytes = bytes;
-                let mut written = vec![(end_of(&batch), generation)];
-                let mut callbacks = vec![callback];
-                // Group commit: take the appends that queued up behind this one, as long as
-                // they continue it.
-                while batch.len() < MAX_ENTRIES_PER_COMMIT {
-                    match receiver.try_recv() {
-                        Ok(WriteOp::Append {
-                            batch: more,
-                            bytes: more_bytes,
-                            generation,
-                            callback,
-                        }) if more.first().map(|(index, _)| *index) == Some(end_of(&batch)) => {
-                            written.push((end_of(&more), generation));
-                            batch.extend(more);
-                            bytes += more_bytes;
-                            callbacks.push(callback);
-                        }
-                        Ok(other) => {
-                            next = Some(other);
-                            break;
-                        }
-                        Err(_) => break,
-                    }
-                }
-                let outcome = match &failed {
-                    Some(reason) => Err(StoreError::Thread(reason.clone())),
-                    None => txn::append(shared, &batch),
-                };
-                match outcome {
+                let mut group = Group::new(batch, bytes, generation, callback);
+                next = group.take_queued(receiver);
+                match failure.attempt(|| txn::append(shared, &group.batch)) {
                     Ok(()) => {
                         let mut cache = cache.lock().expect("entry cache lock");
-                        for (end, generation) in written {
+                        for (end, generation) in group.written {
                             cache.mark_durable(end, generation);
                         }
                         drop(cache);
-                        metrics.record_append(batch.len() as u64, bytes);
+                        metrics.record_append(group.batch.len() as u64, group.bytes);
                         #[cfg(feature = "failpoints")]
                         crate::failpoint::abort_if_armed(crate::failpoint::LOG_AFTER_APPEND);
-                        for callback in callbacks {
+                        for callback in group.callbacks {
                             callback.io_completed(Ok(()));
                         }
                     }
                     Err(e) => {
-                        tracing::error!(error = %e, "raft log append failed");
-                        failed.get_or_insert_with(|| format!("an earlier log write failed: {e}"));
-                        for callback in callbacks {
+                        for callback in group.callbacks {
                             callback.io_completed(Err(std::io::Error::other(e.to_string())));
                         }
                     }
                 }
             }
             WriteOp::Other { op, durable, done } => {
-                let outcome = match &failed {
-                    Some(reason) => Err(StoreError::Thread(reason.clone())),
-                    None => op(shared),
-                };
-                match &outcome {
-                    Ok(()) if durable => metrics.record_other_commit(),
-                    Ok(()) => {}
-                    Err(e) => {
-                        tracing::error!(error = %e, "raft log write failed");
-                        failed.get_or_insert_with(|| format!("an earlier log write failed: {e}"));
-                    }
+                let outcome = failure.attempt(|| op(shared));
+                if outcome.is_ok() && durable {
+                    metrics.record_other_commit();
                 }
                 if let Some(done) = done {
                     // The caller may have stopped waiting; the write stands either way.
