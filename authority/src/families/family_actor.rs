@@ -108,7 +108,6 @@ impl Actor for FamilyActor {
 }
 
 fn apply_batch(family: &mut Family, commands: &[(ApplyCtx, Command)]) -> AppliedBatch {
-    let had_live_holds = family.live_hold_count() > 0;
     let results = commands
         .iter()
         .map(|(ctx, command)| family.apply(command, ctx))
@@ -122,7 +121,6 @@ fn apply_batch(family: &mut Family, commands: &[(ApplyCtx, Command)]) -> Applied
         results,
         maintenance_due_ms,
         pristine,
-        had_live_holds,
         has_live_holds: family.live_hold_count() > 0,
     }
 }

@@ -9,8 +9,8 @@
 //! each is open or final, change inside the ledger without naming the hold in any result
 //! (compaction archives holds as a side effect of any command; touching an expired hold
 //! expires it and answers an error), so the apply results alone cannot keep a per-hold index
-//! exact. Each family's actor reports whether the family held live holds before and after
-//! each batch (`Family::live_hold_count`, one integer), which keeps this exact. A final hold
+//! exact. Each family's actor reports whether the family holds live holds after each batch
+//! (`Family::live_hold_count`, one integer), which keeps this exact. A final hold
 //! stays live until compaction archives it (`retention_ms` after it is final), so a family
 //! stays here that long after its last hold ended.
 //!
@@ -50,19 +50,13 @@ impl HoldIndex {
         }
     }
 
-    /// A family's actor applied a batch: it held live holds before it (`had`) and holds them
-    /// after it (`has`). Costs nothing unless that changed, or the family was uncounted.
-    pub fn applied(&mut self, family_id: &FamilyId, had: bool, has: bool) {
-        if !self.uncounted.is_empty() && self.uncounted.remove(family_id) {
-            self.set(family_id, has);
-            return;
+    /// A family's actor applied a batch after which the family holds live holds (`has`), or
+    /// not. Touches the set only when that changed (or the family was uncounted).
+    pub fn applied(&mut self, family_id: &FamilyId, has: bool) {
+        if !self.uncounted.is_empty() {
+            self.uncounted.remove(family_id);
         }
-        debug_assert_eq!(
-            self.holding.contains(family_id),
-            had,
-            "hold index out of step with family {family_id}"
-        );
-        if had != has {
+        if self.holding.contains(family_id) != has {
             self.set(family_id, has);
         }
     }
@@ -121,11 +115,10 @@ pub async fn rebuild_hold_index(router: &Mutex<FamilyRouter>) -> Result<usize, R
                 .collect::<Result<Vec<_>, RouterError>>()
         })
         .await?;
-        match router.lock().await.record_counts(counts) {
-            // Only if the router was replaced meanwhile: its own install rebuilds its index.
-            0 => return Ok(counted),
-            recorded => counted += recorded,
-        }
+        // A family whose bytes changed meanwhile was counted by its apply; a router replaced
+        // meanwhile has new bytes for every family, so its own rebuild's counts stand and
+        // these are dropped. Either way the next step moves on, until none is uncounted.
+        counted += router.lock().await.record_counts(counts);
     }
 }
 
@@ -177,15 +170,15 @@ mod tests {
             FamilyId::from("c"),
         );
         let mut index = HoldIndex::uncounted([&c]);
-        index.applied(&a, false, true);
-        index.applied(&b, false, false);
+        index.applied(&a, true);
+        index.applied(&b, false);
         assert_eq!(index.candidates().collect::<Vec<_>>(), vec![&a, &c]);
-        index.applied(&a, true, true);
-        index.applied(&c, true, false);
+        index.applied(&a, true);
+        index.applied(&c, false);
         assert!(index.uncounted_families().is_empty(), "its apply counted c");
         assert_eq!(index.candidates().collect::<Vec<_>>(), vec![&a]);
         assert!(!index.counted(&c, true), "c is counted already: ignored");
-        index.applied(&a, true, false);
+        index.applied(&a, false);
         assert_eq!(index, HoldIndex::default());
     }
 }

@@ -34,8 +34,6 @@ pub(crate) struct AppliedBatch {
     /// The family holds no state at all (every command was refused), so the router may
     /// forget it rather than keep an empty family in every snapshot.
     pub pristine: bool,
-    /// The family held live holds before the batch, and holds them after it (for the
-    /// router's `HoldIndex`).
-    pub had_live_holds: bool,
+    /// The family holds live holds after the batch (for the router's `HoldIndex`).
     pub has_live_holds: bool,
 }

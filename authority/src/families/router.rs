@@ -111,7 +111,7 @@ impl FamilyRouter {
                 outputs[entry].fill(position, result);
             }
             self.expiry.set(&family_id, applied.maintenance_due_ms);
-            (self.holds).applied(&family_id, applied.had_live_holds, applied.has_live_holds);
+            self.holds.applied(&family_id, applied.has_live_holds);
             if applied.pristine {
                 pristine.push(family_id);
             }

@@ -136,6 +136,22 @@ fn client(command: Result<ClientCommand, WireError>) -> Result<Command, WireErro
     command.map(Command::Apply)
 }
 
+impl BudgetService {
+    /// Runs a read against the router: it holds the router lock only to start
+    /// (`families::read`), so apply never waits for a read's decoding or actor round trips.
+    async fn read<T, Fut>(
+        &self,
+        start: impl Fn(&crate::families::FamilyRouter) -> Fut,
+    ) -> Result<T, Status>
+    where
+        Fut: std::future::Future<Output = Result<T, RouterError>>,
+    {
+        crate::families::read(&self.router, start)
+            .await
+            .map_err(router_status)
+    }
+}
+
 fn router_status(error: RouterError) -> Status {
     failure_status(
         Failure::Write(crate::node::write_error::WriteError::Internal {
@@ -366,12 +382,9 @@ impl Budget for BudgetService {
             .ok_or_else(|| failure_status(WireError::missing("account").into(), None))?
             .into();
         self.read_barrier(request.consistency).await?;
-        // Every read here holds the router lock only to start (families/reads.rs): apply
-        // never waits for a read's decoding or actor round trips.
-        let usage =
-            crate::families::read(&self.router, |router| router.get_usage(&family_id, &key))
-                .await
-                .map_err(router_status)?;
+        let usage = self
+            .read(|router| router.get_usage(&family_id, &key))
+            .await?;
         Ok(definite(pb::GetUsageReply::from_record(
             &family_id,
             usage.as_ref(),
@@ -388,16 +401,16 @@ impl Budget for BudgetService {
         let after = request.after.map(usage_position).transpose()?;
         let limit = limit(request.limit);
         self.read_barrier(request.consistency).await?;
-        let rows = crate::families::read(&self.router, |router| {
-            router.list_usages(
-                family_id.as_ref(),
-                capability.as_ref(),
-                after.as_ref(),
-                limit,
-            )
-        })
-        .await
-        .map_err(router_status)?;
+        let rows = self
+            .read(|router| {
+                router.list_usages(
+                    family_id.as_ref(),
+                    capability.as_ref(),
+                    after.as_ref(),
+                    limit,
+                )
+            })
+            .await?;
         Ok(definite(pb::ListUsagesReply::from_rows(&rows, limit)))
     }
 
@@ -409,17 +422,17 @@ impl Budget for BudgetService {
         let family_id = family(&request.family_id)?;
         let capability = request.capability_id.map(CapabilityId::from);
         self.read_barrier(request.consistency).await?;
-        let events = crate::families::read(&self.router, |router| {
-            router.list_events(
-                &family_id,
-                capability.as_ref(),
-                request.grant_index,
-                request.after_commit_index.map(BudgetCommitIndex),
-                limit(request.limit),
-            )
-        })
-        .await
-        .map_err(router_status)?;
+        let events = self
+            .read(|router| {
+                router.list_events(
+                    &family_id,
+                    capability.as_ref(),
+                    request.grant_index,
+                    request.after_commit_index.map(BudgetCommitIndex),
+                    limit(request.limit),
+                )
+            })
+            .await?;
         Ok(definite(pb::ListEventsReply::from_records(&events)))
     }
 
@@ -431,11 +444,9 @@ impl Budget for BudgetService {
         let family_id = family(&request.family_id)?;
         let event_id = valid_id(EventId::from(request.event_id), EventId::validate)?;
         self.read_barrier(request.consistency).await?;
-        let lookup = crate::families::read(&self.router, |router| {
-            router.get_event(&family_id, &event_id)
-        })
-        .await
-        .map_err(router_status)?;
+        let lookup = self
+            .read(|router| router.get_event(&family_id, &event_id))
+            .await?;
         Ok(definite(pb::EventLookup::from(&lookup)))
     }
 
@@ -447,10 +458,9 @@ impl Budget for BudgetService {
         let family_id = family(&request.family_id)?;
         let hold_id = valid_id(HoldId::from(request.hold_id), HoldId::validate)?;
         self.read_barrier(request.consistency).await?;
-        let view =
-            crate::families::read(&self.router, |router| router.get_hold(&family_id, &hold_id))
-                .await
-                .map_err(router_status)?;
+        let view = self
+            .read(|router| router.get_hold(&family_id, &hold_id))
+            .await?;
         Ok(definite(pb::GetHoldReply::from_view(
             &family_id,
             view.as_ref(),
@@ -471,11 +481,9 @@ impl Budget for BudgetService {
         let family_id = request.family_id.as_deref().map(family).transpose()?;
         let limit = limit(request.limit);
         self.read_barrier(request.consistency).await?;
-        let holds = crate::families::read(&self.router, |router| {
-            router.list_holds(family_id.as_ref(), &filter, limit)
-        })
-        .await
-        .map_err(router_status)?;
+        let holds = self
+            .read(|router| router.list_holds(family_id.as_ref(), &filter, limit))
+            .await?;
         Ok(definite(pb::ListHoldsReply::from_holds(&holds, limit)))
     }
 }
