@@ -319,7 +319,7 @@ pub async fn render(sources: &Sources) -> String {
         "tally_requests_in_flight",
         "gauge",
         "Budget requests being served now.",
-        &plain(m.in_flight_requests.load(Ordering::Relaxed).to_string()),
+        &plain(m.in_flight_requests().to_string()),
     );
     metric(
         "tally_connections_refused_total",
@@ -331,7 +331,7 @@ pub async fn render(sources: &Sources) -> String {
         "tally_connections_open",
         "gauge",
         "gRPC connections open now (clients and peers).",
-        &plain(m.open_connections.load(Ordering::Relaxed).to_string()),
+        &plain(m.open_connections().to_string()),
     );
     metric(
         "tally_family_actors",
@@ -377,8 +377,11 @@ async fn render_stage_latency(out: &mut String, raft: &Raft) {
         "# HELP {NAME} Log entry stage-to-stage latency over openraft's recent window."
     );
     let _ = writeln!(out, "# TYPE {NAME} gauge");
-    for (stage, histogram) in &stages {
-        let p = histogram.percentile_stats();
+    let stats: Vec<_> = stages
+        .iter()
+        .map(|(stage, histogram)| (*stage, histogram.percentile_stats()))
+        .collect();
+    for (stage, p) in &stats {
         for (quantile, value) in [("0.5", p.p50), ("0.9", p.p90), ("0.99", p.p99)] {
             let _ = writeln!(
                 out,
@@ -391,12 +394,8 @@ async fn render_stage_latency(out: &mut String, raft: &Raft) {
         "# HELP {SAMPLES} Log entries behind tally_raft_stage_latency_microseconds, by stage."
     );
     let _ = writeln!(out, "# TYPE {SAMPLES} gauge");
-    for (stage, histogram) in &stages {
-        let _ = writeln!(
-            out,
-            "{SAMPLES}{{stage=\"{stage}\"}} {}",
-            histogram.percentile_stats().samples
-        );
+    for (stage, p) in &stats {
+        let _ = writeln!(out, "{SAMPLES}{{stage=\"{stage}\"}} {}", p.samples);
     }
 }
 
