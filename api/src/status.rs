@@ -60,6 +60,8 @@ pub fn grpc_code(kind: ErrorKind) -> Code {
         ErrorKind::Overflow => Code::OutOfRange,
         ErrorKind::Unavailable => Code::Unavailable,
         ErrorKind::Unknown => Code::Unknown,
+        ErrorKind::Unauthenticated => Code::Unauthenticated,
+        ErrorKind::PermissionDenied => Code::PermissionDenied,
         ErrorKind::Internal | ErrorKind::Unspecified => Code::Internal,
     }
 }

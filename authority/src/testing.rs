@@ -1,6 +1,9 @@
 //! Test support, public so every crate's tests can use it: in-process clusters of real nodes
 //! over gRPC on 127.0.0.1 (port 0), sharing one network fault switchboard, with crash
 //! (`kill`: tasks aborted, handles dropped) and restart from the same data dir and port.
+//! Clusters run with mutual TLS, as in production: each makes its own CA and certificates
+//! (nodes 1 to [`MAX_TEST_NODES`], `operator`, `kernel` with every namespace, `reader`) in
+//! `<dir>/tls`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -11,9 +14,11 @@ use crate::faults::NetworkFaults;
 use crate::node::config::NodeConfig;
 use crate::node::{self, NodeHandle};
 use crate::raft::types::current_metrics;
-use openraft::BasicNode;
+use crate::raft::types::TallyNode;
+use std::path::PathBuf;
 use tally_api::pb::admin_client::AdminClient;
 use tally_api::pb::budget_client::BudgetClient;
+use tally_tls::{TlsFiles, Transport};
 use tonic::transport::Channel;
 
 /// Liveness bound for tests: generous, never a performance assertion.
@@ -26,10 +31,29 @@ pub struct TestCluster {
     pub dir: tempfile::TempDir,
 }
 
+/// Node certificates made for every test cluster.
+pub const MAX_TEST_NODES: u64 = 9;
+
+/// Where a test cluster in `dir` keeps its CA and certificates.
+pub fn tls_dir(dir: &std::path::Path) -> PathBuf {
+    dir.join("tls")
+}
+
+/// The certificate `identity` of the test cluster in `dir` (`kernel`, `operator`, `reader`,
+/// `node-<id>`).
+pub fn transport(dir: &std::path::Path, identity: &str) -> Transport {
+    Transport::from_dir(&tls_dir(dir), identity, false).expect("test certificates load")
+}
+
+/// Node `id` of a test cluster in `dir`, with its certificates made if missing.
 pub fn config(dir: &std::path::Path, id: u64) -> NodeConfig {
+    tally_tls::issue::ensure_dev_certs(&tls_dir(dir), "tally-test", MAX_TEST_NODES)
+        .expect("test certificates");
     NodeConfig {
         node_id: id,
         listen_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        peer_listen_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        tls: Some(TlsFiles::in_dir(&tls_dir(dir), &format!("node-{id}"))),
         data_dir: dir.join(format!("node-{id}")),
         cluster_id: "tally-test".to_owned(),
         heartbeat_interval_ms: 50,
@@ -61,17 +85,10 @@ impl TestCluster {
             tweak(&mut config);
             cluster.launch(config).await;
         }
-        let members: BTreeMap<u64, BasicNode> = cluster
+        let members: BTreeMap<u64, TallyNode> = cluster
             .nodes
             .iter()
-            .map(|(id, node)| {
-                (
-                    *id,
-                    BasicNode {
-                        addr: node.local_addr.to_string(),
-                    },
-                )
-            })
+            .map(|(id, node)| (*id, node.config.member()))
             .collect();
         cluster.nodes[&1]
             .raft
@@ -90,6 +107,8 @@ impl TestCluster {
             .expect("node starts");
         config.listen_addr = node.local_addr;
         config.advertise_addr = Some(node.local_addr.to_string());
+        config.peer_listen_addr = node.peer_local_addr;
+        config.peer_advertise_addr = Some(node.peer_local_addr.to_string());
         self.configs.insert(id, config);
         self.nodes.insert(id, node);
         &self.nodes[&id]
@@ -153,16 +172,41 @@ impl TestCluster {
         self.configs[&id].listen_addr.to_string()
     }
 
-    pub async fn budget(&self, id: u64) -> BudgetClient<Channel> {
-        BudgetClient::connect(format!("http://{}", self.address(id)))
+    /// The certificate `identity` of this cluster (`kernel`, `operator`, `reader`...).
+    pub fn transport(&self, identity: &str) -> Transport {
+        transport(self.dir.path(), identity)
+    }
+
+    /// A channel to node `id`'s client port, presenting `identity`.
+    pub async fn channel(&self, id: u64, identity: &str) -> Channel {
+        self.transport(identity)
+            .endpoint(&self.address(id))
+            .expect("endpoint")
+            .connect()
             .await
             .expect("connect")
     }
 
+    /// The request that adds node `id` (already launched) as a learner, waiting for it.
+    pub fn learner_request(&self, id: u64) -> tally_api::pb::AddLearnerRequest {
+        let member = self.configs[&id].member();
+        tally_api::pb::AddLearnerRequest {
+            id,
+            address: member.addr,
+            blocking: true,
+            peer_address: member.peer_addr,
+            region: member.region,
+        }
+    }
+
+    /// Budget calls as the cluster's `kernel`.
+    pub async fn budget(&self, id: u64) -> BudgetClient<Channel> {
+        BudgetClient::new(self.channel(id, "kernel").await)
+    }
+
+    /// Admin calls as the cluster's `operator`.
     pub async fn admin(&self, id: u64) -> AdminClient<Channel> {
-        AdminClient::connect(format!("http://{}", self.address(id)))
-            .await
-            .expect("connect")
+        AdminClient::new(self.channel(id, "operator").await)
     }
 
     /// A crash: tasks aborted and handles dropped, no leadership transfer.

@@ -767,10 +767,13 @@ async fn a_write_with_no_leader_is_unavailable_and_definite() {
     let node = tally_authority::node::start(config(dir.path(), 1), faults)
         .await
         .expect("starts");
-    let mut client =
-        tally_api::pb::budget_client::BudgetClient::connect(format!("http://{}", node.local_addr))
-            .await
-            .expect("connect");
+    let channel = tally_authority::testing::transport(dir.path(), "kernel")
+        .endpoint(&node.local_addr.to_string())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = tally_api::pb::budget_client::BudgetClient::new(channel);
     let status = client
         .authorize_hold(authorize("fam", "h1", 10))
         .await
@@ -1429,12 +1432,7 @@ async fn a_hanging_request_holds_its_slot_only_until_the_request_timeout() {
     })
     .await;
     let leader = cluster.wait_leader().await;
-    let channel =
-        tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.address(leader)))
-            .expect("endpoint")
-            .connect()
-            .await
-            .expect("connect");
+    let channel = cluster.channel(leader, "kernel").await;
     let hang = |channel: tonic::transport::Channel| async move {
         let mut grpc = tonic::client::Grpc::new(channel);
         grpc.ready().await.expect("ready");
@@ -1499,6 +1497,7 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
     let leader = cluster.wait_leader().await;
     let metrics = cluster.nodes[&leader].metrics.clone();
     let address = cluster.address(leader);
+    let transport = cluster.transport("kernel");
     let wait_open = |count: u64| {
         let metrics = metrics.clone();
         async move {
@@ -1519,10 +1518,13 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
     wait_open(2).await;
 
     let refused = async {
-        let mut client =
-            tally_api::pb::budget_client::BudgetClient::connect(format!("http://{address}"))
-                .await
-                .map_err(|e| e.to_string())?;
+        let channel = transport
+            .endpoint(&address)
+            .map_err(|e| e.to_string())?
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut client = tally_api::pb::budget_client::BudgetClient::new(channel);
         client
             .authorize_hold(authorize("cap", "h1", 1))
             .await

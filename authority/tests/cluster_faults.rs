@@ -56,9 +56,12 @@ async fn leader_killed_mid_capture_stream_loses_no_acknowledged_decision() {
             .map(|i| cluster.address(ids[(k as usize + i) % ids.len()]))
             .collect();
         let acked = acked.clone();
+        let transport = cluster.transport("kernel");
         clients.push(tokio::spawn(async move {
             let mut at = 0;
-            let mut client = budget_at(&addresses[at]).await.expect("connect");
+            let mut client = budget_at(&transport, &addresses[at])
+                .await
+                .expect("connect");
             let family = format!("kill-{}", k % 2);
             let mut records: Vec<Record> = Vec::new();
             for j in 0..30 {
@@ -81,7 +84,7 @@ async fn leader_killed_mid_capture_stream_loses_no_acknowledged_decision() {
                     if failed {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         at = (at + 1) % addresses.len();
-                        if let Some(next) = budget_at(&addresses[at]).await {
+                        if let Some(next) = budget_at(&transport, &addresses[at]).await {
                             client = next;
                         }
                     }

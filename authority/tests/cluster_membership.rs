@@ -104,11 +104,7 @@ async fn a_learner_joins_by_snapshot_and_membership_goes_3_5_3_under_load() {
     learner.snapshot_every_entries = 20;
     cluster.launch(learner).await;
     let reply = admin
-        .add_learner(pb::AddLearnerRequest {
-            id: 4,
-            address: cluster.address(4),
-            blocking: true,
-        })
+        .add_learner(cluster.learner_request(4))
         .await
         .expect("add learner")
         .into_inner();
@@ -129,12 +125,15 @@ async fn a_learner_joins_by_snapshot_and_membership_goes_3_5_3_under_load() {
     cluster.launch(fifth).await;
     let stop = Arc::new(AtomicBool::new(false));
     let addresses: Vec<String> = (1..=4).map(|id| cluster.address(id)).collect();
+    let transport = cluster.transport("kernel");
     let load = {
         let stop = stop.clone();
         tokio::spawn(async move {
             let mut records = Vec::new();
             let mut at = 0;
-            let mut client = budget_at(&addresses[at]).await.expect("connect");
+            let mut client = budget_at(&transport, &addresses[at])
+                .await
+                .expect("connect");
             let mut i = 0;
             while !stop.load(Ordering::Relaxed) {
                 let command =
@@ -142,7 +141,7 @@ async fn a_learner_joins_by_snapshot_and_membership_goes_3_5_3_under_load() {
                 let result = send(&mut client, command.clone()).await;
                 if result.is_err() {
                     at = (at + 1) % addresses.len();
-                    if let Some(next) = budget_at(&addresses[at]).await {
+                    if let Some(next) = budget_at(&transport, &addresses[at]).await {
                         client = next;
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -155,11 +154,7 @@ async fn a_learner_joins_by_snapshot_and_membership_goes_3_5_3_under_load() {
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     admin
-        .add_learner(pb::AddLearnerRequest {
-            id: 5,
-            address: cluster.address(5),
-            blocking: true,
-        })
+        .add_learner(cluster.learner_request(5))
         .await
         .expect("add learner 5");
     admin

@@ -7,12 +7,17 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tally_api::pb::admin_client::AdminClient;
-use tally_api::pb::{InitializeRequest, StatusRequest};
+use tally_api::pb::{InitializeRequest, MemberAddress, StatusRequest};
+use tally_tls::{TlsFiles, Transport};
 
 pub struct ProcessCluster {
+    /// The operator's and the kernel's certificates of the cluster's own CA.
+    pub operator: Transport,
+    pub kernel: Transport,
     children: Vec<Child>,
     pub endpoints: Vec<String>,
     pub metrics: Vec<String>,
+    members: BTreeMap<u64, MemberAddress>,
 }
 
 impl ProcessCluster {
@@ -24,19 +29,28 @@ impl ProcessCluster {
         nodes: u16,
         base_port: u16,
     ) -> anyhow::Result<Self> {
+        let tls_dir = dir.join("tls");
+        tally_tls::issue::ensure_dev_certs(&tls_dir, "tally-bench", u64::from(nodes))?;
         let mut cluster = Self {
+            operator: Transport::from_dir(&tls_dir, "operator", false)?,
+            kernel: Transport::from_dir(&tls_dir, "kernel", false)?,
             children: Vec::new(),
             endpoints: Vec::new(),
             metrics: Vec::new(),
+            members: BTreeMap::new(),
         };
         for id in 1..=nodes {
             let addr = format!("127.0.0.1:{}", base_port + id);
             let metrics = format!("127.0.0.1:{}", base_port + 100 + id);
+            let peer = format!("127.0.0.1:{}", base_port + 200 + id);
             let data: PathBuf = dir.join(format!("node-{id}"));
+            let files = TlsFiles::in_dir(&tls_dir, &format!("node-{id}"));
             let child = Command::new(binary)
                 .arg("serve")
+                .envs(files.node_env())
                 .env("TALLY_NODE_ID", id.to_string())
                 .env("TALLY_LISTEN_ADDR", &addr)
+                .env("TALLY_PEER_LISTEN_ADDR", &peer)
                 .env("TALLY_METRICS_ADDR", &metrics)
                 .env("TALLY_DATA_DIR", &data)
                 .env("TALLY_CLUSTER_ID", "tally-bench")
@@ -46,17 +60,29 @@ impl ProcessCluster {
                 .spawn()
                 .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", binary.display()))?;
             cluster.children.push(child);
-            cluster.endpoints.push(addr);
+            cluster.endpoints.push(addr.clone());
+            cluster.members.insert(
+                u64::from(id),
+                MemberAddress {
+                    address: addr,
+                    peer_address: peer,
+                    region: "local".to_owned(),
+                },
+            );
             cluster.metrics.push(metrics);
         }
-        let members: BTreeMap<u64, String> = cluster
-            .endpoints
-            .iter()
-            .enumerate()
-            .map(|(i, a)| (i as u64 + 1, a.clone()))
-            .collect();
-        let mut first = connect_within(&cluster.endpoints[0], Duration::from_secs(15)).await?;
-        first.initialize(InitializeRequest { members }).await?;
+        let mut first = connect_within(
+            &cluster.operator,
+            &cluster.endpoints[0],
+            Duration::from_secs(15),
+        )
+        .await?;
+        first
+            .initialize(InitializeRequest {
+                members: BTreeMap::new(),
+                nodes: cluster.members.clone(),
+            })
+            .await?;
         cluster.wait_healthy(Duration::from_secs(30)).await?;
         Ok(cluster)
     }
@@ -66,7 +92,7 @@ impl ProcessCluster {
         loop {
             let mut healthy = 0;
             for endpoint in &self.endpoints {
-                if let Ok(mut admin) = connect(endpoint).await {
+                if let Ok(mut admin) = connect(&self.operator, endpoint).await {
                     if let Ok(status) = admin.status(StatusRequest {}).await {
                         healthy += usize::from(status.into_inner().healthy);
                     }
@@ -86,7 +112,7 @@ impl ProcessCluster {
     /// The leader's last log index (entries written so far).
     pub async fn leader_last_log(&self) -> anyhow::Result<u64> {
         for endpoint in &self.endpoints {
-            let mut admin = connect(endpoint).await?;
+            let mut admin = connect(&self.operator, endpoint).await?;
             let status = admin.status(StatusRequest {}).await?.into_inner();
             if status.leader_id == Some(status.node_id) {
                 return Ok(status.last_log_index.unwrap_or(0));
@@ -98,12 +124,13 @@ impl ProcessCluster {
 
 /// Processes take a moment to listen: retry until `within`.
 async fn connect_within(
+    transport: &Transport,
     endpoint: &str,
     within: Duration,
 ) -> anyhow::Result<AdminClient<tonic::transport::Channel>> {
     let start = Instant::now();
     loop {
-        match connect(endpoint).await {
+        match connect(transport, endpoint).await {
             Ok(client) => return Ok(client),
             Err(error) if start.elapsed() > within => return Err(error),
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
@@ -111,8 +138,13 @@ async fn connect_within(
     }
 }
 
-async fn connect(endpoint: &str) -> anyhow::Result<AdminClient<tonic::transport::Channel>> {
-    Ok(AdminClient::connect(format!("http://{endpoint}")).await?)
+async fn connect(
+    transport: &Transport,
+    endpoint: &str,
+) -> anyhow::Result<AdminClient<tonic::transport::Channel>> {
+    Ok(AdminClient::new(
+        transport.endpoint(endpoint)?.connect().await?,
+    ))
 }
 
 impl Drop for ProcessCluster {

@@ -198,6 +198,7 @@ async fn run_tally(
     );
     let client = Arc::new(TallyClient::new(ClientConfig::new(
         cluster.endpoints.clone(),
+        cluster.kernel.clone(),
     ))?);
     let mut runs = Vec::new();
     // Each load with and without the hot family back to back, so drift hits both alike.

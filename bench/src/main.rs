@@ -124,6 +124,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let client = Arc::new(TallyClient::new(ClientConfig::new(
         cluster.endpoints.clone(),
+        cluster.kernel.clone(),
     ))?);
     let mut scenarios = Vec::new();
     let scenarios_to_run = if args.scenarios.is_empty() {

@@ -1,7 +1,8 @@
-//! The cluster under test: 3 chaos-node processes on 127.0.0.1, each behind its proxy. The
-//! harness's own control calls (status, digests, final reads) go to the nodes' listen
-//! addresses directly, so a partition never blinds the harness; the workload's clients and
-//! the peers go through the proxies.
+//! The cluster under test: 3 chaos-node processes on 127.0.0.1, each port behind a proxy
+//! (one for the client port, one for the peer port), all with mutual TLS and certificates of
+//! the run's own CA. The harness's own control calls (status, digests, final reads) go to the
+//! nodes' listen addresses directly, so a partition never blinds the harness; the workload's
+//! clients go through the client proxies and Raft traffic through the peer proxies.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,7 +15,7 @@ use tally_api::pb::{self, NodeRole};
 use tally_api::MAX_MESSAGE_BYTES;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::checker::{FamilyState, ReplicaState};
 use crate::kernel::KernelProcess;
@@ -45,6 +46,8 @@ pub struct ChaosCluster {
     proxy_tasks: Vec<JoinHandle<()>>,
     /// Kernel node processes in front of the cluster (none without a kernel layer).
     pub kernels: BTreeMap<u64, KernelProcess>,
+    /// The run's CA and certificates (nodes, `operator`, `kernel`, `reader`).
+    pub tls_dir: PathBuf,
 }
 
 impl ChaosCluster {
@@ -57,7 +60,10 @@ impl ChaosCluster {
         snapshot_every_entries: u64,
     ) -> anyhow::Result<Self> {
         let net = Network::new();
+        let tls_dir = dir.join("tls");
+        tally_tls::issue::ensure_dev_certs(&tls_dir, "tally-chaos", count)?;
         let mut cluster = Self {
+            tls_dir: tls_dir.clone(),
             nodes: BTreeMap::new(),
             net: net.clone(),
             proxies: BTreeMap::new(),
@@ -69,6 +75,12 @@ impl ChaosCluster {
             let front = TcpListener::bind("127.0.0.1:0").await?;
             let front_addr = front.local_addr()?;
             cluster.proxy_tasks.push(net.spawn_proxy(id, front, listen));
+            let peer_listen = reserved_listen_addr()?;
+            let peer_front = TcpListener::bind("127.0.0.1:0").await?;
+            let peer_front_addr = peer_front.local_addr()?;
+            cluster
+                .proxy_tasks
+                .push(net.spawn_proxy(id, peer_front, peer_listen));
             let data_dir: PathBuf = dir.join(format!("node-{id}"));
             std::fs::create_dir_all(&data_dir)?;
             let spec = NodeSpec {
@@ -76,6 +88,9 @@ impl ChaosCluster {
                 binary: binary.to_owned(),
                 listen: listen.to_string(),
                 advertise: front_addr.to_string(),
+                peer_listen: peer_listen.to_string(),
+                peer_advertise: peer_front_addr.to_string(),
+                tls: tally_tls::TlsFiles::in_dir(&tls_dir, &format!("node-{id}")),
                 data_dir,
                 log_file: dir.join(format!("node-{id}.log")),
                 cluster_id: "tally-chaos".to_owned(),
@@ -85,14 +100,28 @@ impl ChaosCluster {
             cluster.nodes.insert(id, NodeProcess::new(spec));
             cluster.start_node(id, None)?;
         }
-        let members: BTreeMap<u64, String> = cluster.proxies.clone();
+        let members: BTreeMap<u64, pb::MemberAddress> = cluster
+            .nodes
+            .iter()
+            .map(|(id, node)| {
+                (
+                    *id,
+                    pb::MemberAddress {
+                        address: node.spec.advertise.clone(),
+                        peer_address: node.spec.peer_advertise.clone(),
+                        region: "local".to_owned(),
+                    },
+                )
+            })
+            .collect();
         let start = Instant::now();
         loop {
             let result = async {
                 let mut admin = cluster.admin(1).await?;
                 admin
                     .initialize(pb::InitializeRequest {
-                        members: members.clone(),
+                        members: BTreeMap::new(),
+                        nodes: members.clone(),
                     })
                     .await?;
                 anyhow::Ok(())
@@ -119,6 +148,15 @@ impl ChaosCluster {
 
     pub fn client_endpoints(&self) -> Vec<String> {
         self.proxies.values().cloned().collect()
+    }
+
+    /// The run's certificate `identity` (`kernel`, `operator`, `reader`).
+    pub fn transport(&self, identity: &str) -> anyhow::Result<tally_tls::Transport> {
+        Ok(tally_tls::Transport::from_dir(
+            &self.tls_dir,
+            identity,
+            false,
+        )?)
     }
 
     /// (Re)starts node `id` from its data dir with `failpoints` armed, if any.
@@ -152,9 +190,19 @@ impl ChaosCluster {
         self.nodes.get_mut(&id).is_some_and(NodeProcess::is_running)
     }
 
-    async fn channel(&self, id: u64, call_timeout: Duration) -> anyhow::Result<Channel> {
+    /// A direct channel to node `id`'s client port, presenting `identity` (`operator` for
+    /// control calls, `reader` for the final state read: it may read every family and the
+    /// digest, and write nothing).
+    async fn channel(
+        &self,
+        id: u64,
+        identity: &str,
+        call_timeout: Duration,
+    ) -> anyhow::Result<Channel> {
         let node = self.nodes.get(&id).context("no such node")?;
-        let endpoint = Endpoint::from_shared(format!("http://{}", node.spec.listen))?
+        let endpoint = self
+            .transport(identity)?
+            .endpoint(&node.spec.listen)?
             .connect_timeout(CONTROL_TIMEOUT)
             .timeout(call_timeout);
         Ok(tokio::time::timeout(CONTROL_TIMEOUT, endpoint.connect())
@@ -163,13 +211,15 @@ impl ChaosCluster {
     }
 
     pub async fn admin(&self, id: u64) -> anyhow::Result<AdminClient<Channel>> {
-        Ok(AdminClient::new(self.channel(id, CONTROL_TIMEOUT).await?))
+        Ok(AdminClient::new(
+            self.channel(id, "operator", CONTROL_TIMEOUT).await?,
+        ))
     }
 
     /// A client for the final state read (see `STATE_READ_TIMEOUT`).
     async fn state_reader(&self, id: u64) -> anyhow::Result<BudgetClient<Channel>> {
         Ok(
-            BudgetClient::new(self.channel(id, STATE_READ_TIMEOUT).await?)
+            BudgetClient::new(self.channel(id, "reader", STATE_READ_TIMEOUT).await?)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
         )
@@ -242,7 +292,7 @@ impl ChaosCluster {
 
     /// Node `id`'s state digest and the applied index it was taken at.
     pub async fn digest(&self, id: u64) -> anyhow::Result<(u64, String)> {
-        let mut admin = AdminClient::new(self.channel(id, STATE_READ_TIMEOUT).await?);
+        let mut admin = AdminClient::new(self.channel(id, "reader", STATE_READ_TIMEOUT).await?);
         let reply = admin
             .state_digest(pb::StateDigestRequest {})
             .await?

@@ -246,6 +246,7 @@ impl KernelFleet {
         dir: &Path,
         count: u64,
         cluster_endpoints: Vec<String>,
+        cluster_tls_dir: &Path,
         seed: u64,
     ) -> anyhow::Result<(Self, BTreeMap<u64, KernelProcess>)> {
         let mut rng = StdRng::seed_from_u64(seed ^ 0x6b65_726e);
@@ -270,10 +271,16 @@ impl KernelFleet {
             let listen = reserved_listen_addr()?;
             let receipt_log = dir.join(format!("kernel-{id}-receipts.jsonl"));
             let _ = std::fs::remove_file(&receipt_log);
+            // The seed stays out of the config file: a key file, created 0600 (the node
+            // refuses one anyone else can read).
+            let key_file = dir.join(format!("kernel-{id}.key"));
+            let _ = std::fs::remove_file(&key_file);
+            tally_kernel::key_file::write_key_file(&key_file, key)
+                .with_context(|| format!("write {}", key_file.display()))?;
             let config = KernelNodeConfig {
                 listen_addr: listen,
                 metrics_addr: None,
-                key_seed: Some(key.seed_base64()),
+                key_file: Some(key_file),
                 trusted_issuers: vec![issuer.public_key().to_base64()],
                 trusted_kernel_keys: kernel_keys
                     .iter()
@@ -281,6 +288,8 @@ impl KernelFleet {
                     .map(PublicKey::to_base64)
                     .collect(),
                 cluster_endpoints: cluster_endpoints.clone(),
+                // The run's `kernel` certificate (every namespace).
+                cluster_tls_dir: cluster_tls_dir.to_owned(),
                 rail: RailSettings {
                     kind: "remote".to_owned(),
                     endpoint: Some(rail_server.endpoint()),

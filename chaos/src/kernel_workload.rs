@@ -2,7 +2,9 @@
 //! calls on a few capabilities (two roots and a delegated child sharing its parent's budget).
 //! Some requests are sent to both kernels at once (identical request ids: exactly one may be
 //! allowed, pay and dispatch), some are retried later on either kernel, a few ask the tool to
-//! fail after its side effect. Bounded in operations; every call has a deadline.
+//! fail after its side effect. Every call is signed by its capability's holder (the kernel
+//! refuses a bare token), afresh on each send. Bounded in operations; every call has a
+//! deadline.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,9 +14,10 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-use tally_kernel::pipeline::wall_clock_ms;
+use tally_kernel::pipeline::{wall_clock_ms, Method};
 use tally_kernel::server::pb::kernel_client::KernelClient;
 use tally_kernel::server::pb::{self, Verdict};
+use tally_kernel::server::sign_tool_call;
 use tally_kernel::{CapabilityToken, Grant, KeyPair};
 use tonic::transport::{Channel, Endpoint};
 
@@ -79,12 +82,31 @@ impl KernelHistory {
     }
 }
 
-/// The capabilities the workload spends: `(name, token text)`.
+/// One capability the workload spends: its name in the history, its token text, and the key
+/// it was issued to (which signs every call on it).
+#[derive(Clone, Debug)]
+pub struct WorkloadCapability {
+    pub name: String,
+    pub token: String,
+    holder: KeyPair,
+}
+
+impl WorkloadCapability {
+    fn new(name: &str, token: &CapabilityToken, holder: &KeyPair) -> anyhow::Result<Self> {
+        Ok(Self {
+            name: name.to_owned(),
+            token: token.to_text()?,
+            holder: holder.clone(),
+        })
+    }
+}
+
+/// The capabilities the workload spends.
 pub fn capabilities(
     issuer: &KeyPair,
     agent: &KeyPair,
     seed: u64,
-) -> anyhow::Result<Vec<(String, String)>> {
+) -> anyhow::Result<Vec<WorkloadCapability>> {
     let now = wall_clock_ms();
     let until = now + 6 * 3_600_000;
     let a = CapabilityToken::issue(
@@ -113,9 +135,9 @@ pub fn capabilities(
         until,
     )?;
     Ok(vec![
-        ("root-a".to_owned(), a.to_text()?),
-        ("root-b".to_owned(), b.to_text()?),
-        ("child-of-a".to_owned(), child.to_text()?),
+        WorkloadCapability::new("root-a", &a, agent)?,
+        WorkloadCapability::new("root-b", &b, agent)?,
+        WorkloadCapability::new("child-of-a", &child, &sub)?,
     ])
 }
 
@@ -129,7 +151,7 @@ fn client(endpoint: &str) -> anyhow::Result<KernelClient<Channel>> {
 
 struct Call {
     request_id: String,
-    capability: (String, String),
+    capability: WorkloadCapability,
     arguments: String,
     twin: bool,
 }
@@ -141,16 +163,44 @@ async fn evaluate(
     start: Instant,
 ) -> KernelOp {
     let start_ms = start.elapsed().as_millis() as u64;
-    let request = pb::ToolCall {
+    let mut request = pb::ToolCall {
         request_id: call.request_id.clone(),
-        capability_token: call.capability.1.clone(),
+        capability_token: call.capability.token.clone(),
         server: TOOL_SERVER.to_owned(),
         tool: TOOL.to_owned(),
         arguments_json: call.arguments.clone(),
         execution_nonce: None,
+        possession: None,
     };
+    let signed = sign_tool_call(
+        &mut request,
+        Method::EvaluateToolCall,
+        &call.capability.holder,
+        wall_clock_ms(),
+    );
+    let (outcome, reason) = match signed {
+        Err(error) => ("error", Some(format!("not signed: {error}"))),
+        Ok(()) => answer(&mut client, request).await,
+    };
+    KernelOp {
+        request_id: call.request_id.clone(),
+        kernel,
+        capability: call.capability.name.clone(),
+        twin: call.twin,
+        start_ms,
+        end_ms: start.elapsed().as_millis() as u64,
+        outcome: outcome.to_owned(),
+        reason,
+    }
+}
+
+/// `(outcome, reason)` of one signed call.
+async fn answer(
+    client: &mut KernelClient<Channel>,
+    request: pb::ToolCall,
+) -> (&'static str, Option<String>) {
     let answer = tokio::time::timeout(CALL_TIMEOUT, client.evaluate_tool_call(request)).await;
-    let (outcome, reason) = match answer {
+    match answer {
         Ok(Ok(reply)) => {
             let reply = reply.into_inner();
             let outcome = if reply.verdict == Verdict::Allow as i32 {
@@ -165,16 +215,6 @@ async fn evaluate(
             Some(format!("{:?}: {}", status.code(), status.message())),
         ),
         Err(_) => ("error", Some(format!("no answer within {CALL_TIMEOUT:?}"))),
-    };
-    KernelOp {
-        request_id: call.request_id.clone(),
-        kernel,
-        capability: call.capability.0.clone(),
-        twin: call.twin,
-        start_ms,
-        end_ms: start.elapsed().as_millis() as u64,
-        outcome: outcome.to_owned(),
-        reason,
     }
 }
 
@@ -183,7 +223,7 @@ pub async fn run(
     config: KernelWorkloadConfig,
     seed: u64,
     endpoints: BTreeMap<u64, String>,
-    capabilities: Vec<(String, String)>,
+    capabilities: Vec<WorkloadCapability>,
     history: KernelHistory,
     start: Instant,
     stop: Arc<AtomicBool>,

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tally_api::pb::admin_client::AdminClient;
 use tally_api::pb::{NodeRole, StatusRequest};
-use tonic::transport::Endpoint;
 
 /// Samples kept; a soak of a day at 4 Hz fits.
 const MAX_SAMPLES: usize = 400_000;
@@ -32,6 +31,7 @@ impl LeaderWatch {
     pub fn spawn(
         &self,
         nodes: Vec<(u64, String)>,
+        transport: tally_tls::Transport,
         start: Instant,
         stop: Arc<AtomicBool>,
     ) -> tokio::task::JoinHandle<()> {
@@ -40,7 +40,7 @@ impl LeaderWatch {
             while !stop.load(Ordering::Relaxed) {
                 let mut best: Option<(u64, u64)> = None;
                 for (id, address) in &nodes {
-                    if let Some((role, term)) = probe(address).await {
+                    if let Some((role, term)) = probe(&transport, address).await {
                         if role == NodeRole::Leader as i32 && best.is_none_or(|(_, t)| term > t) {
                             best = Some((*id, term));
                         }
@@ -70,8 +70,9 @@ impl LeaderWatch {
     }
 }
 
-async fn probe(address: &str) -> Option<(i32, u64)> {
-    let endpoint = Endpoint::from_shared(format!("http://{address}"))
+async fn probe(transport: &tally_tls::Transport, address: &str) -> Option<(i32, u64)> {
+    let endpoint = transport
+        .endpoint(address)
         .ok()?
         .connect_timeout(TIMEOUT)
         .timeout(TIMEOUT);

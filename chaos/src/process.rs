@@ -32,6 +32,11 @@ pub struct NodeSpec {
     pub listen: String,
     /// What it advertises: its proxy.
     pub advertise: String,
+    /// Where its peer port (Raft) listens, and the proxy in front of it.
+    pub peer_listen: String,
+    pub peer_advertise: String,
+    /// Its node certificate, key and the cluster's CA.
+    pub tls: tally_tls::TlsFiles,
     pub data_dir: PathBuf,
     pub log_file: PathBuf,
     pub cluster_id: String,
@@ -77,9 +82,12 @@ impl NodeProcess {
         let mut command = Command::new(&spec.binary);
         command
             .arg("serve")
+            .envs(spec.tls.node_env())
             .env("TALLY_NODE_ID", spec.id.to_string())
             .env("TALLY_LISTEN_ADDR", &spec.listen)
             .env("TALLY_ADVERTISE_ADDR", &spec.advertise)
+            .env("TALLY_PEER_LISTEN_ADDR", &spec.peer_listen)
+            .env("TALLY_PEER_ADVERTISE_ADDR", &spec.peer_advertise)
             .env("TALLY_DATA_DIR", &spec.data_dir)
             .env("TALLY_CLUSTER_ID", &spec.cluster_id)
             .env(

@@ -82,7 +82,12 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<RunReport> {
         .iter()
         .map(|(id, n)| (*id, n.spec.listen.clone()))
         .collect();
-    let watcher = watch.spawn(direct, start, stop_watch.clone());
+    let watcher = watch.spawn(
+        direct,
+        cluster.transport("reader")?,
+        start,
+        stop_watch.clone(),
+    );
     let fleet = match &options.kernel_binary {
         Some(binary) => {
             let (fleet, processes) = KernelFleet::start(
@@ -90,6 +95,7 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<RunReport> {
                 &out.join("kernels"),
                 KERNELS,
                 cluster.client_endpoints(),
+                &cluster.tls_dir,
                 options.seed,
             )
             .await
@@ -106,6 +112,7 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<RunReport> {
         profile.workload.clone(),
         options.seed,
         cluster.client_endpoints(),
+        cluster.transport("kernel")?,
         recorder.clone(),
         stop.clone(),
     ));
@@ -243,7 +250,8 @@ async fn resolve_unknowns(
     cluster: &ChaosCluster,
     history: &[crate::history::Op],
 ) -> anyhow::Result<Vec<Resolution>> {
-    let mut config = workload::client_config(cluster.client_endpoints());
+    let mut config =
+        workload::client_config(cluster.client_endpoints(), cluster.transport("kernel")?);
     config.resolve_for = LIVENESS / 2;
     let client = Arc::new(TallyClient::new(config)?);
     // One budget for the whole phase: a cluster that stops answering must end the run with a
@@ -389,6 +397,7 @@ async fn collect_kernel_input(
     }
     let client = Arc::new(TallyClient::new(workload::client_config(
         cluster.client_endpoints(),
+        cluster.transport("reader")?,
     ))?);
     let wanted: Vec<_> = wanted.into_iter().collect();
     let mut journal = BTreeMap::new();

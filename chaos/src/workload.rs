@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tally_client::{ClientConfig, Outcome, TallyClient};
+use tally_client::{ClientConfig, Outcome, TallyClient, Transport};
 use tally_ledger::{
     AccountKey, AncestorAccount, AttemptId, ClientCommand, CommandHeader, EventId, GrantLimits,
     NonceId, Operation, Outcome as Answer,
@@ -80,7 +80,7 @@ pub fn families(count: usize, children: usize) -> Vec<FamilySpec> {
         .collect()
 }
 
-pub fn client_config(endpoints: Vec<String>) -> ClientConfig {
+pub fn client_config(endpoints: Vec<String>, transport: Transport) -> ClientConfig {
     ClientConfig {
         attempt_timeout: Duration::from_millis(1_500),
         // Shorter than most faults, so lost acknowledgements end as unknowns and the
@@ -89,19 +89,19 @@ pub fn client_config(endpoints: Vec<String>) -> ClientConfig {
         resolve_for: Duration::from_secs(2),
         backoff_min: Duration::from_millis(20),
         backoff_max: Duration::from_millis(400),
-        ..ClientConfig::new(endpoints)
+        ..ClientConfig::new(endpoints, transport)
     }
 }
 
 /// Worker 0's client: a kernel with a tight deadline. It gives up after a few hundred
 /// milliseconds, so every outage leaves unknowns for the liveness phase to resolve (some
 /// then tombstoned: not applied, never to apply).
-pub fn impatient_config(endpoints: Vec<String>) -> ClientConfig {
+pub fn impatient_config(endpoints: Vec<String>, transport: Transport) -> ClientConfig {
     ClientConfig {
         attempt_timeout: Duration::from_millis(400),
         retry_for: Duration::from_millis(300),
         resolve_for: Duration::from_millis(200),
-        ..client_config(endpoints)
+        ..client_config(endpoints, transport)
     }
 }
 
@@ -387,6 +387,7 @@ pub async fn run(
     config: WorkloadConfig,
     seed: u64,
     endpoints: Vec<String>,
+    transport: Transport,
     recorder: Recorder,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
@@ -396,9 +397,9 @@ pub async fn run(
     for worker in 0..config.workers {
         process += 1;
         let client_config = if worker == 0 {
-            impatient_config(endpoints.clone())
+            impatient_config(endpoints.clone(), transport.clone())
         } else {
-            client_config(endpoints.clone())
+            client_config(endpoints.clone(), transport.clone())
         };
         let caller = Caller {
             client: TallyClient::new(client_config)?,
@@ -426,12 +427,12 @@ pub async fn run(
     }
     for pair in 0..config.twin_pairs {
         let a = Caller {
-            client: TallyClient::new(client_config(endpoints.clone()))?,
+            client: TallyClient::new(client_config(endpoints.clone(), transport.clone()))?,
             process: process + 1,
             recorder: recorder.clone(),
         };
         let b = Caller {
-            client: TallyClient::new(client_config(endpoints.clone()))?,
+            client: TallyClient::new(client_config(endpoints.clone(), transport.clone()))?,
             process: process + 2,
             recorder: recorder.clone(),
         };

@@ -20,7 +20,7 @@
 use anyhow::{bail, ensure, Context};
 use clap::Parser;
 use rand::Rng;
-use tally_client::{ids, wall_clock_ms, ClientConfig, Outcome, TallyClient};
+use tally_client::{ids, wall_clock_ms, ClientConfig, Outcome, TallyClient, Transport};
 use tally_ledger::{
     AccountKey, AttemptId, CapabilityId, ClientCommand, CommandHeader, Decision, EventId, FamilyId,
     GrantLimits, Operation, Outcome as Answer,
@@ -38,6 +38,12 @@ struct Args {
     /// The cost the tool call turns out to have, in cents (at most the $100.00 authorized).
     #[arg(long, default_value_t = 4_250)]
     realized_cents: u64,
+    /// The cluster's CA and a `kernel` client certificate (`tally-node dev` writes them).
+    #[arg(long, env = "TALLY_TLS_DIR", default_value = "./tally-data/tls")]
+    tls_dir: std::path::PathBuf,
+    /// Plaintext, for a cluster started with --insecure.
+    #[arg(long)]
+    insecure: bool,
 }
 
 /// The grant's limits: 50 calls, $100.00 a call, $1,000.00 in all, in US cents. The first
@@ -71,7 +77,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     );
     // The client finds the leader, retries a command whose outcome is unknown with the same
     // event id, and calls ResolveEvent when retrying runs out (ClientConfig's timeouts).
-    let client = TallyClient::new(ClientConfig::new(args.endpoint.clone()))
+    // Budget commands need a `kernel` client certificate of the cluster's CA.
+    let transport = Transport::from_dir(&args.tls_dir, "kernel", args.insecure)?;
+    let client = TallyClient::new(ClientConfig::new(args.endpoint.clone(), transport))
         .context("building the client")?;
 
     // A family is the root capability of a delegation chain (the unit the cluster

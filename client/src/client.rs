@@ -29,6 +29,11 @@ pub struct TallyClient {
 enum Attempt {
     Decided(Decision),
     Refused(tally_ledger::LedgerError),
+    /// The node would not let this client in (certificate, role or namespace): definite,
+    /// and every node will answer the same.
+    Denied {
+        reason: String,
+    },
     /// Not proposed: safe to try elsewhere.
     NotProposed {
         reason: String,
@@ -41,7 +46,11 @@ enum Attempt {
 
 impl TallyClient {
     pub fn new(config: ClientConfig) -> Result<Self, ClientError> {
-        let nodes = Nodes::new(config.endpoints.clone(), config.attempt_timeout)?;
+        let nodes = Nodes::new(
+            config.endpoints.clone(),
+            config.attempt_timeout,
+            config.transport.clone(),
+        )?;
         Ok(Self {
             nodes,
             config,
@@ -80,6 +89,8 @@ impl TallyClient {
             match self.attempt(&Command::Apply(command.clone())).await {
                 Attempt::Decided(decision) => return Outcome::Decided(decision),
                 Attempt::Refused(error) => return Outcome::Refused(error),
+                // The same credentials will be refused again: not applied, stop now.
+                Attempt::Denied { reason } => return Outcome::Unavailable { reason },
                 Attempt::NotProposed { reason } => last_reason = reason,
                 Attempt::Indefinite { reason } => indefinite = Some(reason),
             }
@@ -122,6 +133,13 @@ impl TallyClient {
                 }
                 // A refused resolve (a conflict) is definite about the original too.
                 Attempt::Refused(error) => return Outcome::Refused(error),
+                // Refused before the log was read: nothing is known of the original.
+                Attempt::Denied { reason: why } => {
+                    return Outcome::Unknown {
+                        event_id,
+                        reason: why,
+                    }
+                }
                 Attempt::NotProposed { reason: why } | Attempt::Indefinite { reason: why } => {
                     reason = why
                 }
@@ -207,6 +225,9 @@ impl TallyClient {
     fn classify_remote(&self, target: &str, remote: Option<RemoteError>) -> Attempt {
         match remote {
             Some(RemoteError::Ledger(error)) => Attempt::Refused(error),
+            Some(denied @ RemoteError::Refused { .. }) => Attempt::Denied {
+                reason: format!("{target}: {denied}"),
+            },
             Some(RemoteError::Unavailable {
                 message,
                 leader_address,
@@ -251,7 +272,7 @@ impl TallyClient {
                 Ok(Ok(reply)) => return Ok(reply.into_inner()),
                 Ok(Err(status)) => {
                     let remote = RemoteError::from(&status);
-                    if let RemoteError::Ledger(_) = remote {
+                    if matches!(remote, RemoteError::Ledger(_) | RemoteError::Refused { .. }) {
                         return Err(remote.into());
                     }
                     self.nodes.note_leader(leader_hint(&status));

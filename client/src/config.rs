@@ -3,10 +3,14 @@
 
 use std::time::Duration;
 
+pub use tally_tls::Transport;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClientConfig {
     /// Seed endpoints (`host:port`); the client learns the leader from them.
     pub endpoints: Vec<String>,
+    /// Mutual TLS with this client's certificate, or plaintext against `--insecure` nodes.
+    pub transport: Transport,
     /// One attempt's timeout.
     pub attempt_timeout: Duration,
     /// How long a command is retried (same event id) before the client resolves it.
@@ -19,9 +23,10 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
-    pub fn new(endpoints: Vec<String>) -> Self {
+    pub fn new(endpoints: Vec<String>, transport: Transport) -> Self {
         Self {
             endpoints,
+            transport,
             attempt_timeout: Duration::from_secs(5),
             retry_for: Duration::from_secs(10),
             resolve_for: Duration::from_secs(10),

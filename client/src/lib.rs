@@ -15,7 +15,7 @@ pub mod reads;
 pub use batcher::BatchingClient;
 pub use client::TallyClient;
 pub use clock::wall_clock_ms;
-pub use config::{BatchConfig, ClientConfig};
+pub use config::{BatchConfig, ClientConfig, Transport};
 pub use error::ClientError;
 pub use outcome::Outcome;
 pub use tally_api::convert::list_page::{HoldPage, UsagePage};

@@ -8,7 +8,8 @@ use std::time::Duration;
 use tally_api::pb::admin_client::AdminClient;
 use tally_api::pb::budget_client::BudgetClient;
 use tally_api::MAX_MESSAGE_BYTES;
-use tonic::transport::{Channel, Endpoint};
+use tally_tls::Transport;
+use tonic::transport::Channel;
 
 use crate::error::ClientError;
 
@@ -16,6 +17,7 @@ pub struct Nodes {
     channels: Mutex<BTreeMap<String, Channel>>,
     state: Mutex<Guess>,
     attempt_timeout: Duration,
+    transport: Transport,
 }
 
 struct Guess {
@@ -25,7 +27,11 @@ struct Guess {
 }
 
 impl Nodes {
-    pub fn new(endpoints: Vec<String>, attempt_timeout: Duration) -> Result<Self, ClientError> {
+    pub fn new(
+        endpoints: Vec<String>,
+        attempt_timeout: Duration,
+        transport: Transport,
+    ) -> Result<Self, ClientError> {
         if endpoints.is_empty() {
             return Err(ClientError::Config(
                 "at least one endpoint is needed".to_owned(),
@@ -39,6 +45,7 @@ impl Nodes {
                 next: 0,
             }),
             attempt_timeout,
+            transport,
         })
     }
 
@@ -84,7 +91,9 @@ impl Nodes {
         if let Some(channel) = channels.get(address) {
             return Ok(channel.clone());
         }
-        let channel = Endpoint::from_shared(format!("http://{address}"))
+        let channel = self
+            .transport
+            .endpoint(address)
             .map_err(|e| ClientError::Config(format!("bad endpoint {address:?}: {e}")))?
             .connect_timeout(self.attempt_timeout)
             .timeout(self.attempt_timeout)

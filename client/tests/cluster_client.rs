@@ -18,7 +18,7 @@ fn client_for(cluster: &TestCluster, retry_for: Duration) -> TallyClient {
         .keys()
         .map(|id| cluster.address(*id))
         .collect();
-    let mut config = ClientConfig::new(endpoints);
+    let mut config = ClientConfig::new(endpoints, cluster.transport("kernel"));
     config.attempt_timeout = Duration::from_secs(2);
     config.retry_for = retry_for;
     config.resolve_for = Duration::from_secs(10);
@@ -299,7 +299,8 @@ async fn a_client_that_knows_only_a_follower_moves_to_the_leader_after_one_write
     let cluster = TestCluster::start(3).await;
     let leader = cluster.wait_leader().await;
     let follower = *cluster.configs.keys().find(|id| **id != leader).unwrap();
-    let mut config = ClientConfig::new(vec![cluster.address(follower)]);
+    let mut config =
+        ClientConfig::new(vec![cluster.address(follower)], cluster.transport("kernel"));
     config.attempt_timeout = Duration::from_secs(2);
     let client = Arc::new(TallyClient::new(config).expect("client"));
     let forwarded = || cluster.nodes[&follower].metrics.forwarded_writes();

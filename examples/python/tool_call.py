@@ -91,9 +91,30 @@ def outcome_name(decision):
     return decision.outcome.WhichOneof("outcome")
 
 
+def channel_to(endpoint, tls_dir, insecure):
+    """Mutual TLS with the `kernel` certificate `tally-node dev` wrote (the role that may send
+    budget commands); plaintext only for a cluster started with --insecure."""
+    if insecure:
+        return grpc.insecure_channel(endpoint)
+    def read(name):
+        path = os.path.join(tls_dir, name)
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise SystemExit(f"no {path}: start `tally-node dev` (it writes certificates there) or pass --tls-dir")
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=read("ca.pem"),
+        private_key=read("kernel.key"),
+        certificate_chain=read("kernel.pem"),
+    )
+    # Node certificates name `tally-node`, whatever address the node is reached at.
+    return grpc.secure_channel(endpoint, credentials, options=[("grpc.ssl_target_name_override", "tally-node")])
+
+
 class Example:
-    def __init__(self, endpoint):
-        self.channel = grpc.insecure_channel(endpoint)
+    def __init__(self, endpoint, tls_dir, insecure):
+        self.channel = channel_to(endpoint, tls_dir, insecure)
         self.budget = budget_pb2_grpc.BudgetStub(self.channel)
         run_id = f"{int(time.time() * 1000)}-{random.getrandbits(32):08x}"
         # A family is the root capability of a delegation chain (the unit the cluster
@@ -348,8 +369,10 @@ class Example:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--endpoint", default="127.0.0.1:7401", help="a cluster node (host:port); followers forward writes")
+    parser.add_argument("--tls-dir", default=os.environ.get("TALLY_TLS_DIR", "./tally-data/tls"), help="the cluster's CA and the kernel certificate")
+    parser.add_argument("--insecure", action="store_true", help="plaintext, for a cluster started with --insecure")
     args = parser.parse_args()
-    example = Example(args.endpoint)
+    example = Example(args.endpoint, args.tls_dir, args.insecure)
     try:
         grpc.channel_ready_future(example.channel).result(timeout=TIMEOUT_S)
         hold = example.tool_call()

@@ -10,8 +10,9 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+use crate::key_file::{read_key_file, KeyFileError};
 use crate::keys::{KeyPair, PublicKey};
-use crate::pipeline::KernelConfig;
+use crate::pipeline::{KernelConfig, MAX_POSSESSION_SKEW_MS};
 use crate::reconciler::ReconcilerConfig;
 use crate::token::TrustList;
 use crate::tool::MAX_TOOL_SERVERS;
@@ -26,7 +27,8 @@ pub struct KernelNodeConfig {
     pub listen_addr: SocketAddr,
     /// Where `/metrics` (Prometheus text) listens; none disables it.
     pub metrics_addr: Option<SocketAddr>,
-    /// The node's signing key as a base64 seed, or a file holding one (`key_file` wins).
+    /// The node's signing key as a base64 seed, or a file holding one (`key_file` wins). The
+    /// file must be private to its owner (mode 0600 or 0400; see [`crate::key_file`]).
     pub key_seed: Option<String>,
     pub key_file: Option<PathBuf>,
     /// Root issuers of capability tokens (base64 public keys).
@@ -35,6 +37,13 @@ pub struct KernelNodeConfig {
     pub trusted_kernel_keys: Vec<String>,
     /// Tally cluster endpoints (`host:port`).
     pub cluster_endpoints: Vec<String>,
+    /// The cluster's CA and this kernel's client certificate: `<dir>/ca.pem` and
+    /// `<dir>/<cluster_identity>.pem`/`.key` (a `kernel` certificate; `tally-node dev`
+    /// writes ./tally-data/tls).
+    pub cluster_tls_dir: PathBuf,
+    pub cluster_identity: String,
+    /// Plaintext to a cluster started with `--insecure`.
+    pub cluster_insecure: bool,
     pub rail: RailSettings,
     pub tool_servers: Vec<ToolServerSettings>,
     pub dispatch_deadline_ms: u64,
@@ -43,6 +52,9 @@ pub struct KernelNodeConfig {
     pub preflight_hold_timeout_ms: u64,
     pub require_nonce: bool,
     pub nonce_ttl_ms: u64,
+    /// How far a request's proof-of-possession `signed_at_ms` may lie from this node's clock,
+    /// either side (docs/spec.md §9, "Proof of possession").
+    pub possession_max_skew_ms: u64,
     pub client_attempt_timeout_ms: u64,
     pub client_retry_for_ms: u64,
     pub client_resolve_for_ms: u64,
@@ -92,6 +104,9 @@ impl Default for KernelNodeConfig {
             trusted_issuers: Vec::new(),
             trusted_kernel_keys: Vec::new(),
             cluster_endpoints: vec!["127.0.0.1:7401".to_owned()],
+            cluster_tls_dir: PathBuf::from("./tally-data/tls"),
+            cluster_identity: "kernel".to_owned(),
+            cluster_insecure: false,
             rail: RailSettings {
                 kind: "memory".to_owned(),
                 endpoint: None,
@@ -105,6 +120,7 @@ impl Default for KernelNodeConfig {
             preflight_hold_timeout_ms: pipeline.preflight_hold_timeout_ms,
             require_nonce: pipeline.require_nonce,
             nonce_ttl_ms: pipeline.nonce_ttl_ms,
+            possession_max_skew_ms: pipeline.possession_max_skew_ms,
             client_attempt_timeout_ms: 5_000,
             client_retry_for_ms: 10_000,
             client_resolve_for_ms: 10_000,
@@ -126,6 +142,8 @@ pub enum ConfigError {
     Load(#[from] Box<figment::Error>),
     #[error("invalid configuration: {0}")]
     Invalid(String),
+    #[error(transparent)]
+    KeyFile(#[from] KeyFileError),
 }
 
 fn invalid<T>(reason: impl Into<String>) -> Result<T, ConfigError> {
@@ -195,6 +213,12 @@ impl KernelNodeConfig {
         if self.nonce_ttl_ms == 0 || self.nonce_ttl_ms > crate::nonce::MAX_NONCE_TTL_MS {
             return invalid("nonce_ttl_ms must be 1 ms to the ledger's maximum nonce lifetime");
         }
+        if self.possession_max_skew_ms == 0 || self.possession_max_skew_ms > MAX_POSSESSION_SKEW_MS
+        {
+            return invalid(format!(
+                "possession_max_skew_ms must be 1 to {MAX_POSSESSION_SKEW_MS} ms"
+            ));
+        }
         // A reconciler must never finish a hold whose owner may still be running the call:
         // a hold is captured within its timeout, then dispatched within the deadline.
         let busy_for = self
@@ -214,14 +238,12 @@ impl KernelNodeConfig {
 
     /// The node's key: `key_file`, else `key_seed`; a node without one cannot sign.
     pub fn keypair(&self) -> Result<KeyPair, ConfigError> {
-        let seed = match (&self.key_file, &self.key_seed) {
-            (Some(path), _) => std::fs::read_to_string(path)
-                .map_err(|e| ConfigError::Invalid(format!("key_file {}: {e}", path.display())))?,
-            (None, Some(seed)) => seed.clone(),
-            (None, None) => return invalid("key_seed or key_file is required"),
-        };
-        KeyPair::from_seed_base64(seed.trim())
-            .map_err(|e| ConfigError::Invalid(format!("node key: {e}")))
+        match (&self.key_file, &self.key_seed) {
+            (Some(path), _) => Ok(read_key_file(path)?),
+            (None, Some(seed)) => KeyPair::from_seed_base64(seed.trim())
+                .map_err(|e| ConfigError::Invalid(format!("node key: {e}"))),
+            (None, None) => invalid("key_seed or key_file is required"),
+        }
     }
 
     pub fn token_issuers(&self) -> Result<TrustList, ConfigError> {
@@ -243,15 +265,22 @@ impl KernelNodeConfig {
             preflight_hold_timeout_ms: self.preflight_hold_timeout_ms,
             require_nonce: self.require_nonce,
             nonce_ttl_ms: self.nonce_ttl_ms,
+            possession_max_skew_ms: self.possession_max_skew_ms,
         }
     }
 
-    pub fn client(&self) -> tally_client::ClientConfig {
-        let mut client = tally_client::ClientConfig::new(self.cluster_endpoints.clone());
+    /// How this kernel reaches the cluster; fails if its certificate cannot be loaded.
+    pub fn client(&self) -> Result<tally_client::ClientConfig, tally_tls::TlsError> {
+        let transport = tally_client::Transport::from_dir(
+            &self.cluster_tls_dir,
+            &self.cluster_identity,
+            self.cluster_insecure,
+        )?;
+        let mut client = tally_client::ClientConfig::new(self.cluster_endpoints.clone(), transport);
         client.attempt_timeout = Duration::from_millis(self.client_attempt_timeout_ms);
         client.retry_for = Duration::from_millis(self.client_retry_for_ms);
         client.resolve_for = Duration::from_millis(self.client_resolve_for_ms);
-        client
+        Ok(client)
     }
 
     pub fn reconciler(&self) -> ReconcilerConfig {
@@ -316,7 +345,36 @@ mod tests {
             "reconciler would race live owners"
         );
         config.reconciler.stale_after_ms = KernelNodeConfig::default().reconciler.stale_after_ms;
+        config.possession_max_skew_ms = 0;
+        assert!(config.validate().is_err(), "no freshness window");
+        config.possession_max_skew_ms = MAX_POSSESSION_SKEW_MS + 1;
+        assert!(config.validate().is_err(), "too wide a freshness window");
+        config.possession_max_skew_ms = KernelNodeConfig::default().possession_max_skew_ms;
         config.trusted_issuers = vec!["not a key".into()];
         assert!(config.validate().is_err());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_key_file_readable_by_others_fails_validation() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("kernel.key");
+        crate::key_file::write_key_file(&path, &KeyPair::from_seed(&[6; 32])).expect("write");
+        let config = KernelNodeConfig {
+            key_file: Some(path.clone()),
+            ..KernelNodeConfig::default()
+        };
+        assert!(config.validate().is_ok());
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let error = config.validate().expect_err("0644 key");
+        assert!(
+            matches!(
+                error,
+                ConfigError::KeyFile(KeyFileError::Exposed { mode: 0o644, .. })
+            ),
+            "{error}"
+        );
+        assert!(error.to_string().contains("chmod 600"), "{error}");
     }
 }

@@ -1,9 +1,10 @@
 //! `tally-kernel demo`: one kernel node in front of a running Tally cluster (the README's
 //! `tally-node dev`), evaluating one monetary tool call end to end: a capability token is
-//! issued, an HTTP JSON tool server and an in-memory payment rail are started in-process, and
-//! the kernel authorizes a hold, captures it, pays, dispatches, reconciles and signs a receipt.
-//! It then evaluates the same request again (a retry: no second payment or dispatch) and shows
-//! the cluster's journal for the family.
+//! issued, an HTTP JSON tool server and an in-memory payment rail are started in-process. The
+//! token sent alone, without its holder's signature, is denied before anything is written;
+//! signed by the holder, the kernel authorizes a hold, captures it, pays, dispatches,
+//! reconciles and signs a receipt. It then evaluates the same request again (a retry: no second
+//! payment or dispatch) and shows the cluster's journal for the family.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use tally_ledger::{AccountKey, FamilyId};
 
 use crate::money::Money;
 use crate::payment::InMemoryRail;
-use crate::pipeline::{wall_clock_ms, BudgetLedger, Kernel, ToolCallRequest};
+use crate::pipeline::{wall_clock_ms, BudgetLedger, Kernel, Method, ToolCallRequest};
 use crate::tool::testing::{spawn_http_tool_server, Behavior};
 use crate::tool::HttpToolServer;
 use crate::{CapabilityToken, Grant, KeyPair, TrustList};
@@ -31,8 +32,13 @@ fn setup<E: std::fmt::Display>(error: E) -> DemoError {
 }
 
 /// Runs the demo against `endpoints`; prints what happens.
-pub async fn run(endpoints: Vec<String>, cost_units: u64) -> Result<(), DemoError> {
-    let client = Arc::new(TallyClient::new(ClientConfig::new(endpoints.clone())).map_err(setup)?);
+pub async fn run(
+    endpoints: Vec<String>,
+    transport: tally_client::Transport,
+    cost_units: u64,
+) -> Result<(), DemoError> {
+    let client =
+        Arc::new(TallyClient::new(ClientConfig::new(endpoints.clone(), transport)).map_err(setup)?);
     let issuer = KeyPair::generate();
     let agent = KeyPair::generate();
     let now = wall_clock_ms();
@@ -68,15 +74,27 @@ pub async fn run(endpoints: Vec<String>, cost_units: u64) -> Result<(), DemoErro
     )
     .with_tool_server(Arc::new(tool));
 
-    let request = ToolCallRequest {
+    let mut request = ToolCallRequest {
         request_id: format!("demo-{now}"),
         capability: token.clone(),
         server: "cost-srv".to_owned(),
         tool: "compute".to_owned(),
-        arguments: serde_json::json!({ "question": "6 * 7" }),
+        arguments: serde_json::json!({ "question": "6 * 7" }).into(),
         execution_nonce: None,
+        possession: None,
     };
+    // The agent proves it holds the token's subject key; the token alone is not enough.
+    let stolen = kernel.evaluate(&request).await.map_err(setup)?;
+    println!(
+        "\nthe token alone, unsigned (as a thief would send it): {:?} ({})",
+        stolen.verdict,
+        stolen.reason.unwrap_or_default()
+    );
     for attempt in ["first call", "retry of the same request"] {
+        // Each send is signed afresh: a proof is good for a short window only.
+        request
+            .sign(Method::EvaluateToolCall, &agent)
+            .map_err(setup)?;
         let response = kernel.evaluate(&request).await.map_err(setup)?;
         println!(
             "\n{attempt}: {:?}{}",

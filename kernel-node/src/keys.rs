@@ -5,7 +5,7 @@ use std::fmt;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
-use ed25519_dalek::{Signer as _, SigningKey, Verifier as _, VerifyingKey};
+use ed25519_dalek::{Signer as _, SigningKey, VerifyingKey};
 use rand::RngCore as _;
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -57,6 +57,11 @@ impl PublicKey {
 
     /// Checks `signature` over `domain || message`. The domain keeps a token signature from
     /// ever being accepted as a receipt signature (a kernel key may issue both).
+    ///
+    /// Strict (RFC 8032 with ed25519-dalek's `verify_strict`): weak (small-order) public keys
+    /// and non-canonical signature points are refused, so no signature verifies for more than
+    /// one message under a key nobody holds the secret of, and every verifier in this crate
+    /// (tokens, tickets, receipts, nonces, proofs of possession) agrees on what is valid.
     pub fn verify(
         &self,
         domain: &[u8],
@@ -65,7 +70,7 @@ impl PublicKey {
     ) -> Result<(), KeyError> {
         let key = VerifyingKey::from_bytes(&self.0).map_err(|_| KeyError::InvalidPublicKey)?;
         let signature = ed25519_dalek::Signature::from_bytes(&signature.0);
-        key.verify(&framed(domain, message), &signature)
+        key.verify_strict(&framed(domain, message), &signature)
             .map_err(|_| KeyError::BadSignature)
     }
 }
@@ -221,6 +226,8 @@ impl<'de> Deserialize<'de> for Signature {
 
 #[cfg(test)]
 mod tests {
+    use ed25519_dalek::Verifier as _;
+
     use super::*;
 
     #[test]
@@ -264,6 +271,33 @@ mod tests {
         let restored = KeyPair::from_seed_base64(&key.seed_base64()).expect("seed");
         assert_eq!(restored.public_key(), public);
         assert!(!format!("{key:?}").contains(&key.seed_base64()));
+    }
+
+    /// The identity point is a weak (small-order) key: with `R` = identity and `S` = 0 the
+    /// cofactorless check `[S]B = R + [k]A` holds for every message. Plain `verify` accepts
+    /// that forgery; `verify_strict` must not.
+    #[test]
+    fn a_weak_key_forgery_is_refused() {
+        let mut identity = [0u8; PUBLIC_KEY_BYTES];
+        identity[0] = 1;
+        let weak = PublicKey(identity);
+        let mut forged = [0u8; SIGNATURE_BYTES];
+        forged[0] = 1;
+        let forged = Signature(forged);
+        let dalek_key = VerifyingKey::from_bytes(&identity).expect("the identity decodes");
+        assert!(
+            dalek_key
+                .verify(
+                    &framed(b"d", b"any message"),
+                    &ed25519_dalek::Signature::from_bytes(&forged.0)
+                )
+                .is_ok(),
+            "the forgery passes the lax check, so this test exercises strictness"
+        );
+        assert_eq!(
+            weak.verify(b"d", b"any message", &forged),
+            Err(KeyError::BadSignature)
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! keeps no state of its own that matters: budgets live in the cluster, payments on the rail,
 //! and receipts are signed facts about both that anyone with the kernel's public key can check.
 
+pub mod key_file;
 pub mod keys;
 pub mod money;
 pub mod payment;

@@ -11,9 +11,11 @@ use std::sync::atomic::Ordering;
 use support::Env;
 use tally_kernel::config::{KernelNodeConfig, ToolServerSettings};
 use tally_kernel::money::Money;
+use tally_kernel::pipeline::{reasons, wall_clock_ms, Method};
 use tally_kernel::receipt::Receipt;
 use tally_kernel::server::pb::kernel_client::KernelClient;
 use tally_kernel::server::pb::{self, Verdict};
+use tally_kernel::server::{sign_complete, sign_tool_call};
 use tally_kernel::tool::testing::{spawn_http_tool_server, Behavior};
 use tally_kernel::{verify_receipt, Grant, KeyPair, TrustList};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -30,6 +32,7 @@ fn node_config(env: &Env, key: &KeyPair, tools: Vec<ToolServerSettings>) -> Kern
             .keys()
             .map(|id| env.cluster.address(*id))
             .collect(),
+        cluster_tls_dir: tally_authority::testing::tls_dir(env.cluster.dir.path()),
         tool_servers: tools,
         dispatch_deadline_ms: 300,
         client_retry_for_ms: 5_000,
@@ -38,6 +41,7 @@ fn node_config(env: &Env, key: &KeyPair, tools: Vec<ToolServerSettings>) -> Kern
     }
 }
 
+/// An unsigned call: what a thief holding only the token would send.
 fn call(request_id: &str, token: &tally_kernel::CapabilityToken, tool: &str) -> pb::ToolCall {
     pb::ToolCall {
         request_id: request_id.to_owned(),
@@ -46,7 +50,14 @@ fn call(request_id: &str, token: &tally_kernel::CapabilityToken, tool: &str) -> 
         tool: tool.to_owned(),
         arguments_json: r#"{"path": "/tmp/x"}"#.to_owned(),
         execution_nonce: None,
+        possession: None,
     }
+}
+
+/// `call` signed by the token's holder for `method`; sign after the last change to a field.
+fn signed(mut call: pb::ToolCall, method: Method) -> pb::ToolCall {
+    sign_tool_call(&mut call, method, &support::agent(), wall_clock_ms()).expect("sign");
+    call
 }
 
 async fn scrape(address: SocketAddr) -> String {
@@ -122,7 +133,10 @@ async fn the_kernel_node_serves_evaluate_and_two_phase_over_grpc() {
     ]);
 
     let evaluation = a
-        .evaluate_tool_call(call("req-grpc-1", &token, "compute"))
+        .evaluate_tool_call(signed(
+            call("req-grpc-1", &token, "compute"),
+            Method::EvaluateToolCall,
+        ))
         .await
         .expect("evaluate")
         .into_inner();
@@ -143,7 +157,7 @@ async fn the_kernel_node_serves_evaluate_and_two_phase_over_grpc() {
     let mut slow_call = call("req-grpc-slow", &token, "compute");
     slow_call.server = "http-slow".into();
     let slow_eval = a
-        .evaluate_tool_call(slow_call)
+        .evaluate_tool_call(signed(slow_call, Method::EvaluateToolCall))
         .await
         .expect("evaluate")
         .into_inner();
@@ -162,7 +176,7 @@ async fn the_kernel_node_serves_evaluate_and_two_phase_over_grpc() {
     let mut dead_call = call("req-grpc-dead", &token, "compute");
     dead_call.server = "http-dead".into();
     let dead_eval = a
-        .evaluate_tool_call(dead_call)
+        .evaluate_tool_call(signed(dead_call, Method::EvaluateToolCall))
         .await
         .expect("evaluate")
         .into_inner();
@@ -182,22 +196,45 @@ async fn the_kernel_node_serves_evaluate_and_two_phase_over_grpc() {
     );
 
     let admission = a
-        .admit(call("req-grpc-two-phase", &token, "compute"))
+        .admit(signed(
+            call("req-grpc-two-phase", &token, "compute"),
+            Method::Admit,
+        ))
         .await
         .expect("admit")
         .into_inner();
     let ticket = admission.ticket.expect("ticket");
-    let completed = b
-        .complete(pb::CompleteRequest {
-            ticket,
-            actual_cost: Some(pb::Money {
-                units: 25,
-                currency: "USD".into(),
-            }),
-        })
-        .await
-        .expect("complete")
-        .into_inner();
+    let mut complete = pb::CompleteRequest {
+        ticket,
+        actual_cost: Some(pb::Money {
+            units: 25,
+            currency: "USD".into(),
+        }),
+        possession: None,
+    };
+    // The ticket without its holder's signature, or signed by another key, settles nothing.
+    let before = env.usage(&token, 0).await;
+    let mut stolen = complete.clone();
+    sign_complete(&mut stolen, &KeyPair::generate(), wall_clock_ms()).expect("sign");
+    for (label, request) in [("unsigned", complete.clone()), ("other key", stolen)] {
+        let refused = b.complete(request).await.expect("complete").into_inner();
+        assert_eq!(refused.verdict, Verdict::Deny as i32, "{label}");
+        assert!(
+            refused
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with(reasons::POSSESSION_REJECTED)),
+            "{label}: {:?}",
+            refused.reason
+        );
+        assert_eq!(
+            env.usage(&token, 0).await,
+            before,
+            "{label}: nothing settled"
+        );
+    }
+    sign_complete(&mut complete, &support::agent(), wall_clock_ms()).expect("sign");
+    let completed = b.complete(complete).await.expect("complete").into_inner();
     assert_eq!(
         completed.verdict,
         Verdict::Allow as i32,
@@ -210,6 +247,42 @@ async fn the_kernel_node_serves_evaluate_and_two_phase_over_grpc() {
     garbled.capability_token = "not-a-token".into();
     let status = a.evaluate_tool_call(garbled).await.expect_err("unreadable");
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    let mut short_signature = signed(
+        call("req-grpc-short-signature", &token, "compute"),
+        Method::EvaluateToolCall,
+    );
+    if let Some(possession) = short_signature.possession.as_mut() {
+        possession.signature.truncate(10);
+    }
+    let status = a
+        .evaluate_tool_call(short_signature)
+        .await
+        .expect_err("unreadable signature");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+
+    // The token alone: denied with the reason, and nothing held for it.
+    let unsigned = a
+        .evaluate_tool_call(call("req-grpc-unsigned", &token, "compute"))
+        .await
+        .expect("evaluate")
+        .into_inner();
+    assert_eq!(unsigned.verdict, Verdict::Deny as i32);
+    assert!(
+        unsigned
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with(reasons::POSSESSION_REJECTED)),
+        "{:?}",
+        unsigned.reason
+    );
+    let hold = tally_client::ids::hold_id("req-grpc-unsigned", token.id(), 0).expect("id");
+    assert_eq!(
+        env.client
+            .get_hold(&token.family_id(), &hold)
+            .await
+            .expect("read"),
+        None
+    );
 
     let metrics = scrape(node_a.metrics_addr.expect("metrics")).await;
     assert!(
@@ -217,11 +290,11 @@ async fn the_kernel_node_serves_evaluate_and_two_phase_over_grpc() {
         "{metrics}"
     );
     assert!(
-        metrics.contains("tally_kernel_evaluations_total{verdict=\"deny\"} 2"),
+        metrics.contains("tally_kernel_evaluations_total{verdict=\"deny\"} 3"),
         "{metrics}"
     );
     assert!(
-        metrics.contains("tally_kernel_invalid_requests_total 1"),
+        metrics.contains("tally_kernel_invalid_requests_total 2"),
         "{metrics}"
     );
     node_a.shutdown().await.expect("shutdown a");
@@ -301,4 +374,150 @@ async fn the_binary_issues_inspects_and_verifies_tokens_and_receipts() {
         !ok,
         "a receipt from an untrusted kernel key fails verification"
     );
+
+    // `keygen --out` writes a key file a node accepts: mode 0600 from the start.
+    let key_path = dir.path().join("kernel.key");
+    let key_text = key_path.display().to_string();
+    let (ok, out, err) = tally_kernel_bin(&["keygen", "--out", &key_text]);
+    assert!(ok, "{err}");
+    assert!(out.contains("public_key: "), "{out}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&key_path)
+            .expect("stat")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    tally_kernel::key_file::read_key_file(&key_path).expect("a node reads it");
+    let (ok, _, err) = tally_kernel_bin(&["keygen", "--out", &key_text]);
+    assert!(
+        !ok && err.contains("kernel.key"),
+        "never overwritten: {err}"
+    );
+}
+
+/// A node whose receipt log cannot be written (`/dev/full`) answers the call that found out
+/// (its tool ran; nothing is unwound), then turns unhealthy: gRPC health `NOT_SERVING`,
+/// `/metrics` `tally_kernel_receipt_log_healthy 0`, and every new call `UNAVAILABLE` with
+/// nothing held for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_receipt_log_fails_refuses_new_calls_and_reports_unhealthy() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+
+    let env = Env::start().await;
+    let (tool, tool_calls, _tool) = spawn_http_tool_server(Behavior::Succeed {
+        cost: Some(Money::new(40, "USD")),
+    })
+    .await
+    .expect("tool server");
+    let tools = vec![ToolServerSettings {
+        id: "http-srv".into(),
+        url: format!("http://{tool}/call"),
+        tools: vec!["compute".into()],
+    }];
+    let mut config = node_config(&env, &KeyPair::generate(), tools);
+    config.receipt_log = Some("/dev/full".into());
+    let node = tally_kernel::server::start(config)
+        .await
+        .expect("node starts: /dev/full opens");
+    let endpoint = format!("http://{}", node.local_addr);
+    let mut kernel = KernelClient::connect(endpoint.clone())
+        .await
+        .expect("connect");
+    let health = HealthClient::new(
+        tonic::transport::Endpoint::from_shared(endpoint)
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let serving = |service: &'static str| {
+        let mut health = health.clone();
+        async move {
+            health
+                .check(HealthCheckRequest {
+                    service: service.to_owned(),
+                })
+                .await
+                .expect("health")
+                .into_inner()
+                .status
+        }
+    };
+    assert_eq!(serving("").await, ServingStatus::Serving as i32);
+    let token = env.token(vec![Grant::monetary(
+        "http-srv", "compute", 100, 1000, "USD",
+    )]);
+
+    let first = kernel
+        .evaluate_tool_call(signed(
+            call("req-log-first", &token, "compute"),
+            Method::EvaluateToolCall,
+        ))
+        .await
+        .expect("the call that found out is answered")
+        .into_inner();
+    assert_eq!(first.verdict, Verdict::Allow as i32, "{:?}", first.reason);
+    assert_eq!(tool_calls.load(Ordering::SeqCst), 1);
+    assert_eq!(env.usage(&token, 0).await, Some((1, 40)), "not unwound");
+
+    let kernel_service = "tally.kernel.v1.Kernel";
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while serving(kernel_service).await != ServingStatus::NotServing as i32 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the node reports NOT_SERVING");
+    assert_eq!(serving("").await, ServingStatus::NotServing as i32);
+
+    let status = kernel
+        .evaluate_tool_call(signed(
+            call("req-log-refused", &token, "compute"),
+            Method::EvaluateToolCall,
+        ))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("receipt log"), "{status:?}");
+    assert_eq!(
+        tally_api::status::Definiteness::from_metadata(status.metadata()),
+        Some(tally_api::status::Definiteness::Definite),
+        "nothing was done: definite"
+    );
+    let status = kernel
+        .admit(signed(
+            call("req-log-refused-admit", &token, "compute"),
+            Method::Admit,
+        ))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    for request_id in ["req-log-refused", "req-log-refused-admit"] {
+        let hold = tally_client::ids::hold_id(request_id, token.id(), 0).expect("id");
+        assert_eq!(
+            env.client
+                .get_hold(&token.family_id(), &hold)
+                .await
+                .expect("read"),
+            None,
+            "{request_id}: nothing held"
+        );
+    }
+    assert_eq!(tool_calls.load(Ordering::SeqCst), 1);
+
+    let metrics = scrape(node.metrics_addr.expect("metrics")).await;
+    assert!(
+        metrics.contains("tally_kernel_receipt_log_healthy 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tally_kernel_receipt_log_refusals_total 2"),
+        "{metrics}"
+    );
+    node.shutdown().await.expect("shutdown");
 }

@@ -8,10 +8,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{request, Env};
+use support::{admit_request, request, Env};
 use tally_kernel::money::Money;
 use tally_kernel::payment::InMemoryRail;
-use tally_kernel::pipeline::{wall_clock_ms, Kernel, KernelConfig};
+use tally_kernel::pipeline::{
+    wall_clock_ms, AbortCall, CompleteCall, Kernel, KernelConfig, TicketCall,
+};
 use tally_kernel::reconciler::{Reconciler, ReconcilerConfig};
 use tally_kernel::tool::testing::{Behavior, ScriptedServer};
 use tally_kernel::{CapabilityToken, Grant, KeyPair, TokenBody, Verdict};
@@ -272,7 +274,7 @@ async fn two_phase_admit_on_one_node_complete_or_abort_on_another() {
     )]);
 
     let admitted = a
-        .admit(&request(
+        .admit(&admit_request(
             "req-two-phase-complete",
             &token,
             "cost-srv",
@@ -289,10 +291,10 @@ async fn two_phase_admit_on_one_node_complete_or_abort_on_another() {
     let ticket = admitted.ticket.expect("ticket");
     let ticket = tally_kernel::pipeline::SignedTicket::from_text(&ticket.to_text().expect("text"))
         .expect("round trip");
-    let completed = b
-        .complete(&ticket, Some(Money::new(40, "USD")))
-        .await
-        .expect("complete");
+    let complete = CompleteCall::new(ticket, Some(Money::new(40, "USD")))
+        .signed(&env.agent)
+        .expect("sign");
+    let completed = b.complete(&complete).await.expect("complete");
     assert_eq!(completed.verdict, Verdict::Allow, "{:?}", completed.reason);
     assert!(
         completed.receipt.metadata["budget_authority"]["reconcile"]["budget_commit_index"]
@@ -304,7 +306,7 @@ async fn two_phase_admit_on_one_node_complete_or_abort_on_another() {
     assert_eq!((counts.authorizations, counts.captures), (1, 1));
 
     let admitted = a
-        .admit(&request(
+        .admit(&admit_request(
             "req-two-phase-abort",
             &token,
             "cost-srv",
@@ -313,7 +315,10 @@ async fn two_phase_admit_on_one_node_complete_or_abort_on_another() {
         .await
         .expect("admit");
     let ticket = admitted.ticket.expect("ticket");
-    let aborted = b.abort(&ticket, true).await.expect("abort");
+    let abort = AbortCall::new(ticket, true)
+        .signed(&env.agent)
+        .expect("sign");
+    let aborted = b.abort(&abort).await.expect("abort");
     assert_eq!(aborted.verdict, Verdict::Deny);
     assert_eq!(
         env.usage(&token, 0).await,

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use support::{assert_capture_metadata, request, Env};
+use support::{admit_request, assert_capture_metadata, request, request_as, resign, Env};
 use tally_kernel::money::Money;
 use tally_kernel::payment::{
     Authorization, Capture, InMemoryRail, PaymentAdapter, PaymentError, Refund, ReleaseStatus,
     SettlementRecord,
 };
-use tally_kernel::pipeline::{wall_clock_ms, KernelConfig};
+use tally_kernel::pipeline::{wall_clock_ms, DispatchCall, KernelConfig, Method, TicketCall};
 use tally_kernel::tool::testing::{Behavior, ScriptedServer};
 use tally_kernel::{CapabilityToken, Grant, KeyPair, Verdict};
 
@@ -106,6 +106,7 @@ async fn non_durable_monetary_terminal_failures_retain_top_level_funds() {
             .await;
         let mut fresh = request.clone();
         fresh.request_id = format!("{}-fresh", request.request_id);
+        let fresh = resign(fresh);
         let retry = case.kernel.evaluate(&fresh).await.expect("evaluate");
         assert_eq!(retry.verdict, Verdict::Deny, "{label}");
         case.assert_retained(&env, &[(&token, &cap)], &request.request_id)
@@ -127,10 +128,11 @@ async fn non_durable_monetary_terminal_failures_retain_nested_funds() {
         )
         .with_max_invocations(1)]);
         let now = wall_clock_ms();
+        let holder = KeyPair::generate();
         let child = parent
             .delegate(
                 &env.agent,
-                KeyPair::generate().public_key(),
+                holder.public_key(),
                 vec![Grant::monetary("cost-srv", "compute", 100, 1000, "USD")
                     .with_max_invocations(1)
                     .narrowing(0)],
@@ -138,11 +140,12 @@ async fn non_durable_monetary_terminal_failures_retain_nested_funds() {
                 now + 3_600_000,
             )
             .expect("delegate");
-        let request = request(
+        let request = request_as(
             &format!("req-monetary-nested-{label}"),
             &child,
             "cost-srv",
             "compute",
+            &holder,
         );
         let first = case.kernel.evaluate(&request).await.expect("evaluate");
         assert_eq!(first.verdict, Verdict::Deny, "{label}");
@@ -153,6 +156,7 @@ async fn non_durable_monetary_terminal_failures_retain_nested_funds() {
             .await;
         let mut fresh = request.clone();
         fresh.request_id = format!("{}-fresh", request.request_id);
+        fresh.sign(Method::EvaluateToolCall, &holder).expect("sign");
         let retry = case.kernel.evaluate(&fresh).await.expect("evaluate");
         assert_eq!(retry.verdict, Verdict::Deny, "{label}");
         case.assert_retained(&env, &accounts, &request.request_id)
@@ -366,7 +370,7 @@ async fn direct_monetary_dispatch_without_capture_proof_fails_closed() {
         "cost-srv", "compute", 100, 1000, "USD",
     )]);
     let admission = admitting
-        .admit(&request(
+        .admit(&admit_request(
             "req-direct-monetary-dispatch",
             &token,
             "cost-srv",
@@ -397,10 +401,10 @@ async fn direct_monetary_dispatch_without_capture_proof_fails_closed() {
         ("rewritten", rewritten),
         ("unrecorded", resigned),
     ] {
-        let response = other
-            .dispatch_admitted(&ticket, serde_json::json!({}))
-            .await
-            .expect("dispatch");
+        let call = DispatchCall::new(ticket, serde_json::json!({}))
+            .signed(&env.agent)
+            .expect("sign");
+        let response = other.dispatch_admitted(&call).await.expect("dispatch");
         assert_eq!(response.verdict, Verdict::Deny, "{label}");
         assert!(
             response
@@ -419,10 +423,10 @@ async fn direct_monetary_dispatch_without_capture_proof_fails_closed() {
         "nothing was freed"
     );
 
-    let response = other
-        .dispatch_admitted(&genuine, serde_json::json!({}))
-        .await
-        .expect("dispatch");
+    let call = DispatchCall::new(genuine, serde_json::json!({}))
+        .signed(&env.agent)
+        .expect("sign");
+    let response = other.dispatch_admitted(&call).await.expect("dispatch");
     assert_eq!(response.verdict, Verdict::Allow, "{:?}", response.reason);
     assert_eq!(invocations.load(Ordering::SeqCst), 1);
     assert_eq!(rail.counts("req-direct-monetary-dispatch").captures, 1);

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{is_reverse, request, Env, Loss};
+use support::{is_reverse, request, resign, Env, Loss};
 use tally_client::Outcome;
 use tally_kernel::nonce::{self, consume_command, NonceBinding, SignedExecutionNonce};
 use tally_kernel::payment::InMemoryRail;
@@ -61,6 +61,7 @@ fn nonce_for(
     let binding = NonceBinding {
         subject: token.body.subject,
         request_id: request_id.to_owned(),
+        family_id: token.family_id().to_string(),
         capability_id: token.id().to_string(),
         server: server.to_owned(),
         tool: tool.to_owned(),
@@ -158,6 +159,7 @@ async fn nonce_preflight_cleanup_lost_ack_denies_without_minting_nonce() {
         if let Some(minted) = minted {
             let mut with_nonce = request.clone();
             with_nonce.execution_nonce = Some(minted);
+            let with_nonce = resign(with_nonce);
             let allowed = kernel.evaluate(&with_nonce).await.expect("evaluate");
             assert_eq!(allowed.verdict, Verdict::Allow, "{:?}", allowed.reason);
             assert!(
@@ -283,6 +285,7 @@ async fn nonce_bound_to_another_request(monetary: bool) {
             server,
             tool,
         ));
+        let changed = resign(changed);
         let response = kernel.evaluate(&changed).await.expect("evaluate");
         env.heal().await;
         assert_eq!(response.verdict, Verdict::Deny);
@@ -379,6 +382,7 @@ async fn a_nonce_spent_on_another_kernel_node_is_spent_for_all() {
         .await;
     assert!(matches!(spent, Outcome::Decided(_)), "{spent:?}");
     request.execution_nonce = Some(nonce);
+    let request = resign(request);
     let response = kernel.evaluate(&request).await.expect("evaluate");
     assert_eq!(response.verdict, Verdict::Deny);
     assert!(

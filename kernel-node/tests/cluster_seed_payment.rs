@@ -395,6 +395,7 @@ async fn non_durable_monetary_url_elicitation_releases_admission_for_fresh_retry
 
     let mut fresh = request.clone();
     fresh.request_id = "req-monetary-url-ambiguous-fresh".into();
+    let fresh = support::resign(fresh);
     assert!(matches!(
         kernel.evaluate(&fresh).await,
         Err(KernelError::UrlElicitationRequired { .. })

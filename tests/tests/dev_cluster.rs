@@ -88,7 +88,8 @@ impl Drop for Dev {
     }
 }
 
-fn tally(base_port: u16, args: &[&str]) -> (i32, String) {
+/// `tally` against the dev cluster, with the certificates `tally-node dev` made.
+fn tally(base_port: u16, data_dir: &std::path::Path, args: &[&str]) -> (i32, String) {
     let endpoints = (1..=3)
         .map(|i| format!("127.0.0.1:{}", base_port + i))
         .collect::<Vec<_>>()
@@ -96,6 +97,8 @@ fn tally(base_port: u16, args: &[&str]) -> (i32, String) {
     let output = Command::new(workspace_binary("tally"))
         .arg("--endpoints")
         .arg(endpoints)
+        .arg("--tls-dir")
+        .arg(data_dir.join("tls"))
         .args(args)
         .output()
         .expect("tally runs");
@@ -156,10 +159,10 @@ fn the_dev_cluster_serves_stops_on_sigterm_and_restarts_with_its_state() {
         "an example call is printed"
     );
 
-    let (code, out) = tally(base_port, AUTHORIZE);
+    let (code, out) = tally(base_port, &data_dir, AUTHORIZE);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("Authorized"), "{out}");
-    let (code, out) = tally(base_port, &["status", "--json"]);
+    let (code, out) = tally(base_port, &data_dir, &["status", "--json"]);
     assert_eq!(code, 0, "{out}");
     let status: serde_json::Value = serde_json::from_str(&out).expect("JSON status");
     let leaders = status
@@ -171,13 +174,14 @@ fn the_dev_cluster_serves_stops_on_sigterm_and_restarts_with_its_state() {
     assert_eq!(leaders, 1, "{out}");
 
     // Cluster parameters: the defaults, then a change through the log that a restart keeps.
-    let (code, out) = tally(base_port, &["params", "--json"]);
+    let (code, out) = tally(base_port, &data_dir, &["params", "--json"]);
     assert_eq!(code, 0, "{out}");
     let params: serde_json::Value = serde_json::from_str(&out).expect("JSON params");
     assert_eq!(params["retention_ms"], 24 * 3_600_000, "{out}");
     assert_eq!(params["max_clock_step_ms"], 10_000, "{out}");
     let (code, out) = tally(
         base_port,
+        &data_dir,
         &["params", "--retention-ms", "3600000", "--json"],
     );
     assert_eq!(code, 0, "{out}");
@@ -188,7 +192,11 @@ fn the_dev_cluster_serves_stops_on_sigterm_and_restarts_with_its_state() {
         "unset keeps its value: {out}"
     );
     assert!(params["committed_at_log_index"].as_u64().is_some(), "{out}");
-    let (code, out) = tally(base_port, &["params", "--max-clock-step-ms", "0"]);
+    let (code, out) = tally(
+        base_port,
+        &data_dir,
+        &["params", "--max-clock-step-ms", "0"],
+    );
     assert_eq!(code, 2, "a zero clock step is bad usage: {out}");
     dev.stop();
 
@@ -200,14 +208,18 @@ fn the_dev_cluster_serves_stops_on_sigterm_and_restarts_with_its_state() {
         banner.iter().any(|l| l.contains("restarting the cluster")),
         "{banner:#?}"
     );
-    let (code, out) = tally(base_port, &["usage", "--family", "acme", "--json"]);
+    let (code, out) = tally(
+        base_port,
+        &data_dir,
+        &["usage", "--family", "acme", "--json"],
+    );
     assert_eq!(code, 0, "{out}");
     let usage: serde_json::Value = serde_json::from_str(&out).expect("JSON usage");
     assert_eq!(
         usage[0]["account"]["invocation_count"], 1,
         "the restarted cluster kept its state: {out}"
     );
-    let (code, out) = tally(base_port, &["params", "--json"]);
+    let (code, out) = tally(base_port, &data_dir, &["params", "--json"]);
     assert_eq!(code, 0, "{out}");
     let params: serde_json::Value = serde_json::from_str(&out).expect("JSON params");
     assert_eq!(
@@ -215,7 +227,7 @@ fn the_dev_cluster_serves_stops_on_sigterm_and_restarts_with_its_state() {
         "the restarted cluster kept its parameters: {out}"
     );
     // The same command again is a replay, answered from the stored outcome.
-    let (code, out) = tally(base_port, AUTHORIZE);
+    let (code, out) = tally(base_port, &data_dir, AUTHORIZE);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("(replayed)"), "{out}");
     dev.stop();

@@ -16,6 +16,8 @@ const OVERFLOW: &str = "overflow";
 const UNAVAILABLE: &str = "unavailable";
 const UNKNOWN: &str = "unknown";
 const INTERNAL: &str = "internal";
+const UNAUTHENTICATED: &str = "unauthenticated";
+const PERMISSION_DENIED: &str = "permission_denied";
 
 /// Every precondition code, so a wire code parses back. `precondition_index` below fails to
 /// compile when the ledger adds a code, which points here.
@@ -172,6 +174,17 @@ impl pb::ErrorDetail {
         detail(ErrorKind::Internal, INTERNAL, message)
     }
 
+    /// No valid client certificate: refused before anything was read, definite.
+    pub fn unauthenticated(message: impl Into<String>) -> Self {
+        detail(ErrorKind::Unauthenticated, UNAUTHENTICATED, message)
+    }
+
+    /// The caller's role or namespaces do not allow the call: refused before proposing,
+    /// definite.
+    pub fn permission_denied(message: impl Into<String>) -> Self {
+        detail(ErrorKind::PermissionDenied, PERMISSION_DENIED, message)
+    }
+
     /// Whether the command certainly did not apply (docs/spec.md §10). Unknown kinds count as
     /// not definite: only a definite "no" may free funds.
     pub fn is_definite(&self) -> bool {
@@ -181,7 +194,9 @@ impl pb::ErrorDetail {
                 | ErrorKind::Conflict
                 | ErrorKind::FailedPrecondition
                 | ErrorKind::Overflow
-                | ErrorKind::Unavailable)
+                | ErrorKind::Unavailable
+                | ErrorKind::Unauthenticated
+                | ErrorKind::PermissionDenied)
         )
     }
 }
@@ -208,6 +223,14 @@ pub enum RemoteError {
     /// A node fault: not definite.
     #[error("internal: {message}")]
     Internal { message: String },
+    /// The caller was not let in: no valid certificate (`unauthenticated`), or a role or
+    /// namespace that does not allow the call. Definite: nothing was proposed, and retrying
+    /// with the same credentials cannot succeed.
+    #[error("{}: {message}", if *.unauthenticated { "unauthenticated" } else { "permission denied" })]
+    Refused {
+        unauthenticated: bool,
+        message: String,
+    },
     /// A status without a Tally error detail (a transport or proxy error): not definite.
     #[error("transport status {code}: {message}")]
     Transport { code: i32, message: String },
@@ -216,7 +239,10 @@ pub enum RemoteError {
 impl RemoteError {
     /// Whether the command certainly did not apply. Only a definite "no" frees funds.
     pub fn is_definite(&self) -> bool {
-        matches!(self, Self::Ledger(_) | Self::Unavailable { .. })
+        matches!(
+            self,
+            Self::Ledger(_) | Self::Unavailable { .. } | Self::Refused { .. }
+        )
     }
 }
 
@@ -272,6 +298,10 @@ impl TryFrom<pb::ErrorDetail> for RemoteError {
                 message: detail.message,
             },
             ErrorKind::Internal => Self::Internal {
+                message: detail.message,
+            },
+            ErrorKind::Unauthenticated | ErrorKind::PermissionDenied => Self::Refused {
+                unauthenticated: kind == ErrorKind::Unauthenticated,
                 message: detail.message,
             },
             ErrorKind::Unspecified => return Err(WireError::missing("kind")),

@@ -1,6 +1,9 @@
 //! `tally-node dev`: a local cluster in one command, for trying Tally out. Nodes run in this
 //! process, each with its own data dir under `--data-dir`, on consecutive ports from
-//! `--base-port + 1`. A second run on the same data dir restarts the same cluster.
+//! `--base-port + 1` (client ports) and `--base-port + 201` (peer ports). On first run it
+//! makes a CA and certificates in `<data-dir>/tls` (nodes, `operator`, `kernel`, `reader`),
+//! where `tally`, `tally-kernel demo` and the examples find them. A second run on the same
+//! data dir restarts the same cluster.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -9,11 +12,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use openraft::BasicNode;
+use tally_tls::TlsFiles;
 
 use crate::faults::NetworkFaults;
 use crate::node::config::{LogFormat, NodeConfig};
 use crate::node::{self, NodeHandle};
+use crate::raft::types::TallyNode;
 
 #[derive(Debug, Args)]
 pub struct DevArgs {
@@ -29,6 +33,14 @@ pub struct DevArgs {
     /// How long to wait for the cluster to serve.
     #[arg(long, default_value_t = 30_000)]
     pub ready_timeout_ms: u64,
+    /// Plaintext and no authentication (no certificates are made).
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+/// Where a dev cluster's CA and certificates live.
+pub fn tls_dir(args: &DevArgs) -> PathBuf {
+    args.data_dir.join("tls")
 }
 
 /// The config of node `id` of a dev cluster.
@@ -40,9 +52,13 @@ pub fn node_config(args: &DevArgs, id: u64) -> NodeConfig {
             .base_port
             .checked_add(100 + id as u16)
             .map(|port| SocketAddr::from(([127, 0, 0, 1], port))),
+        peer_listen_addr: SocketAddr::from(([127, 0, 0, 1], args.base_port + 200 + id as u16)),
         data_dir: args.data_dir.join(format!("node-{id}")),
         cluster_id: "tally-dev".to_owned(),
         log_format: LogFormat::Pretty,
+        tls: (!args.insecure).then(|| TlsFiles::in_dir(&tls_dir(args), &format!("node-{id}"))),
+        insecure: args.insecure,
+        reflection: true,
         ..NodeConfig::default()
     }
 }
@@ -50,6 +66,11 @@ pub fn node_config(args: &DevArgs, id: u64) -> NodeConfig {
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     super::logging::init(LogFormat::Pretty);
     let fresh = !args.data_dir.join("node-1").join("raft-log.redb").exists();
+    if !args.insecure
+        && tally_tls::issue::ensure_dev_certs(&tls_dir(&args), "tally-dev", args.nodes)?
+    {
+        println!("made a CA and certificates in {}", tls_dir(&args).display());
+    }
     let mut nodes: Vec<NodeHandle> = Vec::new();
     for id in 1..=args.nodes {
         let config = node_config(&args, id);
@@ -57,16 +78,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         nodes.push(node);
     }
     if fresh {
-        let members: BTreeMap<u64, BasicNode> = nodes
+        let members: BTreeMap<u64, TallyNode> = nodes
             .iter()
-            .map(|n| {
-                (
-                    n.config.node_id,
-                    BasicNode {
-                        addr: n.config.advertised(),
-                    },
-                )
-            })
+            .map(|n| (n.config.node_id, n.config.member()))
             .collect();
         nodes[0].raft.initialize(members).await?;
         println!(
@@ -100,17 +114,35 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         started.elapsed().as_millis()
     );
     for node in &nodes {
-        match node.metrics_local_addr {
-            Some(metrics) => println!(
-                "  node {}: {} (metrics: http://{metrics}/metrics)",
-                node.config.node_id, node.local_addr
-            ),
-            None => println!("  node {}: {}", node.config.node_id, node.local_addr),
-        }
+        let metrics = node
+            .metrics_local_addr
+            .map(|metrics| format!(", metrics: http://{metrics}/metrics"))
+            .unwrap_or_default();
+        println!(
+            "  node {}: {} (peer port {}{metrics})",
+            node.config.node_id, node.local_addr, node.peer_local_addr
+        );
     }
     let first = nodes[0].local_addr;
+    let (security, grpcurl) = if args.insecure {
+        (
+            "INSECURE: plaintext, no authentication".to_owned(),
+            "-plaintext".to_owned(),
+        )
+    } else {
+        let dir = tls_dir(&args);
+        let d = dir.display();
+        (
+            format!(
+                "mutual TLS; certificates in {d} (operator, kernel, reader; `tally` finds them)"
+            ),
+            format!(
+                "-cacert {d}/ca.pem -cert {d}/kernel.pem -key {d}/kernel.key -servername tally-node"
+            ),
+        )
+    };
     println!(
-        "\nTry it (grpcurl, using server reflection):\n  grpcurl -plaintext -d '{{\"header\":{{\"family_id\":\"fam\",\"capability_id\":\"cap\",\"grant_index\":0,\"event_id\":\"h1:authorize\",\"not_after_ms\":\"{}\"}},\"hold_id\":\"h1\",\"requested_exposure_units\":\"100\",\"limits\":{{\"max_invocations\":10,\"max_cost_per_invocation_units\":\"100\",\"max_total_cost_units\":\"1000\",\"currency\":\"USD\"}}}}' {first} tally.v1.Budget/AuthorizeHold\n  grpcurl -plaintext {first} tally.v1.Admin/Status\n\nCtrl-C or SIGTERM stops the cluster.",
+        "  {security}\n\nTry it:\n  tally status\n  grpcurl {grpcurl} -d '{{\"header\":{{\"family_id\":\"fam\",\"capability_id\":\"cap\",\"grant_index\":0,\"event_id\":\"h1:authorize\",\"not_after_ms\":\"{}\"}},\"hold_id\":\"h1\",\"requested_exposure_units\":\"100\",\"limits\":{{\"max_invocations\":10,\"max_cost_per_invocation_units\":\"100\",\"max_total_cost_units\":\"1000\",\"currency\":\"USD\"}}}}' {first} tally.v1.Budget/AuthorizeHold\n\nCtrl-C or SIGTERM stops the cluster.",
         crate::node::clock::wall_clock_ms() + 3_600_000,
     );
     super::wait_for_signal().await;

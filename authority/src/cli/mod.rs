@@ -1,6 +1,7 @@
-//! The `tally-node` command line: `serve`, `init`, `healthcheck` and `dev` (a local cluster in
-//! one command). `main` only parses and calls `run`.
+//! The `tally-node` command line: `serve`, `init`, `healthcheck`, `certs` and `dev` (a local
+//! cluster in one command). `main` only parses and calls `run`.
 
+pub mod certs;
 pub mod dev;
 pub mod logging;
 
@@ -11,7 +12,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use tally_api::pb::admin_client::AdminClient;
-use tally_api::pb::InitializeRequest;
+use tally_api::pb::{self, InitializeRequest};
+use tally_tls::Transport;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
@@ -33,47 +35,98 @@ pub enum CliCommand {
     /// environment variables (for example TALLY_NODE_ID=2, TALLY_LISTEN_ADDR=127.0.0.1:7402,
     /// TALLY_DATA_DIR=/var/lib/tally). The effective configuration is printed once at start.
     Serve {
-        /// TOML file with node settings (node_id, listen_addr, data_dir, cluster_id, ...).
+        /// TOML file with node settings (node_id, listen_addr, peer_listen_addr, region,
+        /// data_dir, cluster_id, [tls] ca_file/cert_file/key_file, ...).
         #[arg(long, env = "TALLY_CONFIG")]
         config: Option<PathBuf>,
+        /// Plaintext on both ports, with no authentication: anyone who reaches a port can
+        /// forge budget commands or take over the log. For sealed test networks only.
+        #[arg(long)]
+        insecure: bool,
     },
-    /// Initialize a new cluster through one of its (running, empty) nodes.
+    /// Initialize a new cluster through one of its (running, empty) nodes, as an operator.
     Init {
-        /// gRPC address of a node to initialize through, for example 127.0.0.1:7401.
+        /// Client address of a node to initialize through, for example 127.0.0.1:7401.
         #[arg(long)]
         endpoint: String,
-        /// Every initial member as ID=ADDRESS, for example --member 1=127.0.0.1:7401.
+        /// Every initial member as ID=CLIENT_ADDR,PEER_ADDR,REGION, for example
+        /// --member 1=10.0.0.1:7401,10.0.0.1:7601,eu-west.
         #[arg(long = "member", required = true, value_parser = parse_member)]
-        members: Vec<(u64, String)>,
+        members: Vec<(u64, pb::MemberAddress)>,
+        #[command(flatten)]
+        credentials: Credentials,
     },
-    /// Exit 0 if the node at ENDPOINT reports SERVING on grpc.health.v1, 1 otherwise.
+    /// Exit 0 if the node at ENDPOINT reports SERVING on grpc.health.v1, 1 otherwise. Any
+    /// certificate of the cluster's CA may ask (a node's own, in its pod).
     Healthcheck {
         #[arg(long, default_value = "127.0.0.1:7401")]
         endpoint: String,
         /// Give up after this long.
         #[arg(long, default_value_t = 3_000)]
         timeout_ms: u64,
+        #[command(flatten)]
+        credentials: Credentials,
     },
+    /// Create a cluster CA and issue node and client certificates (production; `dev` makes
+    /// its own).
+    Certs(certs::CertsArgs),
     /// Start a local cluster of N nodes on 127.0.0.1 in this process, initialize it (first
     /// run) or restart it from its data dir (later runs), wait until it serves, print the
     /// endpoints and an example call, and stop everything on Ctrl-C or SIGTERM.
     Dev(dev::DevArgs),
 }
 
-fn parse_member(value: &str) -> Result<(u64, String), String> {
-    let (id, address) = value.split_once('=').ok_or("expected ID=ADDRESS")?;
-    let id: u64 = id.parse().map_err(|_| format!("{id:?} is not a node id"))?;
-    if address.is_empty() {
-        return Err("the address must not be empty".to_owned());
+/// Which certificate a command-line call presents.
+#[derive(Debug, clap::Args)]
+pub struct Credentials {
+    /// Directory of the CA and client certificates (`tally-node dev` writes
+    /// ./tally-data/tls).
+    #[arg(long, env = "TALLY_TLS_DIR", default_value = "./tally-data/tls")]
+    pub tls_dir: PathBuf,
+    /// The certificate to present: <tls-dir>/<identity>.pem and .key.
+    #[arg(long, env = "TALLY_IDENTITY", default_value = "operator")]
+    pub identity: String,
+    /// Plaintext, for a cluster started with --insecure.
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+impl Credentials {
+    fn transport(&self) -> anyhow::Result<Transport> {
+        Ok(Transport::from_dir(
+            &self.tls_dir,
+            &self.identity,
+            self.insecure,
+        )?)
     }
-    Ok((id, address.to_owned()))
+}
+
+fn parse_member(value: &str) -> Result<(u64, pb::MemberAddress), String> {
+    let usage = "expected ID=CLIENT_ADDR,PEER_ADDR,REGION";
+    let (id, rest) = value.split_once('=').ok_or(usage)?;
+    let id: u64 = id.parse().map_err(|_| format!("{id:?} is not a node id"))?;
+    let parts: Vec<&str> = rest.split(',').collect();
+    let [address, peer_address, region] = parts[..] else {
+        return Err(usage.to_owned());
+    };
+    if address.is_empty() || peer_address.is_empty() || region.is_empty() {
+        return Err(format!("{usage}: no part may be empty"));
+    }
+    Ok((
+        id,
+        pb::MemberAddress {
+            address: address.to_owned(),
+            peer_address: peer_address.to_owned(),
+            region: region.to_owned(),
+        },
+    ))
 }
 
 /// Runs the parsed command; the exit code is the caller's business.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        CliCommand::Serve { config } => {
-            let config = NodeConfig::load(config.as_deref())?;
+        CliCommand::Serve { config, insecure } => {
+            let config = NodeConfig::load_with(config.as_deref(), insecure)?;
             logging::init(config.log_format);
             #[cfg(feature = "failpoints")]
             if crate::failpoints::enabled() {
@@ -88,29 +141,37 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             node.shutdown().await;
             Ok(())
         }
-        CliCommand::Init { endpoint, members } => {
-            let mut client = AdminClient::connect(format!("http://{endpoint}")).await?;
-            let members: BTreeMap<u64, String> = members.into_iter().collect();
+        CliCommand::Init {
+            endpoint,
+            members,
+            credentials,
+        } => {
+            let channel = credentials
+                .transport()?
+                .endpoint(&endpoint)?
+                .connect()
+                .await?;
+            let mut client = AdminClient::new(channel);
+            let nodes: BTreeMap<u64, pb::MemberAddress> = members.into_iter().collect();
+            let count = nodes.len();
             client
                 .initialize(InitializeRequest {
-                    members: members.clone(),
+                    members: BTreeMap::new(),
+                    nodes,
                 })
                 .await?;
-            println!(
-                "initialized a cluster of {} members: {members:?}",
-                members.len()
-            );
+            println!("initialized a cluster of {count} members");
             Ok(())
         }
+        CliCommand::Certs(args) => certs::run(args),
         CliCommand::Healthcheck {
             endpoint,
             timeout_ms,
+            credentials,
         } => {
+            let transport = credentials.transport()?;
             let check = async {
-                let channel =
-                    tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))?
-                        .connect()
-                        .await?;
+                let channel = transport.endpoint(&endpoint)?.connect().await?;
                 let mut client = HealthClient::new(channel);
                 let reply = client
                     .check(HealthCheckRequest {

@@ -15,10 +15,27 @@ use crate::raft::types::NodeId;
 pub struct NodeConfig {
     /// This node's Raft id, unique in the cluster.
     pub node_id: NodeId,
-    /// Where the gRPC services (Budget, Admin, Raft, health, reflection) listen.
+    /// The client port: Budget, Admin, health (and reflection when enabled).
     pub listen_addr: SocketAddr,
-    /// The address peers and clients use to reach this node; defaults to `listen_addr`.
+    /// The address clients use to reach this node; defaults to `listen_addr`.
     pub advertise_addr: Option<String>,
+    /// The peer port: only the internal Raft service, for members of the cluster.
+    pub peer_listen_addr: SocketAddr,
+    /// The address peers use to reach this node; defaults to `peer_listen_addr`.
+    pub peer_advertise_addr: Option<String>,
+    /// The region this node runs in, recorded in the membership and shown by `tally status`.
+    pub region: String,
+    /// This node's certificate and key and the cluster's CA (docs/architecture.md
+    /// "Security"). Required unless `insecure`.
+    pub tls: Option<tally_tls::TlsFiles>,
+    /// Plaintext on both ports, with no authentication at all: anyone who reaches a port can
+    /// append Raft entries or forge budget commands. For a sealed test network only; the node
+    /// announces it loudly at start.
+    #[serde(default)]
+    pub insecure: bool,
+    /// Serve gRPC server reflection (v1 and v1alpha) on the client port.
+    #[serde(default)]
+    pub reflection: bool,
     /// Where `/metrics` (Prometheus) listens; none disables it.
     pub metrics_addr: Option<SocketAddr>,
     /// Raft log, vote and snapshots live here.
@@ -83,6 +100,12 @@ impl Default for NodeConfig {
             node_id: 1,
             listen_addr: SocketAddr::from(([127, 0, 0, 1], 7401)),
             advertise_addr: None,
+            peer_listen_addr: SocketAddr::from(([127, 0, 0, 1], 7601)),
+            peer_advertise_addr: None,
+            region: "local".to_owned(),
+            tls: None,
+            insecure: false,
+            reflection: false,
             metrics_addr: None,
             data_dir: PathBuf::from("./tally-data/node-1"),
             cluster_id: "tally-local".to_owned(),
@@ -117,8 +140,14 @@ pub enum ConfigError {
 }
 
 impl NodeConfig {
-    /// Defaults, then `file` (if given), then `TALLY_*` variables (`TALLY_NODE_ID=3`).
+    /// Defaults, then `file` (if given), then `TALLY_*` variables (`TALLY_NODE_ID=3`,
+    /// `TALLY_TLS__CERT_FILE=/etc/tally/node-3.pem`).
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_with(file, false)
+    }
+
+    /// As [`NodeConfig::load`], with `serve --insecure` applied before validation.
+    pub fn load_with(file: Option<&Path>, insecure: bool) -> Result<Self, ConfigError> {
         let mut figment = Figment::from(Serialized::defaults(NodeConfig::default()));
         if let Some(file) = file {
             if !file.exists() {
@@ -129,10 +158,12 @@ impl NodeConfig {
             }
             figment = figment.merge(Toml::file(file));
         }
-        let config: NodeConfig = figment
-            .merge(Env::prefixed("TALLY_"))
+        let mut config: NodeConfig = figment
+            // `__` reaches into tables: TALLY_TLS__CERT_FILE sets `[tls] cert_file`.
+            .merge(Env::prefixed("TALLY_").split("__"))
             .extract()
             .map_err(Box::new)?;
+        config.insecure |= insecure;
         config.validate()?;
         Ok(config)
     }
@@ -172,6 +203,37 @@ impl NodeConfig {
         }
         if self.max_live_families == 0 {
             return invalid("max_live_families must be positive".to_owned());
+        }
+        match (&self.tls, self.insecure) {
+            (None, false) => {
+                return invalid(
+                    "no TLS configured: set [tls] ca_file, cert_file and key_file (`tally-node \
+                     certs` issues them), or insecure = true for plaintext on a sealed network"
+                        .to_owned(),
+                )
+            }
+            (Some(_), true) => {
+                return invalid("tls and insecure = true are exclusive".to_owned());
+            }
+            _ => {}
+        }
+        if self.region.is_empty()
+            || self.region.len() > 64
+            || !self
+                .region
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return invalid(format!(
+                "region must be 1-64 letters, digits, '-' or '_', got {:?}",
+                self.region
+            ));
+        }
+        if self.peer_listen_addr == self.listen_addr && self.listen_addr.port() != 0 {
+            return invalid(
+                "peer_listen_addr must differ from listen_addr: the peer port serves only Raft"
+                    .to_owned(),
+            );
         }
         self.validate_limits()
     }
@@ -227,6 +289,21 @@ impl NodeConfig {
             .clone()
             .unwrap_or_else(|| self.listen_addr.to_string())
     }
+
+    pub fn peer_advertised(&self) -> String {
+        self.peer_advertise_addr
+            .clone()
+            .unwrap_or_else(|| self.peer_listen_addr.to_string())
+    }
+
+    /// This node as the membership records it.
+    pub fn member(&self) -> crate::raft::types::TallyNode {
+        crate::raft::types::TallyNode::new(
+            self.advertised(),
+            self.peer_advertised(),
+            self.region.clone(),
+        )
+    }
 }
 
 #[cfg(test)]
@@ -235,22 +312,59 @@ impl NodeConfig {
 mod tests {
     use super::*;
 
+    /// The defaults with TLS files named (validation does not read them).
+    fn secure() -> NodeConfig {
+        NodeConfig {
+            tls: Some(tally_tls::TlsFiles::in_dir(Path::new("tls"), "node-1")),
+            ..NodeConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_node_without_tls_needs_an_explicit_insecure() {
+        let message = NodeConfig::default()
+            .validate()
+            .expect_err("no tls")
+            .to_string();
+        assert!(message.contains("no TLS configured"), "{message}");
+        let plaintext = NodeConfig {
+            insecure: true,
+            ..NodeConfig::default()
+        };
+        assert!(plaintext.validate().is_ok());
+        let both = NodeConfig {
+            insecure: true,
+            ..secure()
+        };
+        assert!(both.validate().is_err());
+        let same_port = NodeConfig {
+            peer_listen_addr: secure().listen_addr,
+            ..secure()
+        };
+        assert!(same_port.validate().is_err());
+        let bad_region = NodeConfig {
+            region: "eu west".to_owned(),
+            ..secure()
+        };
+        assert!(bad_region.validate().is_err());
+    }
+
     #[test]
     fn defaults_validate_and_bad_values_are_refused() {
-        assert!(NodeConfig::default().validate().is_ok());
+        assert!(secure().validate().is_ok());
         let bad = NodeConfig {
             node_id: 0,
-            ..NodeConfig::default()
+            ..secure()
         };
         assert!(bad.validate().is_err());
         let bad = NodeConfig {
             heartbeat_interval_ms: 300,
-            ..NodeConfig::default()
+            ..secure()
         };
         assert!(bad.validate().is_err());
         let bad = NodeConfig {
             max_batch_commands: 5_000,
-            ..NodeConfig::default()
+            ..secure()
         };
         assert!(bad.validate().is_err());
     }
@@ -263,7 +377,7 @@ mod tests {
         };
         let message = refused(NodeConfig {
             max_in_flight_requests: 0,
-            ..NodeConfig::default()
+            ..secure()
         });
         assert!(
             message.starts_with("max_in_flight_requests must be 1..="),
@@ -271,13 +385,13 @@ mod tests {
         );
         let message = refused(NodeConfig {
             max_connections: 0,
-            ..NodeConfig::default()
+            ..secure()
         });
         assert!(message.starts_with("max_connections"), "{message}");
         let message = refused(NodeConfig {
             max_concurrent_streams: 100,
             max_in_flight_requests: 200,
-            ..NodeConfig::default()
+            ..secure()
         });
         assert!(
             message.starts_with("max_concurrent_streams must be 200..="),
@@ -286,7 +400,7 @@ mod tests {
         let message = refused(NodeConfig {
             request_timeout_ms: 5_000,
             propose_timeout_ms: 5_000,
-            ..NodeConfig::default()
+            ..secure()
         });
         assert!(
             message.starts_with("request_timeout_ms must be 5001..="),
@@ -294,12 +408,12 @@ mod tests {
         );
         let message = refused(NodeConfig {
             max_message_bytes: 64 * 1024 * 1024,
-            ..NodeConfig::default()
+            ..secure()
         });
         assert!(message.starts_with("max_message_bytes"), "{message}");
         let message = refused(NodeConfig {
             http2_keepalive_timeout_ms: 0,
-            ..NodeConfig::default()
+            ..secure()
         });
         assert!(
             message.starts_with("http2_keepalive_timeout_ms"),
@@ -310,12 +424,20 @@ mod tests {
     #[test]
     fn a_file_then_the_environment_override_defaults() {
         figment::Jail::expect_with(|jail| {
-            jail.create_file("node.toml", "node_id = 7\ncluster_id = \"prod\"\n")?;
+            jail.create_file(
+                "node.toml",
+                "node_id = 7\ncluster_id = \"prod\"\n[tls]\nca_file = \"ca.pem\"\n\
+                 cert_file = \"node-7.pem\"\nkey_file = \"node-7.key\"\n",
+            )?;
             jail.set_env("TALLY_CLUSTER_ID", "from-env");
             let config =
                 NodeConfig::load(Some(Path::new("node.toml"))).map_err(|e| e.to_string())?;
             assert_eq!(config.node_id, 7);
             assert_eq!(config.cluster_id, "from-env");
+            assert_eq!(
+                config.tls.map(|tls| tls.cert_file),
+                Some(PathBuf::from("node-7.pem"))
+            );
             Ok(())
         });
     }

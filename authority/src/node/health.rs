@@ -11,8 +11,9 @@ use std::time::Duration;
 use openraft::ServerState;
 use tally_api::pb::admin_client::AdminClient;
 use tally_api::pb::ClockProbeRequest;
+use tally_tls::Transport;
 use tokio::sync::watch;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use super::clock::{within_majority, ClockSample, NodeClock};
 use crate::raft::types::{NodeId, Raft};
@@ -71,6 +72,7 @@ pub async fn monitor_clock(
     health: Arc<Health>,
     max_offset_ms: u64,
     interval: Duration,
+    transport: Transport,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut clients: BTreeMap<String, AdminClient<Channel>> = BTreeMap::new();
@@ -90,7 +92,7 @@ pub async fn monitor_clock(
             .collect();
         let mut samples = Vec::with_capacity(peers.len());
         for address in &peers {
-            samples.push(probe(&mut clients, address, interval, health.clock()).await);
+            samples.push(probe(&mut clients, &transport, address, interval, health.clock()).await);
         }
         let mut offsets: Vec<i64> = samples
             .iter()
@@ -129,14 +131,15 @@ pub async fn monitor_clock(
 
 async fn probe(
     clients: &mut BTreeMap<String, AdminClient<Channel>>,
+    transport: &Transport,
     address: &str,
     timeout: Duration,
     clock: &NodeClock,
 ) -> Option<ClockSample> {
     if !clients.contains_key(address) {
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
-            .ok()?
-            .connect_timeout(timeout);
+        // Peers' clocks are read on their client ports (`Admin.ClockProbe`, which node
+        // certificates may call).
+        let endpoint = transport.endpoint(address).ok()?.connect_timeout(timeout);
         let channel = endpoint.connect().await.ok()?;
         clients.insert(address.to_owned(), AdminClient::new(channel));
     }

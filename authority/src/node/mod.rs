@@ -19,6 +19,7 @@ use tally_api::pb::budget_server::BudgetServer;
 use tally_api::pb::raft_server::RaftServer;
 use tally_api::{FILE_DESCRIPTOR_SET, MAX_MESSAGE_BYTES};
 use tally_raft_store::{RedbLogStore, StoreMetrics};
+use tally_tls::{CertIdentity, TlsMaterial, Transport};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -36,9 +37,11 @@ use crate::raft::network::NetworkFactory;
 use crate::raft::snapshot_file::SnapshotDir;
 use crate::raft::state_machine::{SharedRouter, TallyStateMachine};
 use crate::raft::types::{LogId, Raft, TypeConfig};
+use crate::service::access::{Access, AccessPolicy};
 use crate::service::admin::AdminService;
 use crate::service::budget::BudgetService;
 use crate::service::limits::{Admission, ConnectionCap, RequestLimits};
+use crate::service::peer_auth::PeerAuth;
 use crate::service::raft::RaftService;
 use crate::service::read_gate::ReadGate;
 
@@ -55,6 +58,8 @@ pub enum NodeError {
     },
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// Handles to a started node. Dropping it does not stop the node: call `shutdown` (graceful)
@@ -76,11 +81,53 @@ pub struct NodeHandle {
     /// The address `/metrics` is bound to, when `metrics_addr` is set (useful with port 0).
     pub metrics_local_addr: Option<std::net::SocketAddr>,
     pub applied: watch::Receiver<Option<LogId>>,
-    /// The address the gRPC server is bound to (useful with port 0).
+    /// The address the client port is bound to (useful with port 0).
     pub local_addr: std::net::SocketAddr,
+    /// The address the peer port is bound to.
+    pub peer_local_addr: std::net::SocketAddr,
+    /// How this node reaches its peers (its node certificate, or plaintext).
+    pub transport: Transport,
     shutdown_tx: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
-    server: JoinHandle<Result<(), tonic::transport::Error>>,
+    servers: Vec<JoinHandle<Result<(), tonic::transport::Error>>>,
+}
+
+/// This node's TLS material, checked against its configuration: its certificate must name
+/// its own node id, or peers would refuse it (and it would impersonate another).
+fn load_tls(config: &NodeConfig) -> Result<Option<TlsMaterial>, NodeError> {
+    let Some(files) = &config.tls else {
+        return Ok(None);
+    };
+    let material = files.load().map_err(|e| NodeError::Tls(e.to_string()))?;
+    match &material.identity {
+        CertIdentity::Node { id } if *id == config.node_id => Ok(Some(material)),
+        other => Err(NodeError::Tls(format!(
+            "{} names {}, but this is node {}: issue it with `tally-node certs node --id {}`",
+            files.cert_file.display(),
+            other.describe(),
+            config.node_id,
+            config.node_id
+        ))),
+    }
+}
+
+async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, NodeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| NodeError::Listen {
+            addr: addr.to_string(),
+            source,
+        })
+}
+
+fn bound(
+    listener: &TcpListener,
+    addr: std::net::SocketAddr,
+) -> Result<std::net::SocketAddr, NodeError> {
+    listener.local_addr().map_err(|source| NodeError::Listen {
+        addr: addr.to_string(),
+        source,
+    })
 }
 
 /// Starts a node: opens its data dir, recovers Raft state (newest snapshot + committed log),
@@ -92,6 +139,17 @@ pub async fn start(
     config
         .validate()
         .map_err(|e| NodeError::Config(e.to_string()))?;
+    let tls = load_tls(&config)?;
+    let transport = match &tls {
+        Some(material) => Transport::tls(material.clone()),
+        None => {
+            tracing::warn!(
+                "INSECURE: plaintext on both ports and no authentication; anyone who reaches \
+                 a port can forge budget commands, append Raft entries or change membership"
+            );
+            Transport::Insecure
+        }
+    };
     std::fs::create_dir_all(&config.data_dir).map_err(|e| NodeError::Storage(e.to_string()))?;
     let log_store = RedbLogStore::<TypeConfig>::open(config.data_dir.join("raft-log.redb"))
         .map_err(|e| NodeError::Storage(e.to_string()))?;
@@ -118,7 +176,7 @@ pub async fn start(
     }
     .validate()
     .map_err(|e| NodeError::Config(e.to_string()))?;
-    let network = NetworkFactory::new(config.node_id, faults.clone());
+    let network = NetworkFactory::new(config.node_id, faults.clone(), transport.clone());
     let raft = Raft::new(
         config.node_id,
         Arc::new(raft_config),
@@ -138,6 +196,7 @@ pub async fn start(
         timeout,
         metrics.clone(),
         clock.clone(),
+        transport.clone(),
     ));
     let reads = Arc::new(ReadGate::new(
         raft.clone(),
@@ -148,16 +207,10 @@ pub async fn start(
     let health = Arc::new(Health::new(raft.clone(), clock.clone()));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
 
-    let listener = TcpListener::bind(config.listen_addr)
-        .await
-        .map_err(|source| NodeError::Listen {
-            addr: config.listen_addr.to_string(),
-            source,
-        })?;
-    let local_addr = listener.local_addr().map_err(|source| NodeError::Listen {
-        addr: config.listen_addr.to_string(),
-        source,
-    })?;
+    let listener = bind(config.listen_addr).await?;
+    let local_addr = bound(&listener, config.listen_addr)?;
+    let peer_listener = bind(config.peer_listen_addr).await?;
+    let peer_local_addr = bound(&peer_listener, config.peer_listen_addr)?;
     let metrics_listener = match config.metrics_addr {
         Some(addr) => Some(
             metrics::bind(addr)
@@ -172,9 +225,12 @@ pub async fn start(
     let metrics_local_addr = metrics_listener
         .as_ref()
         .and_then(|listener| listener.local_addr().ok());
+    // With port 0 only the bound addresses are reachable.
     if config.advertise_addr.is_none() {
-        // With port 0 only the bound address is reachable.
         config.advertise_addr = Some(local_addr.to_string());
+    }
+    if config.peer_advertise_addr.is_none() {
+        config.peer_advertise_addr = Some(peer_local_addr.to_string());
     }
 
     let service_faults = Arc::<ServiceFaults>::default();
@@ -191,6 +247,7 @@ pub async fn start(
     // Only client requests are counted and shed: Raft traffic, peers' clock probes and
     // operators' Admin calls always get through (a follower's forwarded writes were counted
     // on the follower).
+    let access = AccessPolicy::new(tls.is_some());
     let budget = Admission::new(
         budget,
         RequestLimits::new(
@@ -200,6 +257,7 @@ pub async fn start(
             proposer.clone(),
         ),
     );
+    let budget = Access::new(budget, access.clone());
     let admin = AdminServer::new(AdminService::new(
         config.node_id,
         raft.clone(),
@@ -210,55 +268,76 @@ pub async fn start(
     ))
     .max_decoding_message_size(config.max_message_bytes)
     .max_encoding_message_size(config.max_message_bytes);
+    let admin = Access::new(admin, access.clone());
     let raft_rpc = RaftServer::new(RaftService::new(
         raft.clone(),
         proposer.clone(),
         reads.clone(),
+        PeerAuth::new(raft.clone(), tls.is_some()),
     ))
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| NodeError::Config(format!("reflection: {e}")))?;
+    let health_service = Access::new(health_service, access.clone());
+    // Both reflection versions: grpcurl speaks v1, Python's grpcio-reflection and many GUI
+    // clients only v1alpha.
+    let (reflection_v1, reflection_v1alpha) = if config.reflection {
+        let v1 = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| NodeError::Config(format!("reflection: {e}")))?;
+        let v1alpha = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+            .build_v1alpha()
+            .map_err(|e| NodeError::Config(format!("reflection: {e}")))?;
+        (
+            Some(Access::new(v1, access.clone())),
+            Some(Access::new(v1alpha, access.clone())),
+        )
+    } else {
+        (None, None)
+    };
 
-    // Accepted sockets need TCP_NODELAY set here (tonic only sets it on listeners it binds
-    // itself): without it a reply's header, body and trailer frames meet Nagle's algorithm
-    // and the peer's delayed ACK, adding ~40 ms to every rpc. A socket beyond
-    // `max_connections` is closed here, before anything is read from it.
-    let connections = ConnectionCap::new(config.max_connections, metrics.clone());
-    let incoming = TcpListenerStream::new(listener).filter_map(move |stream| {
-        let admitted = match stream {
-            Ok(stream) => {
-                if let Err(error) = stream.set_nodelay(true) {
-                    tracing::debug!(%error, "could not set TCP_NODELAY");
-                }
-                connections.admit(stream).map(Ok)
-            }
-            Err(error) => Some(Err(error)),
-        };
-        std::future::ready(admitted)
-    });
-    let mut server_shutdown = shutdown_rx.clone();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
+    // One connection budget for both ports: a flood on either cannot take more sockets
+    // than the node allows in all.
+    let connections = Arc::new(ConnectionCap::new(config.max_connections, metrics.clone()));
+    let server_builder = || -> Result<tonic::transport::Server, NodeError> {
+        let builder = tonic::transport::Server::builder()
             .max_concurrent_streams(config.max_concurrent_streams)
             .http2_keepalive_interval(Some(Duration::from_millis(
                 config.http2_keepalive_interval_ms,
             )))
             .http2_keepalive_timeout(Some(Duration::from_millis(
                 config.http2_keepalive_timeout_ms,
-            )))
+            )));
+        match &tls {
+            Some(material) => builder
+                .tls_config(material.server_config())
+                .map_err(|e| NodeError::Tls(e.to_string())),
+            None => Ok(builder),
+        }
+    };
+    let mut servers = Vec::new();
+    let mut client_shutdown = shutdown_rx.clone();
+    servers.push(tokio::spawn(
+        server_builder()?
             .add_service(budget)
             .add_service(admin)
-            .add_service(raft_rpc)
             .add_service(health_service)
-            .add_service(reflection)
-            .serve_with_incoming_shutdown(incoming, async move {
-                let _ = server_shutdown.changed().await;
+            .add_optional_service(reflection_v1)
+            .add_optional_service(reflection_v1alpha)
+            .serve_with_incoming_shutdown(accepted(listener, connections.clone()), async move {
+                let _ = client_shutdown.changed().await;
             }),
-    );
+    ));
+    let mut peer_shutdown = shutdown_rx.clone();
+    servers.push(tokio::spawn(
+        server_builder()?
+            .add_service(raft_rpc)
+            .serve_with_incoming_shutdown(accepted(peer_listener, connections), async move {
+                let _ = peer_shutdown.changed().await;
+            }),
+    ));
 
     let mut tasks = Vec::new();
     if let Some(listener) = metrics_listener {
@@ -293,6 +372,7 @@ pub async fn start(
         health.clone(),
         config.max_clock_offset_ms,
         Duration::from_millis(1_000),
+        transport.clone(),
         shutdown_rx.clone(),
     )));
     tasks.push(tokio::spawn(report_health(
@@ -304,6 +384,10 @@ pub async fn start(
     tracing::info!(
         node_id = config.node_id,
         addr = %local_addr,
+        peer_addr = %peer_local_addr,
+        region = %config.region,
+        tls = tls.is_some(),
+        reflection = config.reflection,
         max_connections = config.max_connections,
         max_concurrent_streams = config.max_concurrent_streams,
         max_in_flight_requests = config.max_in_flight_requests,
@@ -327,9 +411,33 @@ pub async fn start(
         metrics_local_addr,
         applied,
         local_addr,
+        peer_local_addr,
+        transport,
         shutdown_tx,
         tasks,
-        server,
+        servers,
+    })
+}
+
+/// Accepted sockets with TCP_NODELAY set (tonic only sets it on listeners it binds itself:
+/// without it a reply's header, body and trailer frames meet Nagle's algorithm and the peer's
+/// delayed ACK, adding ~40 ms to every rpc), each holding a connection slot; a socket beyond
+/// `max_connections` is closed here, before anything is read from it.
+fn accepted(
+    listener: TcpListener,
+    connections: Arc<ConnectionCap>,
+) -> impl futures_util::Stream<Item = std::io::Result<crate::service::limits::CappedStream>> {
+    TcpListenerStream::new(listener).filter_map(move |stream| {
+        let admitted = match stream {
+            Ok(stream) => {
+                if let Err(error) = stream.set_nodelay(true) {
+                    tracing::debug!(%error, "could not set TCP_NODELAY");
+                }
+                connections.admit(stream).map(Ok)
+            }
+            Err(error) => Some(Err(error)),
+        };
+        std::future::ready(admitted)
     })
 }
 
@@ -386,7 +494,9 @@ impl NodeHandle {
         for task in self.tasks {
             let _ = task.await;
         }
-        let _ = self.server.await;
+        for server in self.servers {
+            let _ = server.await;
+        }
         if let Err(error) = self.raft.shutdown().await {
             tracing::error!(%error, "raft shutdown failed");
         }
@@ -395,7 +505,9 @@ impl NodeHandle {
 
     /// A crash: every task is aborted and every handle dropped, with no goodbye to peers.
     pub async fn abort(self) {
-        self.server.abort();
+        for server in &self.servers {
+            server.abort();
+        }
         for task in &self.tasks {
             task.abort();
         }

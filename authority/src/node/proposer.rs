@@ -13,7 +13,8 @@ use tally_api::pb::RaftBytes;
 use tally_api::{decode_raft, encode_raft, MAX_MESSAGE_BYTES};
 use tally_ledger::limits::MAX_COMMANDS_PER_ENTRY;
 use tally_ledger::{Command, ParamsChange};
-use tonic::transport::{Channel, Endpoint};
+use tally_tls::Transport;
+use tonic::transport::Channel;
 
 use super::clock::NodeClock;
 use super::metrics::NodeMetrics;
@@ -42,6 +43,8 @@ pub struct Proposer {
     peers: Mutex<BTreeMap<String, RaftClient<Channel>>>,
     metrics: Arc<NodeMetrics>,
     clock: Arc<NodeClock>,
+    /// How this node reaches its peers' peer ports (its node certificate, or plaintext).
+    transport: Transport,
 }
 
 impl Proposer {
@@ -51,8 +54,10 @@ impl Proposer {
         timeout: Duration,
         metrics: Arc<NodeMetrics>,
         clock: Arc<NodeClock>,
+        transport: Transport,
     ) -> Self {
         Self {
+            transport,
             clock,
             raft,
             node_id,
@@ -79,6 +84,19 @@ impl Proposer {
                 .unwrap_or_default();
             Some((leader, address))
         })
+    }
+
+    /// The leader's peer port, where forwarded writes go (its client address for a member
+    /// recorded before the peer port existed).
+    fn peer_address_of(&self, leader: NodeId, client_address: &str) -> String {
+        crate::raft::types::with_metrics(&self.raft, |metrics| {
+            metrics
+                .membership_config
+                .membership()
+                .get_node(&leader)
+                .map(|node| node.peer_address().to_owned())
+        })
+        .unwrap_or_else(|| client_address.to_owned())
     }
 
     pub fn is_leader(&self) -> bool {
@@ -183,7 +201,7 @@ impl Proposer {
         let reply = match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(reply)) => reply.into_inner(),
             Ok(Err(status)) => {
-                self.forget_peer(&address);
+                self.forget_peer(&self.peer_address_of(leader, &address));
                 return Err(WriteError::Unknown {
                     reason: format!("forwarded to node {leader}: {status}"),
                 });
@@ -220,7 +238,7 @@ impl Proposer {
                 reason: "the leader is changing".to_owned(),
             });
         }
-        match self.peer(&address).await {
+        match self.peer(&self.peer_address_of(leader, &address)).await {
             Ok(client) => Ok((client, (leader, address))),
             Err(error) => Err(WriteError::Unavailable {
                 leader: Some((leader, address)),
@@ -238,7 +256,9 @@ impl Proposer {
         {
             return Ok(client.clone());
         }
-        let channel = Endpoint::from_shared(format!("http://{address}"))?
+        let channel = self
+            .transport
+            .endpoint(address)?
             .connect_timeout(Duration::from_secs(2))
             .connect()
             .await?;

@@ -12,13 +12,13 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
     TransferLeaderResponse, VoteRequest, VoteResponse,
 };
-use openraft::BasicNode;
 use tally_api::pb::raft_client::RaftClient;
 use tally_api::pb::{RaftBytes, SnapshotChunk};
 use tally_api::{decode_raft, encode_raft, MAX_MESSAGE_BYTES};
-use tonic::transport::{Channel, Endpoint};
+use tally_tls::Transport;
+use tonic::transport::Channel;
 
-use super::types::{NodeId, Snapshot, TypeConfig};
+use super::types::{NodeId, Snapshot, TallyNode, TypeConfig};
 use crate::faults::NetworkFaults;
 
 /// Snapshot chunk size: well under the message limit.
@@ -32,23 +32,30 @@ type Vote = openraft::type_config::alias::VoteOf<TypeConfig>;
 pub struct NetworkFactory {
     self_id: NodeId,
     faults: Arc<NetworkFaults>,
+    /// This node's certificate toward its peers' peer ports, or plaintext.
+    transport: Transport,
 }
 
 impl NetworkFactory {
-    pub fn new(self_id: NodeId, faults: Arc<NetworkFaults>) -> Self {
-        Self { self_id, faults }
+    pub fn new(self_id: NodeId, faults: Arc<NetworkFaults>, transport: Transport) -> Self {
+        Self {
+            self_id,
+            faults,
+            transport,
+        }
     }
 }
 
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = Connection;
 
-    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Connection {
+    async fn new_client(&mut self, target: NodeId, node: &TallyNode) -> Connection {
         Connection {
             self_id: self.self_id,
             target,
-            address: node.addr.clone(),
+            address: node.peer_address().to_owned(),
             faults: self.faults.clone(),
+            transport: self.transport.clone(),
             client: None,
         }
     }
@@ -59,6 +66,7 @@ pub struct Connection {
     target: NodeId,
     address: String,
     faults: Arc<NetworkFaults>,
+    transport: Transport,
     client: Option<RaftClient<Channel>>,
 }
 
@@ -89,7 +97,9 @@ impl Connection {
         if let Some(client) = &self.client {
             return Ok(client.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{}", self.address))
+        let endpoint = self
+            .transport
+            .endpoint(&self.address)
             .map_err(|e| unreachable(&e))?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true);

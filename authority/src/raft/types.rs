@@ -109,12 +109,58 @@ pub struct ProposalReply {
     pub results: Vec<Result<Decision, LedgerError>>,
 }
 
+/// A member as the membership records it: where clients reach it, where peers reach it, and
+/// its region. Entries written before the peer port existed carry only `addr` (the node then
+/// served Raft on its client port); they decode with `peer_addr` and `region` empty, and
+/// [`TallyNode::peer_address`] falls back to `addr`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TallyNode {
+    /// The client port (Budget, Admin, health), as clients and leader hints name it.
+    pub addr: String,
+    /// The peer port (the internal Raft service, mutual TLS between members).
+    #[serde(default)]
+    pub peer_addr: String,
+    /// The region the node runs in (docs/architecture.md "Deployment and regions").
+    #[serde(default)]
+    pub region: String,
+}
+
+impl TallyNode {
+    pub fn new(addr: String, peer_addr: String, region: String) -> Self {
+        Self {
+            addr,
+            peer_addr,
+            region,
+        }
+    }
+
+    /// Where peers send Raft traffic.
+    pub fn peer_address(&self) -> &str {
+        if self.peer_addr.is_empty() {
+            &self.addr
+        } else {
+            &self.peer_addr
+        }
+    }
+}
+
+impl fmt::Display for TallyNode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (peer {}", self.addr, self.peer_address())?;
+        if !self.region.is_empty() {
+            write!(f, ", region {}", self.region)?;
+        }
+        f.write_str(")")
+    }
+}
+
 openraft::declare_raft_types!(
-    /// Tally's Raft types: u64 node ids and terms, `BasicNode { addr }` with the node's gRPC
-    /// address, and [`Proposal`] entries.
+    /// Tally's Raft types: u64 node ids and terms, [`TallyNode`] members, and [`Proposal`]
+    /// entries.
     pub TypeConfig:
         D = Proposal,
         R = ProposalReply,
+        Node = TallyNode,
 );
 
 pub type LogId = openraft::type_config::alias::LogIdOf<TypeConfig>;
@@ -247,5 +293,25 @@ mod tests {
             },
             "neither change reverts the other (started from {current:?})"
         );
+    }
+
+    /// A membership written before the peer port existed (`BasicNode { addr }`) still decodes,
+    /// in the log store's named encoding and in the positional one of snapshots and the wire.
+    #[test]
+    fn an_old_member_decodes_with_its_client_address_as_peer_address() {
+        let old = openraft::BasicNode {
+            addr: "10.0.0.1:7401".to_owned(),
+        };
+        use super::TallyNode;
+        let named: TallyNode =
+            rmp_serde::from_slice(&rmp_serde::to_vec_named(&old).expect("encodes"))
+                .expect("decodes");
+        let positional: TallyNode =
+            rmp_serde::from_slice(&rmp_serde::to_vec(&old).expect("encodes")).expect("decodes");
+        for node in [named, positional] {
+            assert_eq!(node.addr, "10.0.0.1:7401");
+            assert_eq!(node.peer_address(), "10.0.0.1:7401");
+            assert_eq!(node.region, "");
+        }
     }
 }

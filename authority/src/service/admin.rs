@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use openraft::{BasicNode, ServerState};
+use openraft::ServerState;
 use tally_api::pb::admin_server::Admin;
 use tally_api::pb::{self, NodeRole};
 use tally_ledger::ParamsChange;
@@ -15,7 +15,7 @@ use crate::node::health::Health;
 use crate::node::proposer::Proposer;
 use crate::node::write_error::WriteError;
 use crate::raft::state_machine::SharedRouter;
-use crate::raft::types::{NodeId, Raft};
+use crate::raft::types::{NodeId, Raft, TallyNode};
 
 pub struct AdminService {
     node_id: NodeId,
@@ -60,6 +60,27 @@ fn raft_status(error: impl std::fmt::Display) -> Status {
     Status::failed_precondition(error.to_string())
 }
 
+/// A member's addresses as the membership will record them; both ports and the region are
+/// required, since a member without a peer address cannot be reached by its peers.
+fn member_node(member: pb::MemberAddress) -> Result<TallyNode, Status> {
+    for (field, value) in [
+        ("address", &member.address),
+        ("peer_address", &member.peer_address),
+        ("region", &member.region),
+    ] {
+        if value.is_empty() || value.len() > 256 {
+            return Err(Status::invalid_argument(format!(
+                "{field} must be 1 to 256 bytes"
+            )));
+        }
+    }
+    Ok(TallyNode::new(
+        member.address,
+        member.peer_address,
+        member.region,
+    ))
+}
+
 fn admin_reply(log_index: Option<u64>, message: impl Into<String>) -> Response<pb::AdminReply> {
     definite(pb::AdminReply {
         log_index,
@@ -73,20 +94,29 @@ impl Admin for AdminService {
         &self,
         request: Request<pb::InitializeRequest>,
     ) -> Result<Response<pb::AdminReply>, Status> {
-        let members = request.into_inner().members;
-        if members.is_empty() || members.len() > 7 {
+        let request = request.into_inner();
+        if !request.members.is_empty() && !request.nodes.is_empty() {
+            return Err(Status::invalid_argument(
+                "send either nodes or the older members map, not both",
+            ));
+        }
+        let mut nodes: BTreeMap<NodeId, TallyNode> = request
+            .members
+            .into_iter()
+            .map(|(id, addr)| (id, TallyNode::new(addr, String::new(), String::new())))
+            .collect();
+        for (id, member) in request.nodes {
+            nodes.insert(id, member_node(member)?);
+        }
+        if nodes.is_empty() || nodes.len() > 7 {
             return Err(Status::invalid_argument("initialize needs 1 to 7 members"));
         }
-        if !members.contains_key(&self.node_id) {
+        if !nodes.contains_key(&self.node_id) {
             return Err(Status::invalid_argument(format!(
                 "the members must include this node ({})",
                 self.node_id
             )));
         }
-        let nodes: BTreeMap<NodeId, BasicNode> = members
-            .into_iter()
-            .map(|(id, addr)| (id, BasicNode { addr }))
-            .collect();
         self.raft.initialize(nodes).await.map_err(raft_status)?;
         Ok(admin_reply(None, "initialized"))
     }
@@ -99,18 +129,14 @@ impl Admin for AdminService {
         if !self.proposer.is_leader() {
             return Err(self.not_leader());
         }
-        if request.address.is_empty() {
-            return Err(Status::invalid_argument("address must not be empty"));
-        }
+        let node = member_node(pb::MemberAddress {
+            address: request.address,
+            peer_address: request.peer_address,
+            region: request.region,
+        })?;
         let response = self
             .raft
-            .add_learner(
-                request.id,
-                BasicNode {
-                    addr: request.address,
-                },
-                request.blocking,
-            )
+            .add_learner(request.id, node, request.blocking)
             .await
             .map_err(raft_status)?;
         Ok(admin_reply(
@@ -224,6 +250,8 @@ impl Admin for AdminService {
                 address: node.addr.clone(),
                 voter: voters.contains(id),
                 matched_index: matched.get(id).copied(),
+                peer_address: node.peer_address().to_owned(),
+                region: node.region.clone(),
             })
             .collect();
         let (cluster_time_ms, params) = {

@@ -13,6 +13,7 @@ use tally_ledger::{
 };
 use tonic::{Request, Response, Status};
 
+use super::access::Caller;
 use super::outcome::{decision_message, definite, failure_detail, failure_status, Failure, Stamp};
 use super::read_gate::ReadGate;
 use crate::families::RouterError;
@@ -79,9 +80,11 @@ impl BudgetService {
     /// One command: validate, propose, answer its decision or its failure.
     async fn submit(
         &self,
+        caller: Caller,
         command: Result<Command, WireError>,
     ) -> Result<Response<pb::Decision>, Status> {
         let command = command.map_err(|e| failure_status(e.into(), None))?;
+        caller.may_touch([command.family_id()])?;
         let event_id = command.event_id().cloned();
         let command = accepted(command).map_err(|f| failure_status(f, event_id.as_ref()))?;
         let reply = self.propose(vec![command], event_id.as_ref()).await?;
@@ -206,103 +209,143 @@ impl Budget for BudgetService {
         &self,
         request: Request<pb::AuthorizeHoldRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
-        self.submit(client(ClientCommand::try_from(request.into_inner())))
-            .await
+        self.submit(
+            Caller::of(&request)?,
+            client(ClientCommand::try_from(request.into_inner())),
+        )
+        .await
     }
 
     async fn capture_invocation(
         &self,
         request: Request<pb::CaptureInvocationRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
-        self.submit(client(ClientCommand::try_from(request.into_inner())))
-            .await
+        self.submit(
+            Caller::of(&request)?,
+            client(ClientCommand::try_from(request.into_inner())),
+        )
+        .await
     }
 
     async fn cancel_captured_before_dispatch(
         &self,
         request: Request<pb::CancelCapturedBeforeDispatchRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
-        self.submit(client(ClientCommand::try_from(request.into_inner())))
-            .await
+        self.submit(
+            Caller::of(&request)?,
+            client(ClientCommand::try_from(request.into_inner())),
+        )
+        .await
     }
 
     async fn reverse_hold(
         &self,
         request: Request<pb::ReverseHoldRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
-        self.submit(client(ClientCommand::try_from(request.into_inner())))
-            .await
+        self.submit(
+            Caller::of(&request)?,
+            client(ClientCommand::try_from(request.into_inner())),
+        )
+        .await
     }
 
     async fn release_hold(
         &self,
         request: Request<pb::ReleaseHoldRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
-        self.submit(client(ClientCommand::try_from(request.into_inner())))
-            .await
+        self.submit(
+            Caller::of(&request)?,
+            client(ClientCommand::try_from(request.into_inner())),
+        )
+        .await
     }
 
     async fn reconcile_hold(
         &self,
         request: Request<pb::ReconcileHoldRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
-        self.submit(client(ClientCommand::try_from(request.into_inner())))
-            .await
+        self.submit(
+            Caller::of(&request)?,
+            client(ClientCommand::try_from(request.into_inner())),
+        )
+        .await
     }
 
     async fn try_increment(
         &self,
         request: Request<pb::TryIncrementRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
-        self.submit(client(ClientCommand::try_from(request.into_inner())))
-            .await
+        self.submit(
+            Caller::of(&request)?,
+            client(ClientCommand::try_from(request.into_inner())),
+        )
+        .await
     }
 
     async fn try_charge_cost(
         &self,
         request: Request<pb::TryChargeCostRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
-        self.submit(client(ClientCommand::try_from(request.into_inner())))
-            .await
+        self.submit(
+            Caller::of(&request)?,
+            client(ClientCommand::try_from(request.into_inner())),
+        )
+        .await
     }
 
     async fn reverse_charge_cost(
         &self,
         request: Request<pb::ReverseChargeCostRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
-        self.submit(client(ClientCommand::try_from(request.into_inner())))
-            .await
+        self.submit(
+            Caller::of(&request)?,
+            client(ClientCommand::try_from(request.into_inner())),
+        )
+        .await
     }
 
     async fn reduce_charge_cost(
         &self,
         request: Request<pb::ReduceChargeCostRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
-        self.submit(client(ClientCommand::try_from(request.into_inner())))
-            .await
+        self.submit(
+            Caller::of(&request)?,
+            client(ClientCommand::try_from(request.into_inner())),
+        )
+        .await
     }
 
     async fn settle_charge_cost(
         &self,
         request: Request<pb::SettleChargeCostRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
-        self.submit(client(ClientCommand::try_from(request.into_inner())))
-            .await
+        self.submit(
+            Caller::of(&request)?,
+            client(ClientCommand::try_from(request.into_inner())),
+        )
+        .await
     }
 
     async fn consume_nonce(
         &self,
         request: Request<pb::ConsumeNonceRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
-        self.submit(client(ClientCommand::try_from(request.into_inner())))
-            .await
+        self.submit(
+            Caller::of(&request)?,
+            client(ClientCommand::try_from(request.into_inner())),
+        )
+        .await
     }
 
     async fn resolve_event(
         &self,
         request: Request<pb::ResolveEventRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
-        self.submit(Command::try_from(request.into_inner())).await
+        self.submit(
+            Caller::of(&request)?,
+            Command::try_from(request.into_inner()),
+        )
+        .await
     }
 
     /// Valid commands go into one log entry; each result (or its own error) in input order.
@@ -310,6 +353,7 @@ impl Budget for BudgetService {
         &self,
         request: Request<pb::BatchRequest>,
     ) -> Result<Response<pb::BatchReply>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
         if request.commands.is_empty() || request.commands.len() > self.max_batch_commands {
             return Err(failure_status(
@@ -326,6 +370,9 @@ impl Budget for BudgetService {
             ));
         }
         let parsed = request.into_commands();
+        // One command outside the caller's namespaces refuses the whole batch: nothing of it
+        // is proposed.
+        caller.may_touch(parsed.iter().flatten().map(Command::family_id))?;
         let mut results: Vec<Option<pb::batch_result::Result>> = Vec::with_capacity(parsed.len());
         let mut to_propose = Vec::new();
         let mut positions = Vec::new();
@@ -375,8 +422,10 @@ impl Budget for BudgetService {
         &self,
         request: Request<pb::GetUsageRequest>,
     ) -> Result<Response<pb::GetUsageReply>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let family_id = family(&request.family_id)?;
+        caller.may_touch([&family_id])?;
         let key: AccountKey = request
             .account
             .ok_or_else(|| failure_status(WireError::missing("account").into(), None))?
@@ -395,8 +444,13 @@ impl Budget for BudgetService {
         &self,
         request: Request<pb::ListUsagesRequest>,
     ) -> Result<Response<pb::ListUsagesReply>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let family_id = request.family_id.as_deref().map(family).transpose()?;
+        match &family_id {
+            Some(family_id) => caller.may_touch([family_id])?,
+            None => caller.may_read_all_families()?,
+        }
         let capability = request.capability_id.map(CapabilityId::from);
         let after = request.after.map(usage_position).transpose()?;
         let limit = limit(request.limit);
@@ -418,8 +472,10 @@ impl Budget for BudgetService {
         &self,
         request: Request<pb::ListEventsRequest>,
     ) -> Result<Response<pb::ListEventsReply>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let family_id = family(&request.family_id)?;
+        caller.may_touch([&family_id])?;
         let capability = request.capability_id.map(CapabilityId::from);
         self.read_barrier(request.consistency).await?;
         let events = self
@@ -440,8 +496,10 @@ impl Budget for BudgetService {
         &self,
         request: Request<pb::GetEventRequest>,
     ) -> Result<Response<pb::EventLookup>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let family_id = family(&request.family_id)?;
+        caller.may_touch([&family_id])?;
         let event_id = valid_id(EventId::from(request.event_id), EventId::validate)?;
         self.read_barrier(request.consistency).await?;
         let lookup = self
@@ -454,8 +512,10 @@ impl Budget for BudgetService {
         &self,
         request: Request<pb::GetHoldRequest>,
     ) -> Result<Response<pb::GetHoldReply>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let family_id = family(&request.family_id)?;
+        caller.may_touch([&family_id])?;
         let hold_id = valid_id(HoldId::from(request.hold_id), HoldId::validate)?;
         self.read_barrier(request.consistency).await?;
         let view = self
@@ -471,6 +531,7 @@ impl Budget for BudgetService {
         &self,
         request: Request<pb::ListHoldsRequest>,
     ) -> Result<Response<pb::ListHoldsReply>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let filter = HoldFilter::try_from(&request).map_err(|e| failure_status(e.into(), None))?;
         if let Some(after) = &filter.after {
@@ -479,6 +540,10 @@ impl Budget for BudgetService {
                 .map_err(|e| failure_status(e.into(), None))?;
         }
         let family_id = request.family_id.as_deref().map(family).transpose()?;
+        match &family_id {
+            Some(family_id) => caller.may_touch([family_id])?,
+            None => caller.may_read_all_families()?,
+        }
         let limit = limit(request.limit);
         self.read_barrier(request.consistency).await?;
         let holds = self

@@ -13,6 +13,7 @@ use tally_api::{decode_raft, encode_raft};
 use tally_ledger::Command;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::peer_auth::PeerAuth;
 use super::read_gate::ReadGate;
 use crate::node::proposer::{ForwardReply, Proposer};
 use crate::node::write_error::WriteError;
@@ -27,14 +28,16 @@ pub struct RaftService {
     raft: Raft,
     proposer: Arc<Proposer>,
     reads: Arc<ReadGate>,
+    auth: PeerAuth,
 }
 
 impl RaftService {
-    pub fn new(raft: Raft, proposer: Arc<Proposer>, reads: Arc<ReadGate>) -> Self {
+    pub fn new(raft: Raft, proposer: Arc<Proposer>, reads: Arc<ReadGate>, auth: PeerAuth) -> Self {
         Self {
             raft,
             proposer,
             reads,
+            auth,
         }
     }
 }
@@ -59,7 +62,9 @@ type AppendStream = Pin<Box<dyn Stream<Item = Result<RaftBytes, Status>> + Send 
 #[tonic::async_trait]
 impl RaftRpc for RaftService {
     async fn vote(&self, request: Request<RaftBytes>) -> Result<Response<RaftBytes>, Status> {
+        let caller = self.auth.caller(&request)?;
         let vote: VoteRequest<TypeConfig> = decode(&request.into_inner().payload)?;
+        PeerAuth::claims(caller, vote.vote.leader_id().node_id, "vote request")?;
         let answer = self.raft.vote(vote).await.map_err(fatal)?;
         reply(&answer)
     }
@@ -71,6 +76,7 @@ impl RaftRpc for RaftService {
         &self,
         request: Request<Streaming<RaftBytes>>,
     ) -> Result<Response<AppendStream>, Status> {
+        let caller = self.auth.caller(&request)?;
         let raft = self.raft.clone();
         let input = request.into_inner();
         let output = input.then(move |message| {
@@ -78,6 +84,7 @@ impl RaftRpc for RaftService {
             async move {
                 let message = message?;
                 let append: AppendEntriesRequest<TypeConfig> = decode(&message.payload)?;
+                PeerAuth::claims(caller, append.vote.leader_id().node_id, "log append")?;
                 let answer = raft.append_entries(append).await.map_err(fatal)?;
                 let payload = encode_raft(&answer).map_err(|e| Status::internal(e.to_string()))?;
                 Ok(RaftBytes {
@@ -92,6 +99,7 @@ impl RaftRpc for RaftService {
         &self,
         request: Request<Streaming<SnapshotChunk>>,
     ) -> Result<Response<RaftBytes>, Status> {
+        let caller = self.auth.caller(&request)?;
         let mut chunks = request.into_inner();
         let mut header: Option<(Vote, SnapshotMeta)> = None;
         let mut data: Vec<u8> = Vec::new();
@@ -99,7 +107,9 @@ impl RaftRpc for RaftService {
         while let Some(chunk) = chunks.next().await {
             let chunk = chunk?;
             if header.is_none() {
-                header = Some(decode(&chunk.header)?);
+                let decoded: (Vote, SnapshotMeta) = decode(&chunk.header)?;
+                PeerAuth::claims(caller, decoded.0.leader_id().node_id, "snapshot")?;
+                header = Some(decoded);
             }
             if chunk.offset != data.len() as u64 {
                 return Err(Status::invalid_argument(format!(
@@ -142,6 +152,9 @@ impl RaftRpc for RaftService {
     }
 
     async fn forward(&self, request: Request<RaftBytes>) -> Result<Response<RaftBytes>, Status> {
+        // The forwarding follower checked its client's role and namespaces; the leader checks
+        // that the follower is a member.
+        self.auth.caller(&request)?;
         let commands: Vec<Command> = decode(&request.into_inner().payload)?;
         // Never forward twice: if this node no longer leads, the caller learns who does.
         let answer: ForwardReply = self.proposer.propose_here(commands).await;
@@ -152,7 +165,13 @@ impl RaftRpc for RaftService {
         &self,
         request: Request<RaftBytes>,
     ) -> Result<Response<RaftBytes>, Status> {
+        let caller = self.auth.caller(&request)?;
         let transfer: TransferLeaderRequest<TypeConfig> = decode(&request.into_inner().payload)?;
+        PeerAuth::claims(
+            caller,
+            transfer.from_leader().leader_id().node_id,
+            "leadership transfer",
+        )?;
         let answer = self
             .raft
             .handle_transfer_leader(transfer)
@@ -161,10 +180,8 @@ impl RaftRpc for RaftService {
         reply(&answer)
     }
 
-    async fn read_index(
-        &self,
-        _request: Request<RaftBytes>,
-    ) -> Result<Response<RaftBytes>, Status> {
+    async fn read_index(&self, request: Request<RaftBytes>) -> Result<Response<RaftBytes>, Status> {
+        self.auth.caller(&request)?;
         let answer: Result<u64, WriteError> = self.reads.leader_read_index().await;
         reply(&answer)
     }

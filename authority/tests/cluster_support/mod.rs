@@ -219,8 +219,12 @@ pub fn ids_of(command: &pb::command::Command) -> (String, String) {
 }
 
 /// A client for whichever node leads now (any node, if none is known).
-pub async fn budget_at(address: &str) -> Option<BudgetClient<Channel>> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+pub async fn budget_at(
+    transport: &tally_tls::Transport,
+    address: &str,
+) -> Option<BudgetClient<Channel>> {
+    let endpoint = transport
+        .endpoint(address)
         .ok()?
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(10));

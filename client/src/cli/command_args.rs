@@ -3,7 +3,7 @@
 use clap::{Args, Subcommand};
 use tally_ledger::{ClientCommand, CommandHeader, GrantLimits, Operation};
 
-#[derive(Debug, Args)]
+#[derive(Clone, Debug, Args)]
 pub struct Target {
     #[arg(long)]
     pub family: String,
@@ -23,7 +23,7 @@ pub struct Target {
     pub not_after_ms: Option<u64>,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Clone, Debug, Subcommand)]
 pub enum HoldCommand {
     /// Reserve a call slot and exposure on the grant's account.
     Authorize {

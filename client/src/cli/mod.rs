@@ -17,7 +17,7 @@ use tally_ledger::{AccountKey, EventId, EventLookup, FamilyId, UsageRecord};
 
 use self::command_args::HoldCommand;
 use self::output::{print_decision_outcome, print_json, Table};
-use crate::{ClientConfig, Outcome, TallyClient};
+use crate::{ClientConfig, Outcome, TallyClient, Transport};
 
 /// Operate a Tally cluster: status, membership, parameters, usage, events, holds, and load.
 #[derive(Debug, Parser)]
@@ -38,6 +38,23 @@ pub struct Cli {
     /// Per-attempt timeout.
     #[arg(long, global = true, default_value_t = 3_000)]
     pub timeout_ms: u64,
+    /// Directory of the cluster's CA and client certificates (`tally-node dev` writes
+    /// ./tally-data/tls).
+    #[arg(
+        long,
+        global = true,
+        env = "TALLY_TLS_DIR",
+        default_value = "./tally-data/tls"
+    )]
+    pub tls_dir: std::path::PathBuf,
+    /// The certificate to present (<tls-dir>/<identity>.pem and .key). By default `operator`
+    /// for status, members and params, `reader` for usage, events and get-event, `kernel`
+    /// for hold, resolve and bench.
+    #[arg(long, global = true, env = "TALLY_IDENTITY")]
+    pub identity: Option<String>,
+    /// Plaintext, for a cluster started with --insecure.
+    #[arg(long, global = true)]
+    pub insecure: bool,
     #[command(subcommand)]
     pub command: TallyCommand,
 }
@@ -77,14 +94,32 @@ pub enum TallyCommand {
     Bench(bench::BenchArgs),
 }
 
+impl TallyCommand {
+    /// The least-privileged dev certificate that can run the command.
+    fn default_identity(&self) -> &'static str {
+        match self {
+            Self::Status | Self::Members(_) | Self::Params(_) => "operator",
+            Self::Usage(_) | Self::Events(_) | Self::GetEvent { .. } => "reader",
+            Self::Hold(_) | Self::Resolve(_) | Self::Bench(_) => "kernel",
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum MembersCommand {
     /// Add a node: first as a learner (it catches up), then as a voter.
     Add {
         #[arg(long)]
         id: u64,
+        /// The new node's client port (host:port).
         #[arg(long)]
         address: String,
+        /// The new node's peer port (host:port).
+        #[arg(long)]
+        peer_address: String,
+        /// The new node's region.
+        #[arg(long)]
+        region: String,
         /// Keep it a learner.
         #[arg(long)]
         learner: bool,
@@ -130,7 +165,18 @@ pub struct EventsArgs {
 
 /// Runs a parsed command and returns the process exit code.
 pub async fn run(cli: Cli) -> anyhow::Result<u8> {
-    let mut config = ClientConfig::new(cli.endpoints.clone());
+    // A malformed hold command is bad usage whatever the credentials: answer it first.
+    if let TallyCommand::Hold(hold) | TallyCommand::Resolve(hold) = &cli.command {
+        if let Err(error) = hold.clone().into_command() {
+            return usage_error(error);
+        }
+    }
+    let identity = cli
+        .identity
+        .clone()
+        .unwrap_or_else(|| cli.command.default_identity().to_owned());
+    let transport = Transport::from_dir(&cli.tls_dir, &identity, cli.insecure)?;
+    let mut config = ClientConfig::new(cli.endpoints.clone(), transport);
     config.attempt_timeout = Duration::from_millis(cli.timeout_ms);
     let client = Arc::new(TallyClient::new(config)?);
     match cli.command {
@@ -287,6 +333,8 @@ async fn members_command(client: &TallyClient, command: MembersCommand) -> anyho
         MembersCommand::Add {
             id,
             address,
+            peer_address,
+            region,
             learner,
         } => {
             admin
@@ -294,6 +342,8 @@ async fn members_command(client: &TallyClient, command: MembersCommand) -> anyho
                     id,
                     address,
                     blocking: true,
+                    peer_address,
+                    region,
                 })
                 .await?;
             println!("node {id} added as a learner");

@@ -44,9 +44,21 @@ enum Command {
         /// What the tool reports the call cost, in cents (at most the $1.00 charged).
         #[arg(long, default_value_t = 37)]
         cost_units: u64,
+        /// The cluster's CA and the `kernel` client certificate (`tally-node dev` writes
+        /// them to ./tally-data/tls).
+        #[arg(long, env = "TALLY_TLS_DIR", default_value = "./tally-data/tls")]
+        tls_dir: std::path::PathBuf,
+        /// Plaintext, for a cluster started with --insecure.
+        #[arg(long)]
+        insecure: bool,
     },
-    /// Print a fresh key: its base64 seed (secret) and public key.
-    Keygen,
+    /// Print a fresh key: its base64 seed (secret) and public key. With `--out`, write the
+    /// seed to a new file created mode 0600 (what `key_file` requires) and print only the
+    /// public key.
+    Keygen {
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Capability tokens.
     Token {
         #[command(subcommand)]
@@ -216,6 +228,26 @@ fn receipts(command: ReceiptsCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn keygen(out: Option<PathBuf>) -> anyhow::Result<()> {
+    let key = KeyPair::generate();
+    match out {
+        Some(path) => {
+            tally_kernel::key_file::write_key_file(&path, &key)?;
+            println!(
+                "seed written to {} (mode 0600)\npublic_key: {}",
+                path.display(),
+                key.public_key().to_base64()
+            );
+        }
+        None => println!(
+            "seed: {}\npublic_key: {}",
+            key.seed_base64(),
+            key.public_key().to_base64()
+        ),
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -224,18 +256,15 @@ async fn main() -> std::process::ExitCode {
         Command::Demo {
             endpoints,
             cost_units,
-        } => tally_kernel::demo::run(endpoints, cost_units)
-            .await
-            .map_err(anyhow::Error::from),
-        Command::Keygen => {
-            let key = KeyPair::generate();
-            println!(
-                "seed: {}\npublic_key: {}",
-                key.seed_base64(),
-                key.public_key().to_base64()
-            );
-            Ok(())
-        }
+            tls_dir,
+            insecure,
+        } => match tally_client::Transport::from_dir(&tls_dir, "kernel", insecure) {
+            Ok(transport) => tally_kernel::demo::run(endpoints, transport, cost_units)
+                .await
+                .map_err(anyhow::Error::from),
+            Err(error) => Err(anyhow::Error::from(error)),
+        },
+        Command::Keygen { out } => keygen(out),
         Command::Token { command } => token(command),
         Command::Receipts { command } => receipts(command),
     };

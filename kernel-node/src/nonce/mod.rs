@@ -1,6 +1,7 @@
 //! Execution nonces: a kernel-signed, single-use permission bound to one exact request
-//! (subject, request id, capability, server, tool, argument hash). Spending it is a cluster
-//! command (`ConsumeNonce`, docs/spec.md §4), so a nonce used on one kernel node is spent for all.
+//! (subject, request id, family and capability, server, tool, argument hash). Spending it is a
+//! cluster command (`ConsumeNonce`, docs/spec.md §4), so a nonce used on one kernel node is
+//! spent for all.
 
 mod consume;
 mod model;

@@ -17,6 +17,9 @@ use crate::token::TrustList;
 pub struct NonceBinding {
     pub subject: PublicKey,
     pub request_id: String,
+    /// The budget family: capability ids are unique only within an issuer's namespace, so the
+    /// family is what makes the capability unambiguous.
+    pub family_id: String,
     pub capability_id: String,
     pub server: String,
     pub tool: String,
@@ -121,6 +124,8 @@ pub fn verify(
         Some("request_id")
     } else if bound.subject != expected.subject {
         Some("subject")
+    } else if bound.family_id != expected.family_id {
+        Some("family_id")
     } else if bound.capability_id != expected.capability_id {
         Some("capability_id")
     } else if bound.server != expected.server || bound.tool != expected.tool {
@@ -146,6 +151,7 @@ mod tests {
         NonceBinding {
             subject: KeyPair::from_seed(&[1; 32]).public_key(),
             request_id: request_id.into(),
+            family_id: "fam:cap".into(),
             capability_id: "cap".into(),
             server: "srv".into(),
             tool: "t".into(),

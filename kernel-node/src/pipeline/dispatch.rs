@@ -22,7 +22,7 @@ impl Evaluation<'_> {
         payment: Option<&Money>,
         server: Arc<dyn ToolServer>,
     ) -> Step<ToolOutput> {
-        let call = server.call(&self.request.tool, &self.request.arguments);
+        let call = server.call(&self.request.tool, self.request.arguments.value());
         match tokio::time::timeout(self.kernel.config.dispatch_deadline, call).await {
             Err(_) => Err(self.retain_after_dispatch(payment, reasons::DISPATCH_DEADLINE.into())),
             Ok(Err(error)) if error.is_pre_dispatch() => {

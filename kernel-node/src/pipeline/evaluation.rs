@@ -11,6 +11,7 @@ use tally_ledger::{
 };
 
 use super::kernel::Kernel;
+use super::possession::{self, Method};
 use super::reasons;
 use super::request::{KernelError, Response, ToolCallRequest};
 use super::wall_clock_ms;
@@ -133,8 +134,8 @@ impl<'k> Evaluation<'k> {
             .get_or_insert_with(|| FinancialMetadata::new(&reference))
     }
 
-    pub async fn run(&mut self) -> Step<ToolOutput> {
-        let (held, payment) = self.admit().await?;
+    pub async fn run(&mut self, method: Method) -> Step<ToolOutput> {
+        let (held, payment) = self.admit(method).await?;
         let request = self.request;
         let Some(server) = self.kernel.tools.lookup(&request.server, &request.tool) else {
             let why = format!(
@@ -147,9 +148,10 @@ impl<'k> Evaluation<'k> {
         self.dispatch(&held, payment.as_ref(), server).await
     }
 
-    /// Everything before dispatch: request and token checks, the hold, the nonce, the
-    /// capture (ours) and the payment authorization.
-    pub async fn admit(&mut self) -> Step<(Held, Option<Money>)> {
+    /// Everything before dispatch: request and token checks, the caller's proof of
+    /// possession as `method`, the hold, the nonce, the capture (ours) and the payment
+    /// authorization.
+    pub async fn admit(&mut self, method: Method) -> Step<(Held, Option<Money>)> {
         let request = self.request;
         if request.request_id.is_empty()
             || request.request_id.len() > tally_client::ids::MAX_REQUEST_ID_BYTES
@@ -174,6 +176,21 @@ impl<'k> Evaluation<'k> {
             Ok(capability) => capability,
             Err(error) => return deny(format!("capability rejected: {error}")),
         };
+        // Only after the chain verified is its leaf's subject a key worth checking against.
+        if let Err(error) = possession::verify(
+            &capability.subject(),
+            method,
+            request,
+            request.possession.as_ref(),
+            self.now_ms,
+            self.kernel.config.possession_max_skew_ms,
+        ) {
+            return deny(format!(
+                "{} for capability {}: {error}",
+                reasons::POSSESSION_REJECTED,
+                capability.capability_id()
+            ));
+        }
         self.capability = Some(capability.clone());
         let grants = capability.matching_grants(&request.server, &request.tool);
         if grants.is_empty() {
@@ -260,7 +277,10 @@ impl<'k> Evaluation<'k> {
         let receipt = draft.sign(&self.kernel.keypair)?;
         if let Some(log) = &self.kernel.receipts {
             if let Err(error) = log.append(&receipt) {
-                tracing::error!(%error, receipt_id = %receipt.receipt_id, "receipt log append failed");
+                // This call has run its course (maybe dispatched): answer it as decided, and
+                // take no new ones (fail closed; see `receipt_gate`).
+                tracing::error!(%error, receipt_id = %receipt.receipt_id, "receipt log append failed; refusing new calls");
+                self.kernel.receipt_gate.trip(&error.to_string());
             }
         }
         tracing::info!(

@@ -9,6 +9,8 @@ use tracing::Instrument as _;
 
 use super::evaluation::Evaluation;
 use super::ledger::BudgetLedger;
+use super::possession::{Method, DEFAULT_POSSESSION_SKEW_MS};
+use super::receipt_gate::ReceiptGate;
 use super::request::{KernelError, Response, ToolCallRequest};
 use crate::keys::KeyPair;
 use crate::payment::PaymentAdapter;
@@ -29,6 +31,10 @@ pub struct KernelConfig {
     /// Refuse calls without an execution nonce, minting one on a preflight instead.
     pub require_nonce: bool,
     pub nonce_ttl_ms: u64,
+    /// How far a proof of possession's `signed_at_ms` may lie from this node's clock, either
+    /// side: long enough for honest clock skew and queueing, short enough that a recorded
+    /// request soon stops being replayable.
+    pub possession_max_skew_ms: u64,
 }
 
 impl Default for KernelConfig {
@@ -40,6 +46,7 @@ impl Default for KernelConfig {
             preflight_hold_timeout_ms: 30_000,
             require_nonce: false,
             nonce_ttl_ms: 30_000,
+            possession_max_skew_ms: DEFAULT_POSSESSION_SKEW_MS,
         }
     }
 }
@@ -54,6 +61,8 @@ pub struct Kernel {
     pub(super) payments: Arc<dyn PaymentAdapter>,
     pub(super) tools: ToolRegistry,
     pub(super) receipts: Option<Arc<ReceiptLog>>,
+    /// Closed by the first failed receipt append; then no new call is taken.
+    pub(super) receipt_gate: ReceiptGate,
     pub(super) config: KernelConfig,
 }
 
@@ -73,6 +82,7 @@ impl Kernel {
             payments,
             tools: ToolRegistry::new(),
             receipts: None,
+            receipt_gate: ReceiptGate::default(),
             config: KernelConfig::default(),
         }
     }
@@ -111,9 +121,28 @@ impl Kernel {
         &self.config
     }
 
+    /// Why this node takes no new calls, once its receipt log failed (see [`ReceiptGate`]).
+    pub fn receipt_log_failure(&self) -> Option<String> {
+        self.receipt_gate.failure()
+    }
+
+    /// Changes to [`Self::receipt_log_failure`], for health reporting.
+    pub fn watch_receipt_log(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.receipt_gate.subscribe()
+    }
+
+    /// Refuses a new call once the receipt log has failed, before anything else happens.
+    pub(super) fn check_receipt_gate(&self) -> Result<(), KernelError> {
+        match self.receipt_gate.failure() {
+            Some(failure) => Err(KernelError::ReceiptLogUnavailable(failure)),
+            None => Ok(()),
+        }
+    }
+
     /// docs/spec.md §9 for one tool call. A fresh random attempt id per call: two identical calls
     /// (here or on another node) are told apart by the cluster at capture.
     pub async fn evaluate(&self, request: &ToolCallRequest) -> Result<Response, KernelError> {
+        self.check_receipt_gate()?;
         let mut evaluation = Evaluation::new(self, request);
         let span = tracing::info_span!(
             "evaluate",
@@ -122,7 +151,10 @@ impl Kernel {
             server = %request.server,
             tool = %request.tool,
         );
-        let result = evaluation.run().instrument(span).await;
+        let result = evaluation
+            .run(Method::EvaluateToolCall)
+            .instrument(span)
+            .await;
         evaluation.finish(result)
     }
 }

@@ -15,15 +15,22 @@ mod kernel;
 mod ledger;
 mod nonce_step;
 mod payment;
+pub mod possession;
 pub mod reasons;
+mod receipt_gate;
 mod request;
 mod ticket;
+mod ticket_calls;
 mod two_phase;
 
 pub use kernel::{Kernel, KernelConfig};
 pub use ledger::BudgetLedger;
-pub use request::{KernelError, Response, ToolCallRequest};
+pub use possession::{
+    Method, Possession, PossessionError, DEFAULT_POSSESSION_SKEW_MS, MAX_POSSESSION_SKEW_MS,
+};
+pub use request::{Arguments, KernelError, Response, ToolCallRequest};
 pub use ticket::{AdmissionTicket, SignedTicket, TicketError, MAX_TICKET_BYTES};
+pub use ticket_calls::{AbortCall, CompleteCall, DispatchCall, TicketCall};
 pub use two_phase::Admission;
 
 /// The node's wall clock: token windows, nonce lifetimes and command deadlines

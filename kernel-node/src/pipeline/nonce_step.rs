@@ -20,10 +20,11 @@ impl Evaluation<'_> {
         Ok(NonceBinding {
             subject: capability.subject(),
             request_id: self.request.request_id.clone(),
+            family_id: capability.family_id().to_string(),
             capability_id: capability.capability_id().to_string(),
             server: self.request.server.clone(),
             tool: self.request.tool.clone(),
-            parameter_hash: nonce::parameter_hash(&self.request.arguments)
+            parameter_hash: nonce::parameter_hash(self.request.arguments.value())
                 .map_err(|e| e.to_string())?,
         })
     }

@@ -19,3 +19,6 @@ pub const NONCE_REQUIRED: &str =
     "execution nonce required: retry the same request with the attached nonce";
 pub const DISPATCH_DEADLINE: &str =
     "tool call exceeded its dispatch deadline; the tool may have run, so budget and payment are retained";
+/// Prefix of every denial for a missing, stale or wrong proof of possession; nothing was
+/// written to the cluster for such a call.
+pub const POSSESSION_REJECTED: &str = "proof of possession rejected";

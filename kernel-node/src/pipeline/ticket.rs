@@ -1,7 +1,9 @@
 //! The two-phase API's admission ticket: what a kernel node learned at `Admit` (hold, commit
 //! indexes, attempt id, payment reference), signed by that node so any node trusting its key
 //! can `Complete` or `Abort` the call without shared memory. The signature proves which node
-//! admitted; the cluster (the hold's recorded capture attempt) proves the capture is real.
+//! admitted; the cluster (the hold's recorded capture attempt) proves the capture is real; and
+//! the ticket names its `holder`, the key whose proof of possession admitted the call, which
+//! must sign every later call on the ticket too.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -28,6 +30,9 @@ pub struct AdmissionTicket {
     pub tool: String,
     /// The presented token, so the completing node can sign receipts naming it.
     pub capability: CapabilityToken,
+    /// The key that proved possession at `Admit` (the token's subject): `Complete`, `Abort`
+    /// and `DispatchAdmitted` on this ticket must be signed by it.
+    pub holder: PublicKey,
     pub family_id: FamilyId,
     pub capability_id: CapabilityId,
     pub grant_index: u32,
@@ -60,6 +65,8 @@ pub enum TicketError {
     Encode(String),
     #[error("ticket is {bytes} bytes; at most {max} allowed")]
     TooLarge { bytes: usize, max: usize },
+    #[error("ticket is not in its canonical encoding")]
+    NotCanonical,
 }
 
 fn signing_bytes(ticket: &AdmissionTicket) -> Result<Vec<u8>, TicketError> {
@@ -127,6 +134,8 @@ impl SignedTicket {
         Ok(bytes)
     }
 
+    /// Strict: only the canonical encoding decodes, so a ticket is exactly one byte string and
+    /// a proof of possession over the bytes the caller holds verifies against the re-encoding.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, TicketError> {
         if bytes.len() > MAX_TICKET_BYTES {
             return Err(TicketError::TooLarge {
@@ -134,7 +143,12 @@ impl SignedTicket {
                 max: MAX_TICKET_BYTES,
             });
         }
-        rmp_serde::from_slice(bytes).map_err(|e| TicketError::Encode(e.to_string()))
+        let ticket: Self =
+            rmp_serde::from_slice(bytes).map_err(|e| TicketError::Encode(e.to_string()))?;
+        if ticket.to_bytes()? != bytes {
+            return Err(TicketError::NotCanonical);
+        }
+        Ok(ticket)
     }
 
     pub fn to_text(&self) -> Result<String, TicketError> {

@@ -2,16 +2,20 @@
 //! payment authorization and hands out a signed ticket; the caller runs the tool; any kernel
 //! node then `complete`s (reconcile at `min(actual, charged)`, capture the payment) or
 //! `abort`s (before dispatch: release, then cancel; after: retain). Every phase after admit
-//! first checks its capture proof: a trusted signature and the cluster's record that this
-//! very attempt owns the capture. Without both, nothing is dispatched, settled or freed.
+//! first checks its capture proof: a trusted signature, the ticket holder's proof of
+//! possession, and the cluster's record that this very attempt owns the capture. Without all
+//! three, nothing is dispatched, settled or freed.
 
-use serde_json::{json, Value};
+use serde_json::json;
 use tally_ledger::{HoldView, InvocationState};
 
 use super::evaluation::{deny, Evaluation, Step, Stop};
 use super::kernel::Kernel;
-use super::request::{KernelError, Response, ToolCallRequest};
+use super::possession::{self, Method, Possession, Signable};
+use super::reasons;
+use super::request::{Arguments, KernelError, Response, ToolCallRequest};
 use super::ticket::{AdmissionTicket, SignedTicket};
+use super::ticket_calls::{AbortCall, CompleteCall, DispatchCall, TicketCall};
 use crate::money::Money;
 use crate::receipt::BudgetStep;
 use crate::tool::ToolOutput;
@@ -24,22 +28,42 @@ pub struct Admission {
     pub ticket: Option<SignedTicket>,
 }
 
-fn ticket_request(ticket: &AdmissionTicket) -> ToolCallRequest {
+/// What a call on a ticket presents as its proof of possession.
+struct Presented<'a> {
+    method: Method,
+    call: &'a (dyn Signable + Sync),
+    possession: Option<&'a Possession>,
+}
+
+impl<'a> Presented<'a> {
+    fn of<C: TicketCall + Sync>(call: &'a C) -> Self {
+        Self {
+            method: C::METHOD,
+            call,
+            possession: call.possession(),
+        }
+    }
+}
+
+/// The request a ticket call's receipt describes; it is never itself verified or run.
+fn ticket_request(ticket: &AdmissionTicket, arguments: Arguments) -> ToolCallRequest {
     ToolCallRequest {
         request_id: ticket.request_id.clone(),
         capability: ticket.capability.clone(),
         server: ticket.server.clone(),
         tool: ticket.tool.clone(),
-        arguments: Value::Null,
+        arguments,
         execution_nonce: None,
+        possession: None,
     }
 }
 
 impl Kernel {
     /// Phase one: budget, nonce, capture and payment; no dispatch.
     pub async fn admit(&self, request: &ToolCallRequest) -> Result<Admission, KernelError> {
+        self.check_receipt_gate()?;
         let mut evaluation = Evaluation::new(self, request);
-        let admitted = evaluation.admit().await;
+        let admitted = evaluation.admit(Method::Admit).await;
         let mut ticket = None;
         let result = match admitted {
             Ok((held, payment)) => {
@@ -49,12 +73,13 @@ impl Kernel {
                     .and_then(|b| b.steps.get(&BudgetStep::InvocationCapture))
                     .and_then(|step| step.commit_index.map(|i| (step.event_id.clone(), i)));
                 match (capture, evaluation.capability.clone()) {
-                    (Some((capture_event_id, capture_index)), Some(_)) => {
+                    (Some((capture_event_id, capture_index)), Some(capability)) => {
                         let signed = AdmissionTicket {
                             request_id: request.request_id.clone(),
                             server: request.server.clone(),
                             tool: request.tool.clone(),
                             capability: request.capability.clone(),
+                            holder: capability.subject(),
                             family_id: held.header.family_id.clone(),
                             capability_id: held.header.capability_id.clone(),
                             grant_index: held.header.grant_index,
@@ -100,52 +125,73 @@ impl Kernel {
     }
 
     /// Phase two, after the caller ran the tool: settle at `min(actual_cost, charged)`.
-    pub async fn complete(
-        &self,
-        ticket: &SignedTicket,
-        actual_cost: Option<Money>,
-    ) -> Result<Response, KernelError> {
-        let request = ticket_request(&ticket.ticket);
+    /// Settles an admitted call even after the receipt log failed: the call already ran.
+    pub async fn complete(&self, call: &CompleteCall) -> Result<Response, KernelError> {
+        let request = ticket_request(
+            &call.ticket.ticket,
+            Arguments::from_value(serde_json::Value::Null),
+        );
         let mut evaluation = Evaluation::new(self, &request);
-        let result = evaluation.complete(ticket, actual_cost).await;
+        let presented = Presented::of(call);
+        let result = evaluation
+            .complete(&call.ticket, presented, call.actual_cost.clone())
+            .await;
         evaluation.finish(result)
     }
 
     /// Phase two when the caller did not (`before_dispatch`) or may have run the tool.
-    pub async fn abort(
-        &self,
-        ticket: &SignedTicket,
-        before_dispatch: bool,
-    ) -> Result<Response, KernelError> {
-        let request = ticket_request(&ticket.ticket);
+    pub async fn abort(&self, call: &AbortCall) -> Result<Response, KernelError> {
+        let request = ticket_request(
+            &call.ticket.ticket,
+            Arguments::from_value(serde_json::Value::Null),
+        );
         let mut evaluation = Evaluation::new(self, &request);
-        let result = evaluation.abort(ticket, before_dispatch).await;
+        let presented = Presented::of(call);
+        let result = evaluation
+            .abort(&call.ticket, presented, call.before_dispatch)
+            .await;
         evaluation.finish(result)
     }
 
     /// Dispatches an admitted call to a registered tool server, on any node: only with a
     /// capture proof (the seed's "no direct dispatch without capture proof").
-    pub async fn dispatch_admitted(
-        &self,
-        ticket: &SignedTicket,
-        arguments: Value,
-    ) -> Result<Response, KernelError> {
-        let mut request = ticket_request(&ticket.ticket);
-        request.arguments = arguments;
+    pub async fn dispatch_admitted(&self, call: &DispatchCall) -> Result<Response, KernelError> {
+        let request = ticket_request(&call.ticket.ticket, call.arguments.clone());
         let mut evaluation = Evaluation::new(self, &request);
-        let result = evaluation.dispatch_admitted(ticket).await;
+        let presented = Presented::of(call);
+        let result = evaluation.dispatch_admitted(&call.ticket, presented).await;
         evaluation.finish(result)
     }
 }
 
 impl Evaluation<'_> {
-    /// Signature by a trusted kernel key, and the cluster's record that the ticket's attempt
-    /// owns the capture.
-    async fn check_capture_proof(&mut self, signed: &SignedTicket) -> Step<()> {
+    /// Signature by a trusted kernel key, the ticket holder's proof of possession, and the
+    /// cluster's record that the ticket's attempt owns the capture. The first two are local
+    /// and come first: a stolen ticket costs the cluster not even a read.
+    async fn check_capture_proof(
+        &mut self,
+        signed: &SignedTicket,
+        presented: Presented<'_>,
+    ) -> Step<()> {
         if let Err(error) = signed.verify(&self.kernel.kernel_keys) {
             return deny(format!("capture proof rejected: {error}"));
         }
         let ticket = &signed.ticket;
+        // The holder is trustworthy only now that the kernel's signature over it verified.
+        if let Err(error) = possession::verify(
+            &ticket.holder,
+            presented.method,
+            presented.call,
+            presented.possession,
+            self.now_ms,
+            self.kernel.config.possession_max_skew_ms,
+        ) {
+            return deny(format!(
+                "{} for the ticket of request {}: {error}",
+                reasons::POSSESSION_REJECTED,
+                ticket.request_id
+            ));
+        }
         if let Ok(capability) = crate::token::verify(
             &ticket.capability,
             &self.kernel.token_issuers,
@@ -196,9 +242,10 @@ impl Evaluation<'_> {
     async fn complete(
         &mut self,
         signed: &SignedTicket,
+        presented: Presented<'_>,
         actual_cost: Option<Money>,
     ) -> Step<ToolOutput> {
-        self.check_capture_proof(signed).await?;
+        self.check_capture_proof(signed, presented).await?;
         let held = signed.ticket.held(self.not_after_ms());
         let payment = signed.ticket.payment();
         let output = ToolOutput {
@@ -209,8 +256,13 @@ impl Evaluation<'_> {
         Ok(output)
     }
 
-    async fn abort(&mut self, signed: &SignedTicket, before_dispatch: bool) -> Step<ToolOutput> {
-        self.check_capture_proof(signed).await?;
+    async fn abort(
+        &mut self,
+        signed: &SignedTicket,
+        presented: Presented<'_>,
+        before_dispatch: bool,
+    ) -> Step<ToolOutput> {
+        self.check_capture_proof(signed, presented).await?;
         let held = signed.ticket.held(self.not_after_ms());
         let payment = signed.ticket.payment();
         if before_dispatch {
@@ -224,8 +276,12 @@ impl Evaluation<'_> {
         ))
     }
 
-    async fn dispatch_admitted(&mut self, signed: &SignedTicket) -> Step<ToolOutput> {
-        self.check_capture_proof(signed).await?;
+    async fn dispatch_admitted(
+        &mut self,
+        signed: &SignedTicket,
+        presented: Presented<'_>,
+    ) -> Step<ToolOutput> {
+        self.check_capture_proof(signed, presented).await?;
         let held = signed.ticket.held(self.not_after_ms());
         let payment = signed.ticket.payment();
         let Some(server) = self

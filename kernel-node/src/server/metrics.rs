@@ -2,7 +2,7 @@
 //! minimal HTTP responder (one short request per connection, bounded).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -20,6 +20,10 @@ pub struct Metrics {
     pub completions: AtomicU64,
     pub aborts: AtomicU64,
     pub invalid_requests: AtomicU64,
+    /// New calls refused because the receipt log failed (fail closed).
+    pub receipt_log_refusals: AtomicU64,
+    /// Set once the receipt log failed; the node stays unhealthy until restarted.
+    pub receipt_log_failed: AtomicBool,
 }
 
 impl Metrics {
@@ -74,6 +78,16 @@ impl Metrics {
                 "Requests the node could not read.",
                 "",
                 &self.invalid_requests,
+            ),
+            line(
+                "tally_kernel_receipt_log_refusals_total",
+                "New calls refused because the receipt log failed.",
+                "",
+                &self.receipt_log_refusals,
+            ),
+            format!(
+                "# HELP tally_kernel_receipt_log_healthy 1 while receipts are appended; 0 once an append failed (no new calls are taken).\n# TYPE tally_kernel_receipt_log_healthy gauge\ntally_kernel_receipt_log_healthy {}\n",
+                u8::from(!self.receipt_log_failed.load(Ordering::Relaxed))
             ),
         ]
         .concat()

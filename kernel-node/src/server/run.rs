@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
 
 use super::metrics::{self, Metrics};
 use super::service::KernelService;
@@ -35,6 +38,8 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("cluster credentials: {0}")]
+    Tls(#[from] tally_tls::TlsError),
 }
 
 /// A node that is serving.
@@ -68,7 +73,7 @@ impl RunningKernel {
 pub fn build_kernel(
     config: &KernelNodeConfig,
 ) -> Result<(Kernel, Arc<dyn BudgetLedger>, Arc<dyn PaymentAdapter>), ServerError> {
-    let ledger: Arc<dyn BudgetLedger> = Arc::new(tally_client::TallyClient::new(config.client())?);
+    let ledger: Arc<dyn BudgetLedger> = Arc::new(tally_client::TallyClient::new(config.client()?)?);
     let rail: Arc<dyn PaymentAdapter> = match config.rail.kind.as_str() {
         "remote" => {
             let endpoint = config.rail.endpoint.clone().unwrap_or_default();
@@ -126,10 +131,16 @@ pub async fn start(config: KernelNodeConfig) -> Result<RunningKernel, ServerErro
     let listener = TcpListener::bind(config.listen_addr).await?;
     let local_addr = listener.local_addr()?;
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let receipt_log = kernel.watch_receipt_log();
     let service = KernelService::new(Arc::new(kernel), Arc::clone(&metrics)).into_server();
     health_reporter
         .set_serving::<super::pb::kernel_server::KernelServer<KernelService>>()
         .await;
+    tasks.push(tokio::spawn(report_receipt_log(
+        receipt_log,
+        health_reporter,
+        Arc::clone(&metrics),
+    )));
     let (shutdown, stop) = oneshot::channel::<()>();
     let server = tokio::spawn(
         tonic::transport::Server::builder()
@@ -149,6 +160,33 @@ pub async fn start(config: KernelNodeConfig) -> Result<RunningKernel, ServerErro
         tasks,
         server,
     })
+}
+
+/// Turns the node unhealthy (gRPC health `NOT_SERVING` for the kernel service and the whole
+/// server, the `/metrics` gauge 0) once its receipt log fails, so a load balancer stops sending
+/// it calls it would refuse anyway. There is no way back short of a restart.
+async fn report_receipt_log(
+    mut failure: watch::Receiver<Option<String>>,
+    health: HealthReporter,
+    metrics: Arc<Metrics>,
+) {
+    loop {
+        let failed = failure.borrow_and_update().clone();
+        if let Some(reason) = failed {
+            tracing::error!(%reason, "receipt log failed: this node now refuses new calls and reports NOT_SERVING");
+            metrics.receipt_log_failed.store(true, Ordering::Relaxed);
+            health
+                .set_not_serving::<super::pb::kernel_server::KernelServer<KernelService>>()
+                .await;
+            health
+                .set_service_status("", ServingStatus::NotServing)
+                .await;
+            return;
+        }
+        if failure.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Serves until `shutdown` completes.

@@ -5,12 +5,14 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::convert::{money_from_pb, request_from_pb, result_to_pb, ticket_from_pb};
+use super::convert::{
+    abort_from_pb, complete_from_pb, error_to_status, request_from_pb, result_to_pb,
+};
 use super::metrics::Metrics;
 use super::pb::kernel_server::{Kernel as KernelApi, KernelServer};
 use super::pb::{self, Verdict};
 use super::MAX_KERNEL_MESSAGE_BYTES;
-use crate::pipeline::Kernel;
+use crate::pipeline::{Kernel, KernelError};
 
 pub struct KernelService {
     kernel: Arc<Kernel>,
@@ -36,6 +38,14 @@ impl KernelService {
         result
     }
 
+    /// Counts a refusal by a node whose receipt log failed.
+    fn gated<T>(&self, result: Result<T, KernelError>) -> Result<T, KernelError> {
+        if matches!(result, Err(KernelError::ReceiptLogUnavailable(_))) {
+            Metrics::count(&self.metrics.receipt_log_refusals);
+        }
+        result
+    }
+
     fn counted(&self, evaluation: pb::Evaluation) -> pb::Evaluation {
         if evaluation.url_elicitation.is_some() {
             Metrics::count(&self.metrics.url_elicitations);
@@ -56,7 +66,7 @@ impl KernelApi for KernelService {
         request: Request<pb::ToolCall>,
     ) -> Result<Response<pb::Evaluation>, Status> {
         let call = self.invalid(request_from_pb(request.into_inner()))?;
-        let evaluation = result_to_pb(self.kernel.evaluate(&call).await)?;
+        let evaluation = result_to_pb(self.gated(self.kernel.evaluate(&call).await))?;
         Ok(Response::new(self.counted(evaluation)))
     }
 
@@ -66,10 +76,8 @@ impl KernelApi for KernelService {
     ) -> Result<Response<pb::Admission>, Status> {
         let call = self.invalid(request_from_pb(request.into_inner()))?;
         let admission = self
-            .kernel
-            .admit(&call)
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?;
+            .gated(self.kernel.admit(&call).await)
+            .map_err(error_to_status)?;
         let ticket = admission
             .ticket
             .as_ref()
@@ -90,11 +98,9 @@ impl KernelApi for KernelService {
         &self,
         request: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::Evaluation>, Status> {
-        let request = request.into_inner();
-        let ticket = self.invalid(ticket_from_pb(&request.ticket))?;
-        let cost = self.invalid(money_from_pb(request.actual_cost))?;
+        let call = self.invalid(complete_from_pb(request.into_inner()))?;
         Metrics::count(&self.metrics.completions);
-        let evaluation = result_to_pb(self.kernel.complete(&ticket, cost).await)?;
+        let evaluation = result_to_pb(self.kernel.complete(&call).await)?;
         Ok(Response::new(self.counted(evaluation)))
     }
 
@@ -102,10 +108,9 @@ impl KernelApi for KernelService {
         &self,
         request: Request<pb::AbortRequest>,
     ) -> Result<Response<pb::Evaluation>, Status> {
-        let request = request.into_inner();
-        let ticket = self.invalid(ticket_from_pb(&request.ticket))?;
+        let call = self.invalid(abort_from_pb(request.into_inner()))?;
         Metrics::count(&self.metrics.aborts);
-        let evaluation = result_to_pb(self.kernel.abort(&ticket, request.before_dispatch).await)?;
+        let evaluation = result_to_pb(self.kernel.abort(&call).await)?;
         Ok(Response::new(self.counted(evaluation)))
     }
 }

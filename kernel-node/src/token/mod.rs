@@ -4,12 +4,14 @@
 mod attenuation;
 mod encoding;
 mod error;
+mod family;
 mod issue;
 mod model;
 mod structure;
 mod verify;
 
 pub use error::TokenError;
+pub use family::{family_id, family_namespace, FAMILY_NAMESPACE_CHARS};
 pub use model::{CapabilityToken, Grant, TokenBody, WILDCARD};
 pub use verify::{verify, TrustList, VerifiedCapability};
 

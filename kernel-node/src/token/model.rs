@@ -111,9 +111,11 @@ impl CapabilityToken {
         &self.body.id
     }
 
-    /// The root token's id: the family every hold of this chain lives in (docs/spec.md §8).
+    /// The family every hold of this chain lives in (docs/spec.md §8): the root token's id,
+    /// namespaced by the root issuer's key (see [`super::family_id`]).
     pub fn family_id(&self) -> FamilyId {
-        FamilyId::new(self.root().body.id.as_str())
+        let root = &self.root().body;
+        super::family::family_id(&root.issuer, &root.id)
     }
 
     pub fn root(&self) -> &CapabilityToken {

@@ -66,7 +66,14 @@ fn sign_verify_round_trip_through_text() {
     )
     .expect("valid");
     assert_eq!(verified.capability_id(), token.id());
-    assert_eq!(verified.family_id().as_str(), token.id().as_str());
+    assert_eq!(
+        verified.family_id().as_str(),
+        format!(
+            "{}:{}",
+            family_namespace(&w.authority.public_key()),
+            token.id()
+        )
+    );
     assert_eq!(
         verified.grant_limits(0),
         Some(GrantLimits::monetary(
@@ -389,8 +396,9 @@ fn chain_of_eight_verifies_and_nine_is_too_deep() {
     let leaf = tokens.last().expect("leaf");
     assert_eq!(leaf.depth(), 8);
     let verified = verify(leaf, &w.trust, NOW, None).expect("8 tokens are fine");
-    assert_eq!(verified.family_id().as_str(), tokens[0].id().as_str());
-    assert_eq!(leaf.family_id().as_str(), tokens[0].id().as_str());
+    let root_family = family_id(&w.authority.public_key(), tokens[0].id());
+    assert_eq!(verified.family_id(), &root_family);
+    assert_eq!(leaf.family_id(), root_family);
     assert_eq!(verified.ancestor_accounts(1).map(|a| a.len()), Some(7));
     let grants = vec![Grant::tool("srv-a", "read_file").narrowing(0)];
     assert_eq!(
@@ -444,7 +452,42 @@ fn ancestor_accounts_are_listed_nearest_first() {
             AccountKey::new(tokens[0].id().clone(), 1),
         ]
     );
-    assert_eq!(verified.family_id().as_str(), tokens[0].id().as_str());
+    assert_eq!(verified.family_id(), &tokens[0].family_id());
+}
+
+/// Two trusted issuers that happen to pick the same token id mint two families: the ids
+/// differ (each under its issuer's namespace), so the cluster keeps two budgets.
+#[test]
+fn two_issuers_with_the_same_token_id_get_separate_families() {
+    let w = world();
+    let other = KeyPair::from_seed(&[4; 32]);
+    let mut trust = w.trust.clone();
+    trust.trust(other.public_key());
+    let issue = |issuer: &KeyPair| {
+        CapabilityToken::issue_with_id(
+            issuer,
+            "cap-shared".into(),
+            w.agent.public_key(),
+            vec![monetary()],
+            NOW,
+            NOW + HOUR,
+        )
+        .expect("issue")
+    };
+    let (ours, theirs) = (issue(&w.authority), issue(&other));
+    assert_eq!(ours.id(), theirs.id());
+    let ours = verify(&ours, &trust, NOW, None).expect("valid");
+    let theirs = verify(&theirs, &trust, NOW, None).expect("valid");
+    assert_ne!(ours.family_id(), theirs.family_id());
+    for (verified, issuer) in [(&ours, &w.authority), (&theirs, &other)] {
+        let (namespace, root) = verified
+            .family_id()
+            .as_str()
+            .split_once(':')
+            .expect("namespaced");
+        assert_eq!(namespace, family_namespace(&issuer.public_key()));
+        assert_eq!(root, "cap-shared");
+    }
 }
 
 #[test]

@@ -106,7 +106,7 @@ pub fn verify(
         }
     }
     Ok(VerifiedCapability {
-        family_id: FamilyId::new(root.body.id.as_str()),
+        family_id: super::family::family_id(&root.body.issuer, &root.body.id),
         expires_at_ms: chain
             .iter()
             .map(|t| t.body.expires_at_ms)
@@ -191,7 +191,7 @@ impl VerifiedCapability {
         &self.token
     }
 
-    /// The root token's id: the budget family (docs/spec.md §8).
+    /// The budget family (docs/spec.md §8): the root token's id under its issuer's namespace.
     pub fn family_id(&self) -> &FamilyId {
         &self.family_id
     }

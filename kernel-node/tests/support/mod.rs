@@ -13,7 +13,9 @@ use tally_authority::faults::ServiceFaults;
 use tally_authority::testing::TestCluster;
 use tally_client::{ClientConfig, ClientError, HoldPage, Outcome, TallyClient};
 use tally_kernel::payment::PaymentAdapter;
-use tally_kernel::pipeline::{wall_clock_ms, BudgetLedger, Kernel, KernelConfig, ToolCallRequest};
+use tally_kernel::pipeline::{
+    wall_clock_ms, BudgetLedger, Kernel, KernelConfig, Method, ToolCallRequest,
+};
 use tally_kernel::receipt::Receipt;
 use tally_kernel::{CapabilityToken, Grant, KeyPair, TrustList};
 use tally_ledger::{
@@ -33,7 +35,7 @@ pub fn client_config(cluster: &TestCluster) -> ClientConfig {
         .keys()
         .map(|id| cluster.address(*id))
         .collect();
-    let mut config = ClientConfig::new(endpoints);
+    let mut config = ClientConfig::new(endpoints, cluster.transport("kernel"));
     config.attempt_timeout = Duration::from_secs(2);
     config.retry_for = Duration::from_secs(5);
     config.resolve_for = Duration::from_secs(5);
@@ -48,7 +50,7 @@ impl Env {
             cluster,
             client,
             issuer: KeyPair::generate(),
-            agent: KeyPair::generate(),
+            agent: agent(),
         }
     }
 
@@ -154,15 +156,61 @@ impl Env {
     }
 }
 
+/// The key every [`Env::token`] is issued to. Fixed, so the free request helpers below can sign
+/// as the holder without an `Env` at hand.
+pub fn agent() -> KeyPair {
+    KeyPair::from_seed(&[0xa6; 32])
+}
+
+/// A request for `token` (held by [`agent`]), signed by it for `EvaluateToolCall`.
 pub fn request(id: &str, token: &CapabilityToken, server: &str, tool: &str) -> ToolCallRequest {
+    request_as(id, token, server, tool, &agent())
+}
+
+/// [`request`] for a token held by `holder`.
+pub fn request_as(
+    id: &str,
+    token: &CapabilityToken,
+    server: &str,
+    tool: &str,
+    holder: &KeyPair,
+) -> ToolCallRequest {
+    unsigned(id, token, server, tool)
+        .signed(Method::EvaluateToolCall, holder)
+        .expect("sign")
+}
+
+/// [`request`], signed for `Admit` instead.
+pub fn admit_request(
+    id: &str,
+    token: &CapabilityToken,
+    server: &str,
+    tool: &str,
+) -> ToolCallRequest {
+    unsigned(id, token, server, tool)
+        .signed(Method::Admit, &agent())
+        .expect("sign")
+}
+
+/// What a thief who copied the token would send: no proof of possession.
+pub fn unsigned(id: &str, token: &CapabilityToken, server: &str, tool: &str) -> ToolCallRequest {
     ToolCallRequest {
         request_id: id.to_owned(),
         capability: token.clone(),
         server: server.to_owned(),
         tool: tool.to_owned(),
-        arguments: serde_json::json!({}),
+        arguments: serde_json::json!({}).into(),
         execution_nonce: None,
+        possession: None,
     }
+}
+
+/// Signs `request` again for `EvaluateToolCall` as [`agent`], after a test changed a field.
+pub fn resign(mut request: ToolCallRequest) -> ToolCallRequest {
+    request
+        .sign(Method::EvaluateToolCall, &agent())
+        .expect("sign");
+    request
 }
 
 /// What happens to the first command whose event id matches.
