@@ -1381,44 +1381,6 @@ async fn a_flood_beyond_the_in_flight_limit_is_shed_at_once_and_definitely() {
     cluster.shutdown().await;
 }
 
-/// A gRPC codec for a call that never sends a message and expects none: enough to open a
-/// request stream and leave it hanging.
-#[derive(Default)]
-struct Silent;
-
-impl tonic::codec::Codec for Silent {
-    type Encode = ();
-    type Decode = ();
-    type Encoder = Silent;
-    type Decoder = Silent;
-
-    fn encoder(&mut self) -> Silent {
-        Silent
-    }
-
-    fn decoder(&mut self) -> Silent {
-        Silent
-    }
-}
-
-impl tonic::codec::Encoder for Silent {
-    type Item = ();
-    type Error = tonic::Status;
-
-    fn encode(&mut self, _: (), _: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        Ok(())
-    }
-}
-
-impl tonic::codec::Decoder for Silent {
-    type Item = ();
-    type Error = tonic::Status;
-
-    fn decode(&mut self, _: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<()>, tonic::Status> {
-        Err(tonic::Status::internal("a hanging call expects no message"))
-    }
-}
-
 /// Issue 22: a client that opens a request and never finishes sending it holds an in-flight
 /// slot only until `request_timeout_ms`: it is then answered UNKNOWN (indefinite: nothing is
 /// known of a request never read), the slot is free, and other clients are served again.

@@ -191,21 +191,40 @@ async fn callers_without_the_right_certificate_are_refused_and_nothing_is_writte
         Code::PermissionDenied,
         "batch touching another namespace",
     );
-    let status = tenant
-        .list_holds(pb::ListHoldsRequest::default())
-        .await
-        .expect_err("reading every family");
-    assert_refused(
-        &status,
-        Code::PermissionDenied,
-        "namespaced kernel listing all",
-    );
     assert_eq!(applied(&cluster), before, "no refusal wrote anything");
 
     tenant
         .authorize_hold(authorize("aa:token", "h5", 10))
         .await
         .expect("its own family");
+    // Reads across families (the reconciler's `ListHolds` with no family) answer a
+    // namespace-bound kernel with its own families only, never another tenant's rows.
+    BudgetClient::new(cluster.channel(leader, "kernel").await)
+        .authorize_hold(authorize("bb:token", "h6", 10))
+        .await
+        .expect("the unbound kernel writes another tenant's family");
+    let holds = tenant
+        .list_holds(pb::ListHoldsRequest::default())
+        .await
+        .expect("a bound kernel lists its own holds")
+        .into_inner();
+    let families: Vec<_> = holds.holds.iter().map(|h| h.family_id.clone()).collect();
+    assert_eq!(families, vec!["aa:token".to_owned()], "own holds only");
+    let usages = tenant
+        .list_usages(pb::ListUsagesRequest::default())
+        .await
+        .expect("a bound kernel lists its own usages")
+        .into_inner();
+    assert!(
+        usages.usages.iter().all(|u| u.family_id == "aa:token") && !usages.usages.is_empty(),
+        "own usages only: {usages:?}"
+    );
+    let all = BudgetClient::new(cluster.channel(leader, "reader").await)
+        .list_holds(pb::ListHoldsRequest::default())
+        .await
+        .expect("a reader lists every family")
+        .into_inner();
+    assert_eq!(all.holds.len(), 2, "a reader sees both tenants: {all:?}");
     cluster.shutdown().await;
 }
 
@@ -214,11 +233,7 @@ async fn the_peer_port_takes_only_member_nodes_speaking_for_themselves() {
     init_logs();
     let cluster = TestCluster::start(3).await;
     let leader = cluster.wait_leader().await;
-    let follower = *cluster
-        .nodes
-        .keys()
-        .find(|id| **id != leader)
-        .expect("follower");
+    let follower = a_follower(&cluster, leader);
     let peer = cluster.nodes[&follower].peer_local_addr.to_string();
     let before = settled(&cluster, leader).await;
     let forward = |channel: Channel| async move {
@@ -231,14 +246,7 @@ async fn the_peer_port_takes_only_member_nodes_speaking_for_themselves() {
     };
 
     // A valid client certificate (even an operator's) is not a node.
-    let channel = cluster
-        .transport("operator")
-        .endpoint(&peer)
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    let status = forward(channel)
+    let status = forward(peer_channel(&cluster, "operator", follower).await)
         .await
         .expect_err("a client on the peer port");
     assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
@@ -250,17 +258,9 @@ async fn the_peer_port_takes_only_member_nodes_speaking_for_themselves() {
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
 
     // A node certificate of the CA whose node is not a member.
-    let status = forward(
-        cluster
-            .transport("node-9")
-            .endpoint(&peer)
-            .expect("endpoint")
-            .connect()
-            .await
-            .expect("connect"),
-    )
-    .await
-    .expect_err("a non-member node");
+    let status = forward(peer_channel(&cluster, "node-9", follower).await)
+        .await
+        .expect_err("a non-member node");
     assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
     assert!(status.message().contains("not a member"), "{status:?}");
 
@@ -276,13 +276,7 @@ async fn the_peer_port_takes_only_member_nodes_speaking_for_themselves() {
         openraft::Vote::new(metrics.current_term + 10, impostor),
         None,
     );
-    let channel = cluster
-        .transport(&format!("node-{leader}"))
-        .endpoint(&peer)
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
+    let channel = peer_channel(&cluster, &format!("node-{leader}"), follower).await;
     let status = RaftClient::new(channel)
         .vote(pb::RaftBytes {
             payload: tally_api::encode_raft(&vote).expect("encodes").into(),
@@ -312,4 +306,51 @@ async fn a_node_whose_certificate_names_another_id_does_not_start() {
         .err()
         .expect("refused");
     assert!(error.to_string().contains("names node 5"), "{error}");
+}
+
+/// A plaintext client on either TLS port gets a real gRPC answer that says what is wrong
+/// (UNAUTHENTICATED, definite, naming TLS), not "h2 protocol error", and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plaintext_client_is_told_the_port_needs_tls() {
+    init_logs();
+    let cluster = TestCluster::start(1).await;
+    let leader = cluster.wait_leader().await;
+    let before = settled(&cluster, leader).await;
+    let plaintext = |address: String| async move {
+        Endpoint::from_shared(format!("http://{address}"))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("a plaintext connection is accepted, to be answered")
+    };
+    for _ in 0..2 {
+        let status = BudgetClient::new(plaintext(cluster.address(leader)).await)
+            .authorize_hold(authorize("fam", "h1", 10))
+            .await
+            .expect_err("plaintext on the client port");
+        assert_refused(&status, Code::Unauthenticated, "plaintext budget call");
+        assert!(
+            status
+                .message()
+                .contains("takes TLS with a client certificate"),
+            "the refusal says why: {status:?}"
+        );
+    }
+    let peer = cluster.nodes[&leader].peer_local_addr.to_string();
+    let status = RaftClient::new(plaintext(peer).await)
+        .vote(pb::RaftBytes::default())
+        .await
+        .expect_err("plaintext on the peer port");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("peer port"), "{status:?}");
+    assert_eq!(applied(&cluster), before, "plaintext calls wrote nothing");
+    // TLS clients are still served on the same ports.
+    cluster
+        .budget(leader)
+        .await
+        .authorize_hold(authorize("fam", "h2", 10))
+        .await
+        .expect("a TLS client is served");
+    assert_ne!(applied(&cluster), before, "the TLS write applied");
+    cluster.shutdown().await;
 }

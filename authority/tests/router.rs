@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use router_support::*;
 use tally_authority::families::{
-    self, EntryInput, EntryOutput, FamilyRouter, RouterConfig, RouterError, RouterSnapshot,
+    self, every_family, EntryInput, EntryOutput, FamilyRouter, RouterConfig, RouterError,
+    RouterSnapshot,
 };
 use tally_ledger::limits::MAX_LOG_INDEX;
 use tally_ledger::{
@@ -385,14 +386,18 @@ async fn reads_merge_across_families_and_leave_passivation_alone() -> anyhow::Re
         .collect();
     router.apply(entries).await?;
     let live = router.live_actors();
-    let usages = router.list_usages(None, None, None, 100).await?;
+    let usages = router
+        .list_usages(None, &every_family, None, None, 100)
+        .await?;
     let order: Vec<_> = usages.iter().map(|(f, _)| f.clone()).collect();
     assert_eq!(
         order,
         (0..5).rev().map(family).collect::<Vec<_>>(),
         "newest first"
     );
-    let holds = router.list_holds(None, &HoldFilter::default(), 3).await?;
+    let holds = router
+        .list_holds(None, &every_family, &HoldFilter::default(), 3)
+        .await?;
     let order: Vec<_> = holds.iter().map(|(f, _)| f.clone()).collect();
     assert_eq!(
         order,
@@ -401,11 +406,22 @@ async fn reads_merge_across_families_and_leave_passivation_alone() -> anyhow::Re
     );
     assert_eq!(
         router
-            .list_usages(Some(&family(4)), None, None, 100)
+            .list_usages(Some(&family(4)), &every_family, None, None, 100)
             .await?
             .len(),
         1
     );
+    // A namespace-bound caller's read across families sees only the families it covers,
+    // live and passivated alike.
+    let mine = |f: &FamilyId| *f == family(0) || *f == family(3);
+    let usages = router.list_usages(None, &mine, None, None, 100).await?;
+    let seen: Vec<_> = usages.iter().map(|(f, _)| f.clone()).collect();
+    assert_eq!(seen, vec![family(3), family(0)], "usages within");
+    let holds = router
+        .list_holds(None, &mine, &HoldFilter::default(), 100)
+        .await?;
+    let seen: Vec<_> = holds.iter().map(|(f, _)| f.clone()).collect();
+    assert_eq!(seen, vec![family(0), family(3)], "holds within");
     assert_eq!(router.live_actors(), live);
     Ok(())
 }
@@ -515,7 +531,7 @@ fn a_read_decoding_passivated_families_does_not_hold_up_apply() -> anyhow::Resul
             router.passivated_bytes()
         );
         let shared = Mutex::new(router);
-        let usages = |r: &FamilyRouter| r.list_usages(None, None, None, 10_000);
+        let usages = |r: &FamilyRouter| r.list_usages(None, &every_family, None, None, 10_000);
         let at_cut = families::read(&shared, usages).await?;
         assert_eq!(at_cut.len(), count);
 
@@ -677,7 +693,10 @@ async fn assert_hold_lists_match(
                     after: after.clone(),
                     ..filter.clone()
                 };
-                let page = families::read(shared, |r| r.list_holds(None, &filter, limit)).await?;
+                let page = families::read(shared, |r| {
+                    r.list_holds(None, &every_family, &filter, limit)
+                })
+                .await?;
                 let full = page.len() == limit;
                 after = page.last().map(|(f, h)| HoldPosition::of(f, h));
                 pages.push(page);

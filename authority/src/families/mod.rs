@@ -22,7 +22,7 @@ pub use config::RouterConfig;
 pub use entry::{EntryInput, EntryOutput, EntryPayload};
 pub use error::RouterError;
 pub use hold_index::rebuild_hold_index;
-pub use reads::read;
+pub use reads::{every_family, read};
 pub use router::FamilyRouter;
 pub use router_state::RouterState;
 pub use snapshot::{RouterCut, RouterSnapshot, SNAPSHOT_FORMAT_VERSION};

@@ -91,11 +91,13 @@ impl FamilyRouter {
         async move { Ok(part?.answer().await?.flatten()) }
     }
 
-    /// Across every family when `family_id` is `None`, merged in docs/spec.md order
-    /// (`updated_at_ms desc, capability_id, grant_index`, then family id), after `after`.
+    /// Across every family `within` accepts when `family_id` is `None` (a namespace-bound
+    /// caller sees its own), merged in docs/spec.md order (`updated_at_ms desc,
+    /// capability_id, grant_index`, then family id), after `after`.
     pub fn list_usages(
         &self,
         family_id: Option<&FamilyId>,
+        within: &dyn Fn(&FamilyId) -> bool,
         capability_id: Option<&CapabilityId>,
         after: Option<&UsagePosition>,
         limit: usize,
@@ -109,7 +111,7 @@ impl FamilyRouter {
         });
         let started = self.check_running().and_then(|()| match family_id {
             Some(family_id) => scan.add(family_id, self.actors.locate(family_id)),
-            None => scan.add_all(&self.actors),
+            None => scan.add_all(&self.actors, within),
         });
         async move {
             started?;
@@ -155,12 +157,13 @@ impl FamilyRouter {
     }
 
     /// Live holds for reconcilers, oldest first (`created_at_ms`, family id, hold id), after
-    /// `filter.after`. Across families when `family_id` is `None`: only the families the hold
-    /// index names (those with live holds, and restored ones not counted yet), since no
+    /// `filter.after`. Across the families `within` accepts when `family_id` is `None`: only
+    /// the families the hold index names (those with live holds, and restored ones not counted yet), since no
     /// other family has a row to add (`hold_index.rs`).
     pub fn list_holds(
         &self,
         family_id: Option<&FamilyId>,
+        within: &dyn Fn(&FamilyId) -> bool,
         filter: &HoldFilter,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<(FamilyId, Hold)>, RouterError>> + Send + 'static {
@@ -170,6 +173,7 @@ impl FamilyRouter {
         let started = self.check_running().and_then(|()| match family_id {
             Some(family_id) => scan.add(family_id, self.actors.locate(family_id)),
             None => (self.holds.candidates())
+                .filter(|family_id| within(family_id))
                 .try_for_each(|family_id| scan.add(family_id, self.actors.locate(family_id))),
         });
         async move {
@@ -323,6 +327,11 @@ fn hold_rows(a: &(FamilyId, Hold), b: &(FamilyId, Hold)) -> Ordering {
     hold_order((&a.0, &a.1), (&b.0, &b.1))
 }
 
+/// `within` for a read over every family: a caller not bound to namespaces.
+pub fn every_family(_: &FamilyId) -> bool {
+    true
+}
+
 /// A list read over some families, taken under the lock: the reads queued in live actors
 /// (their answers to come) and the passivated families' bytes.
 struct Scan<T, F> {
@@ -360,11 +369,16 @@ where
         Ok(())
     }
 
-    fn add_all(&mut self, actors: &ActorTable) -> Result<(), RouterError> {
-        for (family_id, actor) in actors.live() {
+    /// Adds every family `within` accepts.
+    fn add_all(
+        &mut self,
+        actors: &ActorTable,
+        within: &dyn Fn(&FamilyId) -> bool,
+    ) -> Result<(), RouterError> {
+        for (family_id, actor) in actors.live().filter(|(f, _)| within(f)) {
             self.add(family_id, Located::Live(actor))?;
         }
-        for (family_id, bytes) in actors.passivated() {
+        for (family_id, bytes) in actors.passivated().iter().filter(|(f, _)| within(f)) {
             self.add(family_id, Located::Passivated(bytes))?;
         }
         Ok(())

@@ -76,6 +76,10 @@ pub struct NodeConfig {
     /// open: a vanished peer or client frees its connection and requests.
     pub http2_keepalive_interval_ms: u64,
     pub http2_keepalive_timeout_ms: u64,
+    /// An incoming snapshot stream that sends no chunk for this long is abandoned, so a
+    /// stalled or hostile sender holds the node's one install slot only that long. Chunks
+    /// are written to disk as they arrive.
+    pub snapshot_chunk_timeout_ms: u64,
     /// The largest `Budget` or `Admin` message decoded or encoded. Raft messages between
     /// nodes always allow `tally_api::MAX_MESSAGE_BYTES`, since every peer must accept them.
     pub max_message_bytes: usize,
@@ -124,6 +128,7 @@ impl Default for NodeConfig {
             request_timeout_ms: 10_000,
             http2_keepalive_interval_ms: 10_000,
             http2_keepalive_timeout_ms: 20_000,
+            snapshot_chunk_timeout_ms: 10_000,
             max_message_bytes: tally_api::MAX_MESSAGE_BYTES,
             log_format: LogFormat::Pretty,
             clock_offset_ms: 0,
@@ -276,6 +281,11 @@ impl NodeConfig {
             "http2_keepalive_timeout_ms",
             self.http2_keepalive_timeout_ms,
             100..=3_600_000,
+        )?;
+        within(
+            "snapshot_chunk_timeout_ms",
+            self.snapshot_chunk_timeout_ms,
+            100..=600_000,
         )?;
         within(
             "max_message_bytes",

@@ -5,6 +5,7 @@ pub mod clock;
 pub mod config;
 pub mod expiry;
 pub mod health;
+mod listener;
 pub mod metrics;
 pub mod proposer;
 pub mod write_error;
@@ -12,7 +13,6 @@ pub mod write_error;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use openraft::{Config, SnapshotPolicy};
 use tally_api::pb::admin_server::AdminServer;
 use tally_api::pb::budget_server::BudgetServer;
@@ -23,7 +23,6 @@ use tally_tls::{CertIdentity, TlsMaterial, Transport};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use self::clock::NodeClock;
 use self::config::NodeConfig;
@@ -44,6 +43,7 @@ use crate::service::limits::{Admission, ConnectionCap, RequestLimits};
 use crate::service::peer_auth::PeerAuth;
 use crate::service::raft::RaftService;
 use crate::service::read_gate::ReadGate;
+use crate::service::snapshot_inbox::SnapshotInbox;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -274,6 +274,11 @@ pub async fn start(
         proposer.clone(),
         reads.clone(),
         PeerAuth::new(raft.clone(), tls.is_some()),
+        SnapshotInbox::open(
+            &config.data_dir,
+            Duration::from_millis(config.snapshot_chunk_timeout_ms),
+        )
+        .map_err(|e| NodeError::Storage(format!("incoming snapshot dir: {e}")))?,
     ))
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -326,17 +331,23 @@ pub async fn start(
             .add_service(health_service)
             .add_optional_service(reflection_v1)
             .add_optional_service(reflection_v1alpha)
-            .serve_with_incoming_shutdown(accepted(listener, connections.clone()), async move {
-                let _ = client_shutdown.changed().await;
-            }),
+            .serve_with_incoming_shutdown(
+                listener::accepted(listener, connections.clone(), tls.is_some(), "client"),
+                async move {
+                    let _ = client_shutdown.changed().await;
+                },
+            ),
     ));
     let mut peer_shutdown = shutdown_rx.clone();
     servers.push(tokio::spawn(
         server_builder()?
             .add_service(raft_rpc)
-            .serve_with_incoming_shutdown(accepted(peer_listener, connections), async move {
-                let _ = peer_shutdown.changed().await;
-            }),
+            .serve_with_incoming_shutdown(
+                listener::accepted(peer_listener, connections, tls.is_some(), "peer"),
+                async move {
+                    let _ = peer_shutdown.changed().await;
+                },
+            ),
     ));
 
     let mut tasks = Vec::new();
@@ -394,6 +405,7 @@ pub async fn start(
         request_timeout_ms = config.request_timeout_ms,
         http2_keepalive_interval_ms = config.http2_keepalive_interval_ms,
         http2_keepalive_timeout_ms = config.http2_keepalive_timeout_ms,
+        snapshot_chunk_timeout_ms = config.snapshot_chunk_timeout_ms,
         max_message_bytes = config.max_message_bytes,
         "node started"
     );
@@ -423,24 +435,6 @@ pub async fn start(
 /// without it a reply's header, body and trailer frames meet Nagle's algorithm and the peer's
 /// delayed ACK, adding ~40 ms to every rpc), each holding a connection slot; a socket beyond
 /// `max_connections` is closed here, before anything is read from it.
-fn accepted(
-    listener: TcpListener,
-    connections: Arc<ConnectionCap>,
-) -> impl futures_util::Stream<Item = std::io::Result<crate::service::limits::CappedStream>> {
-    TcpListenerStream::new(listener).filter_map(move |stream| {
-        let admitted = match stream {
-            Ok(stream) => {
-                if let Err(error) = stream.set_nodelay(true) {
-                    tracing::debug!(%error, "could not set TCP_NODELAY");
-                }
-                connections.admit(stream).map(Ok)
-            }
-            Err(error) => Some(Err(error)),
-        };
-        std::future::ready(admitted)
-    })
-}
-
 /// `grpc.health.v1` says SERVING only while the node is healthy.
 async fn report_health(
     health: Arc<Health>,

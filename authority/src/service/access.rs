@@ -63,52 +63,40 @@ impl Caller {
             .ok_or_else(|| Status::from(ErrorDetail::unauthenticated("no checked caller")))
     }
 
-    /// Refuses, definite, unless every family lies in the caller's namespaces.
-    pub fn may_touch<'a>(
-        &self,
-        families: impl IntoIterator<Item = &'a FamilyId>,
-    ) -> Result<(), Status> {
-        let Caller::Client {
-            role: Role::Kernel,
-            namespaces,
-            ..
-        } = self
-        else {
-            return Ok(());
-        };
-        for family in families {
-            if !namespaces.iter().any(|ns| ns.covers(family.as_str())) {
-                return Err(Status::from(ErrorDetail::permission_denied(format!(
-                    "{} may not touch family {:?}: outside its namespaces ({})",
-                    self.describe(),
-                    family.as_str(),
-                    namespaces
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ))));
-            }
-        }
-        Ok(())
-    }
-
-    /// Whether reads across every family (no family named) are allowed: not for a kernel
-    /// bound to some issuers' namespaces.
-    pub fn may_read_all_families(&self) -> Result<(), Status> {
+    /// Whether `family` lies in the caller's namespaces (every family, for any caller but a
+    /// namespace-bound kernel).
+    pub fn covers(&self, family: &FamilyId) -> bool {
         match self {
             Caller::Client {
                 role: Role::Kernel,
                 namespaces,
                 ..
-            } if !namespaces.contains(&Namespace::Any) => {
-                Err(Status::from(ErrorDetail::permission_denied(format!(
-                    "{} is bound to namespaces; name a family to read",
-                    self.describe()
-                ))))
-            }
-            _ => Ok(()),
+            } => namespaces.iter().any(|ns| ns.covers(family.as_str())),
+            _ => true,
         }
+    }
+
+    /// Refuses, definite, unless every family lies in the caller's namespaces.
+    pub fn may_touch<'a>(
+        &self,
+        families: impl IntoIterator<Item = &'a FamilyId>,
+    ) -> Result<(), Status> {
+        let Some(outside) = families.into_iter().find(|family| !self.covers(family)) else {
+            return Ok(());
+        };
+        let namespaces = match self {
+            Caller::Client { namespaces, .. } => namespaces
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            _ => String::new(),
+        };
+        Err(Status::from(ErrorDetail::permission_denied(format!(
+            "{} may not touch family {:?}: outside its namespaces ({namespaces})",
+            self.describe(),
+            outside.as_str(),
+        ))))
     }
 }
 
@@ -344,7 +332,8 @@ mod tests {
             .may_touch([&FamilyId::from("ab:t1"), &FamilyId::from("cd:t1")])
             .expect_err("outside");
         assert_eq!(refused.code(), tonic::Code::PermissionDenied);
-        assert!(kernel.may_read_all_families().is_err());
-        assert!(client(Role::Reader).may_read_all_families().is_ok());
+        assert!(refused.message().contains("\"cd:t1\""), "{refused:?}");
+        assert!(!kernel.covers(&FamilyId::from("cd:t1")));
+        assert!(client(Role::Reader).covers(&FamilyId::from("cd:t1")));
     }
 }

@@ -447,10 +447,8 @@ impl Budget for BudgetService {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let family_id = request.family_id.as_deref().map(family).transpose()?;
-        match &family_id {
-            Some(family_id) => caller.may_touch([family_id])?,
-            None => caller.may_read_all_families()?,
-        }
+        // Without a family, a namespace-bound kernel reads its own families only.
+        caller.may_touch(&family_id)?;
         let capability = request.capability_id.map(CapabilityId::from);
         let after = request.after.map(usage_position).transpose()?;
         let limit = limit(request.limit);
@@ -459,6 +457,7 @@ impl Budget for BudgetService {
             .read(|router| {
                 router.list_usages(
                     family_id.as_ref(),
+                    &|f| caller.covers(f),
                     capability.as_ref(),
                     after.as_ref(),
                     limit,
@@ -540,14 +539,14 @@ impl Budget for BudgetService {
                 .map_err(|e| failure_status(e.into(), None))?;
         }
         let family_id = request.family_id.as_deref().map(family).transpose()?;
-        match &family_id {
-            Some(family_id) => caller.may_touch([family_id])?,
-            None => caller.may_read_all_families()?,
-        }
+        // Without a family, a namespace-bound kernel reads its own families only.
+        caller.may_touch(&family_id)?;
         let limit = limit(request.limit);
         self.read_barrier(request.consistency).await?;
         let holds = self
-            .read(|router| router.list_holds(family_id.as_ref(), &filter, limit))
+            .read(|router| {
+                router.list_holds(family_id.as_ref(), &|f| caller.covers(f), &filter, limit)
+            })
             .await?;
         Ok(definite(pb::ListHoldsReply::from_holds(&holds, limit)))
     }

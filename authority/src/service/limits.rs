@@ -203,6 +203,17 @@ pub struct CappedStream {
     metrics: Arc<NodeMetrics>,
 }
 
+impl CappedStream {
+    /// Reads the first bytes without consuming them (the TLS sniff in `node::listener`).
+    pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.peek(buf).await
+    }
+
+    pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        self.stream.peer_addr().ok()
+    }
+}
+
 impl Drop for CappedStream {
     fn drop(&mut self) {
         self.metrics.track_connection(false);

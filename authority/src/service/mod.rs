@@ -9,3 +9,4 @@ pub mod outcome;
 pub mod peer_auth;
 pub mod raft;
 pub mod read_gate;
+pub mod snapshot_inbox;

@@ -15,29 +15,35 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::peer_auth::PeerAuth;
 use super::read_gate::ReadGate;
+use super::snapshot_inbox::SnapshotInbox;
 use crate::node::proposer::{ForwardReply, Proposer};
 use crate::node::write_error::WriteError;
 use crate::raft::types::{Raft, Snapshot, SnapshotMeta, TypeConfig};
 
 type Vote = openraft::type_config::alias::VoteOf<TypeConfig>;
 
-/// The largest snapshot this node accepts: snapshots are held in memory while installed.
-const MAX_SNAPSHOT_BYTES: u64 = 8 << 30;
-
 pub struct RaftService {
     raft: Raft,
     proposer: Arc<Proposer>,
     reads: Arc<ReadGate>,
     auth: PeerAuth,
+    snapshots: SnapshotInbox,
 }
 
 impl RaftService {
-    pub fn new(raft: Raft, proposer: Arc<Proposer>, reads: Arc<ReadGate>, auth: PeerAuth) -> Self {
+    pub fn new(
+        raft: Raft,
+        proposer: Arc<Proposer>,
+        reads: Arc<ReadGate>,
+        auth: PeerAuth,
+        snapshots: SnapshotInbox,
+    ) -> Self {
         Self {
             raft,
             proposer,
             reads,
             auth,
+            snapshots,
         }
     }
 }
@@ -100,50 +106,22 @@ impl RaftRpc for RaftService {
         request: Request<Streaming<SnapshotChunk>>,
     ) -> Result<Response<RaftBytes>, Status> {
         let caller = self.auth.caller(&request)?;
-        let mut chunks = request.into_inner();
-        let mut header: Option<(Vote, SnapshotMeta)> = None;
-        let mut data: Vec<u8> = Vec::new();
-        let mut done = false;
-        while let Some(chunk) = chunks.next().await {
-            let chunk = chunk?;
-            if header.is_none() {
-                let decoded: (Vote, SnapshotMeta) = decode(&chunk.header)?;
-                PeerAuth::claims(caller, decoded.0.leader_id().node_id, "snapshot")?;
-                header = Some(decoded);
-            }
-            if chunk.offset != data.len() as u64 {
-                return Err(Status::invalid_argument(format!(
-                    "snapshot chunk at offset {} after {} bytes",
-                    chunk.offset,
-                    data.len()
-                )));
-            }
-            if data.len() as u64 + chunk.data.len() as u64 > MAX_SNAPSHOT_BYTES {
-                return Err(Status::resource_exhausted(
-                    "snapshot larger than this node accepts",
-                ));
-            }
-            data.extend_from_slice(&chunk.data);
-            if chunk.done {
-                done = true;
-                break;
-            }
-        }
-        let Some((vote, meta)) = header else {
-            return Err(Status::invalid_argument("snapshot stream without a header"));
-        };
-        if !done {
-            return Err(Status::invalid_argument(
-                "snapshot stream ended before its last chunk",
-            ));
-        }
+        let received = self
+            .snapshots
+            .receive(request.into_inner(), |header| {
+                let (vote, meta): (Vote, SnapshotMeta) = decode(header)?;
+                PeerAuth::claims(caller, vote.leader_id().node_id, "snapshot")?;
+                Ok((vote, meta))
+            })
+            .await?;
+        let (vote, meta) = received.header;
         let answer = self
             .raft
             .install_full_snapshot(
                 vote,
                 Snapshot {
                     meta,
-                    snapshot: data,
+                    snapshot: received.data,
                 },
             )
             .await

@@ -230,3 +230,62 @@ pub async fn budget_at(
         .timeout(Duration::from_secs(10));
     Some(BudgetClient::new(endpoint.connect().await.ok()?))
 }
+
+/// A channel to node `to`'s peer port, presenting certificate `identity` (`node-<id>`, or a
+/// client's, to be refused).
+pub async fn peer_channel(cluster: &TestCluster, identity: &str, to: u64) -> Channel {
+    cluster
+        .transport(identity)
+        .endpoint(&cluster.nodes[&to].peer_local_addr.to_string())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// A node that is not `leader`.
+pub fn a_follower(cluster: &TestCluster, leader: u64) -> u64 {
+    *cluster
+        .nodes
+        .keys()
+        .find(|id| **id != leader)
+        .expect("a follower")
+}
+
+/// A gRPC codec for a call that never sends a message and expects none: enough to open a
+/// request stream and leave it hanging.
+#[derive(Default)]
+pub struct Silent;
+
+impl tonic::codec::Codec for Silent {
+    type Encode = ();
+    type Decode = ();
+    type Encoder = Silent;
+    type Decoder = Silent;
+
+    fn encoder(&mut self) -> Silent {
+        Silent
+    }
+
+    fn decoder(&mut self) -> Silent {
+        Silent
+    }
+}
+
+impl tonic::codec::Encoder for Silent {
+    type Item = ();
+    type Error = tonic::Status;
+
+    fn encode(&mut self, _: (), _: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for Silent {
+    type Item = ();
+    type Error = tonic::Status;
+
+    fn decode(&mut self, _: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<()>, tonic::Status> {
+        Err(tonic::Status::internal("a hanging call expects no message"))
+    }
+}
