@@ -17,11 +17,10 @@
 //! are written to the audit log (target `tally::audit`): who, what, from where, when.
 
 use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use super::{take_ready, HttpFuture};
 use tally_api::pb::ErrorDetail;
 use tally_ledger::FamilyId;
 use tally_tls::identity::{self, CertIdentity, Namespace, Role};
@@ -261,7 +260,7 @@ where
 {
     type Response = http::Response<Body>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+    type Future = HttpFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
@@ -271,9 +270,7 @@ where
         match self.policy.check(&request) {
             Ok(caller) => {
                 request.extensions_mut().insert(caller);
-                // The clone that was polled ready serves this call.
-                let fresh = self.inner.clone();
-                let mut ready = std::mem::replace(&mut self.inner, fresh);
+                let mut ready = take_ready(&mut self.inner);
                 Box::pin(async move { ready.call(request).await })
             }
             Err(status) => Box::pin(std::future::ready(Ok(status.into_http()))),

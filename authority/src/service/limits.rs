@@ -14,7 +14,6 @@
 //! Both answers are built by `service::outcome::failure_status`, the one mapping.
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -31,6 +30,7 @@ use tonic::server::NamedService;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use super::outcome::{failure_status, Failure};
+use super::{take_ready, HttpFuture};
 use crate::node::metrics::NodeMetrics;
 use crate::node::proposer::Proposer;
 use crate::node::write_error::WriteError;
@@ -131,7 +131,7 @@ where
 {
     type Response = http::Response<Body>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+    type Future = HttpFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
@@ -147,9 +147,7 @@ where
             _slot: slot,
             metrics: Arc::clone(&self.limits.metrics),
         };
-        // The clone that was polled ready serves this call; the fresh clone waits for the next.
-        let fresh = self.inner.clone();
-        let mut ready = std::mem::replace(&mut self.inner, fresh);
+        let mut ready = take_ready(&mut self.inner);
         let limits = Arc::clone(&self.limits);
         Box::pin(async move {
             let _in_flight = in_flight;
