@@ -351,6 +351,10 @@ async fn a_plaintext_client_is_told_the_port_needs_tls() {
         .authorize_hold(authorize("fam", "h2", 10))
         .await
         .expect("a TLS client is served");
-    assert_ne!(applied(&cluster), before, "the TLS write applied");
+    assert_ne!(
+        settled(&cluster, leader).await,
+        before,
+        "the TLS write applied"
+    );
     cluster.shutdown().await;
 }

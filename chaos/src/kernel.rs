@@ -2,6 +2,9 @@
 //! cluster's proxies, sharing one payment rail (a `RailServer` over a seeded `FaultyRail`
 //! over an `InMemoryRail`) and one HTTP JSON tool server, both hosted by the harness and both
 //! counting per request id, so a double payment or dispatch across kernels is visible.
+//! Every port is mutual TLS with the run's certificates (`<run>/tls`, from
+//! `ensure_dev_certs`): the kernels serve `kernel-server` to the workload's `agent`
+//! certificate, and the rail serves `rail` to the kernels' `kernel` certificate.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -18,6 +21,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use tally_kernel::config::{KernelNodeConfig, RailSettings, ToolServerSettings};
 use tally_kernel::payment::{Fault, FaultyRail, RailOp, RailServer};
+use tally_kernel::port::ServerTls;
 use tally_kernel::tool::testing::{read_json_request, write_json_reply};
 use tally_kernel::{InMemoryRail, KeyPair, PaymentError, PublicKey};
 use tokio::task::JoinHandle;
@@ -197,10 +201,18 @@ pub struct KernelFleet {
     pub issuer: KeyPair,
     pub agent: KeyPair,
     pub kernel_keys: Vec<PublicKey>,
-    pub endpoints: BTreeMap<u64, String>,
+    pub endpoints: KernelEndpoints,
     pub receipt_logs: Vec<PathBuf>,
     /// The scripted rail faults, for the report.
     pub rail_faults: Vec<String>,
+}
+
+/// Where the kernels listen (`host:port` by kernel id), and how the workload reaches them:
+/// with the run's `agent` certificate, the one role a kernel node's port admits.
+#[derive(Clone, Debug)]
+pub struct KernelEndpoints {
+    pub transport: tally_client::Transport,
+    pub addresses: BTreeMap<u64, String>,
 }
 
 fn seeded_key(rng: &mut StdRng) -> KeyPair {
@@ -253,9 +265,22 @@ impl KernelFleet {
         let rail = Arc::new(InMemoryRail::new());
         let faulty = Arc::new(FaultyRail::new(rail.clone()));
         let rail_faults = script_rail(&faulty, &mut rng);
-        let rail_server = RailServer::start(faulty.clone(), SocketAddr::from(([127, 0, 0, 1], 0)))
-            .await
-            .context("start the rail server")?;
+        let rail_tls = ServerTls::from_dir(
+            cluster_tls_dir,
+            tally_tls::issue::DEV_RAIL_SERVER,
+            tally_tls::issue::RAIL_SERVER_NAME,
+            false,
+        )
+        .context("the run's rail certificate")?;
+        let rail_server = RailServer::start(
+            faulty.clone(),
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            rail_tls,
+        )
+        .await
+        .context("start the rail server")?;
+        let agent_transport = tally_client::Transport::from_dir(cluster_tls_dir, "agent", false)
+            .context("the run's agent certificate")?;
         let (tool_addr, tools, tool_task) =
             spawn_tool_server().await.context("start the tool server")?;
         let issuer = seeded_key(&mut rng);
@@ -279,6 +304,8 @@ impl KernelFleet {
                 .with_context(|| format!("write {}", key_file.display()))?;
             let config = KernelNodeConfig {
                 listen_addr: listen,
+                // The run's `kernel-server` certificate, for the workload's `agent` one.
+                tls_dir: cluster_tls_dir.to_owned(),
                 metrics_addr: None,
                 key_file: Some(key_file),
                 trusted_issuers: vec![issuer.public_key().to_base64()],
@@ -288,12 +315,13 @@ impl KernelFleet {
                     .map(PublicKey::to_base64)
                     .collect(),
                 cluster_endpoints: cluster_endpoints.clone(),
-                // The run's `kernel` certificate (every namespace).
+                // The run's `kernel` certificate (every namespace), also shown to the rail.
                 cluster_tls_dir: cluster_tls_dir.to_owned(),
                 rail: RailSettings {
                     kind: "remote".to_owned(),
                     endpoint: Some(rail_server.endpoint()),
                     call_timeout_ms: 3_000,
+                    ..KernelNodeConfig::default().rail
                 },
                 tool_servers: vec![ToolServerSettings {
                     id: TOOL_SERVER.to_owned(),
@@ -325,7 +353,7 @@ impl KernelFleet {
             };
             let _ = std::fs::remove_file(&process.log_file);
             process.start()?;
-            endpoints.insert(id, format!("http://{listen}"));
+            endpoints.insert(id, listen.to_string());
             receipt_logs.push(receipt_log);
             processes.insert(id, process);
         }
@@ -342,7 +370,10 @@ impl KernelFleet {
                 issuer,
                 agent,
                 kernel_keys,
-                endpoints,
+                endpoints: KernelEndpoints {
+                    transport: agent_transport,
+                    addresses: endpoints,
+                },
                 receipt_logs,
                 rail_faults,
             },

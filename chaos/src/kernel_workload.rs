@@ -6,7 +6,6 @@
 //! refuses a bare token), afresh on each send. Bounded in operations; every call has a
 //! deadline.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -19,9 +18,9 @@ use tally_kernel::server::pb::kernel_client::KernelClient;
 use tally_kernel::server::pb::{self, Verdict};
 use tally_kernel::server::sign_tool_call;
 use tally_kernel::{CapabilityToken, Grant, KeyPair};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
-use crate::kernel::{TOOL, TOOL_SERVER};
+use crate::kernel::{KernelEndpoints, TOOL, TOOL_SERVER};
 
 /// One call's deadline (the kernel's own client gives up well before).
 const CALL_TIMEOUT: Duration = Duration::from_secs(20);
@@ -141,8 +140,12 @@ pub fn capabilities(
     ])
 }
 
-fn client(endpoint: &str) -> anyhow::Result<KernelClient<Channel>> {
-    let channel = Endpoint::from_shared(endpoint.to_owned())?
+fn client(
+    transport: &tally_client::Transport,
+    address: &str,
+) -> anyhow::Result<KernelClient<Channel>> {
+    let channel = transport
+        .endpoint_to(address, tally_tls::issue::KERNEL_SERVER_NAME)?
         .connect_timeout(Duration::from_secs(1))
         .timeout(CALL_TIMEOUT)
         .connect_lazy();
@@ -222,16 +225,17 @@ async fn answer(
 pub async fn run(
     config: KernelWorkloadConfig,
     seed: u64,
-    endpoints: BTreeMap<u64, String>,
+    endpoints: KernelEndpoints,
     capabilities: Vec<WorkloadCapability>,
     history: KernelHistory,
     start: Instant,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
-    anyhow::ensure!(!endpoints.is_empty() && !capabilities.is_empty());
+    anyhow::ensure!(!endpoints.addresses.is_empty() && !capabilities.is_empty());
     let clients: Vec<(u64, KernelClient<Channel>)> = endpoints
+        .addresses
         .iter()
-        .map(|(id, e)| Ok((*id, client(e)?)))
+        .map(|(id, address)| Ok((*id, client(&endpoints.transport, address)?)))
         .collect::<anyhow::Result<_>>()?;
     let mut tasks = tokio::task::JoinSet::new();
     for worker in 0..config.workers.max(1) {

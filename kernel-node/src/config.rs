@@ -13,18 +13,46 @@ use serde::{Deserialize, Serialize};
 use crate::key_file::{read_key_file, KeyFileError};
 use crate::keys::{KeyPair, PublicKey};
 use crate::pipeline::{KernelConfig, MAX_POSSESSION_SKEW_MS};
+use crate::port::{PortError, ServerTls};
 use crate::reconciler::ReconcilerConfig;
 use crate::token::TrustList;
 use crate::tool::MAX_TOOL_SERVERS;
 
 /// Trusted keys of each kind one node accepts.
 pub const MAX_TRUSTED_KEYS: usize = 1_024;
+/// Where `tally-node dev` writes its CA and certificates, and so where a kernel node looks for
+/// them by default.
+pub const DEFAULT_TLS_DIR: &str = "./tally-data/tls";
+/// The longest certificate name (`<name>.pem` in a TLS directory).
+pub const MAX_IDENTITY_BYTES: usize = 64;
+
+/// Settings given on `tally-kernel serve`'s command line: they override the file and the
+/// environment.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ServeFlags {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_dir: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_identity: Option<String>,
+    /// Only ever turns `insecure` on: a flag left off keeps the file's setting.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub insecure: bool,
+}
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KernelNodeConfig {
     /// Where the gRPC `tally.kernel.v1.Kernel` service (and health) listens.
     pub listen_addr: SocketAddr,
+    /// The CA and this node's server certificate for `listen_addr`: `<dir>/ca.pem` and
+    /// `<dir>/<server_identity>.pem`/`.key`, a certificate naming `tally-kernel`
+    /// (`tally-node dev` writes `kernel-server` to ./tally-data/tls). Callers must present a
+    /// client certificate of this CA with role `agent` ([`crate::port::Gate`]).
+    pub tls_dir: PathBuf,
+    pub server_identity: String,
+    /// Plaintext and no caller checks on `listen_addr`, for tools that cannot present a
+    /// certificate; WARNed at start. The cluster and the rail have their own switches.
+    pub insecure: bool,
     /// Where `/metrics` (Prometheus text) listens; none disables it.
     pub metrics_addr: Option<SocketAddr>,
     /// The node's signing key as a base64 seed, or a file holding one (`key_file` wins). The
@@ -70,8 +98,16 @@ pub struct KernelNodeConfig {
 pub struct RailSettings {
     /// `memory` (a demo rail in this process) or `remote` (a `tally.rail.v1` server).
     pub kind: String,
+    /// `host:port` of a remote rail (`https://` or, with `insecure`, `http://` may prefix it).
     pub endpoint: Option<String>,
     pub call_timeout_ms: u64,
+    /// The CA and the client certificate this kernel presents to a remote rail, whose server
+    /// certificate must name `tally-rail`; none means the cluster's (`cluster_tls_dir`,
+    /// `cluster_identity`), so one `kernel` certificate serves both.
+    pub tls_dir: Option<PathBuf>,
+    pub identity: Option<String>,
+    /// Plaintext to a rail started insecure; WARNed at start.
+    pub insecure: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -98,19 +134,25 @@ impl Default for KernelNodeConfig {
         let reconciler = ReconcilerConfig::default();
         Self {
             listen_addr: SocketAddr::from(([127, 0, 0, 1], 7501)),
+            tls_dir: PathBuf::from(DEFAULT_TLS_DIR),
+            server_identity: tally_tls::issue::DEV_KERNEL_SERVER.to_owned(),
+            insecure: false,
             metrics_addr: None,
             key_seed: None,
             key_file: None,
             trusted_issuers: Vec::new(),
             trusted_kernel_keys: Vec::new(),
             cluster_endpoints: vec!["127.0.0.1:7401".to_owned()],
-            cluster_tls_dir: PathBuf::from("./tally-data/tls"),
+            cluster_tls_dir: PathBuf::from(DEFAULT_TLS_DIR),
             cluster_identity: "kernel".to_owned(),
             cluster_insecure: false,
             rail: RailSettings {
                 kind: "memory".to_owned(),
                 endpoint: None,
                 call_timeout_ms: 5_000,
+                tls_dir: None,
+                identity: None,
+                insecure: false,
             },
             tool_servers: Vec::new(),
             dispatch_deadline_ms: u64::try_from(pipeline.dispatch_deadline.as_millis())
@@ -150,6 +192,26 @@ fn invalid<T>(reason: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError::Invalid(reason.into()))
 }
 
+/// A certificate's name in a TLS directory: a plain file name, so a setting cannot reach
+/// outside the directory.
+fn identity_name(what: &str, name: &str) -> Result<(), ConfigError> {
+    let plain = !name.is_empty()
+        && name.len() <= MAX_IDENTITY_BYTES
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
+    if plain {
+        Ok(())
+    } else {
+        invalid(format!(
+            "{what} {name:?} must name a certificate in its TLS directory: 1 to \
+             {MAX_IDENTITY_BYTES} letters, digits, '.', '-' or '_', not starting with '.' \
+             (e.g. kernel-server)"
+        ))
+    }
+}
+
 fn keys(what: &str, texts: &[String]) -> Result<Vec<PublicKey>, ConfigError> {
     if texts.len() > MAX_TRUSTED_KEYS {
         return invalid(format!("{what}: at most {MAX_TRUSTED_KEYS} keys"));
@@ -166,6 +228,11 @@ fn keys(what: &str, texts: &[String]) -> Result<Vec<PublicKey>, ConfigError> {
 impl KernelNodeConfig {
     /// Defaults, then `file` (if given), then `TALLY_KERNEL_*` variables.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_with(file, &ServeFlags::default())
+    }
+
+    /// [`load`](Self::load), then the command line's `flags`.
+    pub fn load_with(file: Option<&Path>, flags: &ServeFlags) -> Result<Self, ConfigError> {
         let mut figment = Figment::from(Serialized::defaults(Self::default()));
         if let Some(file) = file {
             if !file.exists() {
@@ -175,6 +242,7 @@ impl KernelNodeConfig {
         }
         let config: Self = figment
             .merge(Env::prefixed("TALLY_KERNEL_").split("__"))
+            .merge(Serialized::globals(flags))
             .extract()
             .map_err(Box::new)?;
         config.validate()?;
@@ -192,8 +260,17 @@ impl KernelNodeConfig {
             crate::tool::HttpToolServer::new(&server.id, server.tools.clone(), &server.url)
                 .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         }
+        identity_name("server_identity", &self.server_identity)?;
+        identity_name("cluster_identity", &self.cluster_identity)?;
+        if let Some(identity) = &self.rail.identity {
+            identity_name("rail.identity", identity)?;
+        }
         match (self.rail.kind.as_str(), &self.rail.endpoint) {
-            ("memory", _) | ("remote", Some(_)) => {}
+            ("memory", _) => {}
+            ("remote", Some(endpoint)) => {
+                crate::payment::remote::rail_address(endpoint, !self.rail.insecure)
+                    .map_err(|e| ConfigError::Invalid(format!("rail.endpoint: {e}")))?;
+            }
             ("remote", None) => return invalid("rail.kind = remote needs rail.endpoint"),
             (other, _) => return invalid(format!("rail.kind {other:?}: memory or remote")),
         }
@@ -283,6 +360,28 @@ impl KernelNodeConfig {
         Ok(client)
     }
 
+    /// How this node's own port takes callers; fails if its certificate cannot be loaded.
+    pub fn server_tls(&self) -> Result<ServerTls, PortError> {
+        ServerTls::from_dir(
+            &self.tls_dir,
+            &self.server_identity,
+            tally_tls::issue::KERNEL_SERVER_NAME,
+            self.insecure,
+        )
+    }
+
+    /// How this kernel reaches a remote rail; fails if its certificate cannot be loaded.
+    pub fn rail_transport(&self) -> Result<tally_client::Transport, tally_tls::TlsError> {
+        tally_client::Transport::from_dir(
+            self.rail.tls_dir.as_ref().unwrap_or(&self.cluster_tls_dir),
+            self.rail
+                .identity
+                .as_ref()
+                .unwrap_or(&self.cluster_identity),
+            self.rail.insecure,
+        )
+    }
+
     pub fn reconciler(&self) -> ReconcilerConfig {
         ReconcilerConfig {
             stale_after_ms: self.reconciler.stale_after_ms,
@@ -350,8 +449,52 @@ mod tests {
         config.possession_max_skew_ms = MAX_POSSESSION_SKEW_MS + 1;
         assert!(config.validate().is_err(), "too wide a freshness window");
         config.possession_max_skew_ms = KernelNodeConfig::default().possession_max_skew_ms;
+        config.server_identity = "../node-1".into();
+        assert!(config.validate().is_err(), "outside the TLS directory");
+        config.server_identity = String::new();
+        assert!(config.validate().is_err(), "no certificate named");
+        config.server_identity = "kernel-server".into();
+        config.rail.kind = "remote".into();
+        config.rail.endpoint = Some("http://127.0.0.1:9".into());
+        let error = config.validate().expect_err("plaintext scheme, TLS rail");
+        assert!(error.to_string().contains("rail.endpoint"), "{error}");
+        config.rail.insecure = true;
+        assert!(config.validate().is_ok(), "an insecure rail");
+        config.rail.endpoint = Some("127.0.0.1:9".into());
+        config.rail.insecure = false;
+        assert!(config.validate().is_ok(), "host:port over TLS");
+        config.rail.identity = Some("a/b".into());
+        assert!(config.validate().is_err());
+        config.rail = KernelNodeConfig::default().rail;
         config.trusted_issuers = vec!["not a key".into()];
         assert!(config.validate().is_err());
+    }
+
+    #[test]
+    fn command_line_flags_override_file_and_environment() {
+        figment::Jail::expect_with(|jail| {
+            let seed = KeyPair::from_seed(&[8; 32]).seed_base64();
+            jail.create_file(
+                "kernel.toml",
+                &format!("key_seed = \"{seed}\"\ntls_dir = \"/from/file\"\n"),
+            )?;
+            jail.set_env("TALLY_KERNEL_SERVER_IDENTITY", "from-env");
+            let file = Some(Path::new("kernel.toml"));
+            let config = KernelNodeConfig::load(file).map_err(|e| e.to_string())?;
+            assert_eq!(config.tls_dir, PathBuf::from("/from/file"));
+            assert_eq!(config.server_identity, "from-env");
+            assert!(!config.insecure);
+            let flags = ServeFlags {
+                tls_dir: Some(PathBuf::from("/from/flag")),
+                server_identity: Some("from-flag".to_owned()),
+                insecure: true,
+            };
+            let config = KernelNodeConfig::load_with(file, &flags).map_err(|e| e.to_string())?;
+            assert_eq!(config.tls_dir, PathBuf::from("/from/flag"));
+            assert_eq!(config.server_identity, "from-flag");
+            assert!(config.insecure);
+            Ok(())
+        });
     }
 
     #[cfg(unix)]

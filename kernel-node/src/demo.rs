@@ -1,23 +1,34 @@
 //! `tally-kernel demo`: one kernel node in front of a running Tally cluster (the README's
-//! `tally-node dev`), evaluating one monetary tool call end to end: a capability token is
-//! issued, an HTTP JSON tool server and an in-memory payment rail are started in-process. The
-//! token sent alone, without its holder's signature, is denied before anything is written;
-//! signed by the holder, the kernel authorizes a hold, captures it, pays, dispatches,
-//! reconciles and signs a receipt. It then evaluates the same request again (a retry: no second
-//! payment or dispatch) and shows the cluster's journal for the family.
+//! `tally-node dev`), evaluating one monetary tool call end to end over the same ports a
+//! deployment uses. A capability token is issued; an HTTP JSON tool server, a payment rail
+//! (`tally.rail.v1` over an in-memory rail) and a kernel node (`tally.kernel.v1`) are started
+//! in-process. Every hop is mutual TLS with the certificates `tally-node dev` wrote (the agent
+//! calls the node with `agent`, the node reaches the cluster and the rail with `kernel`), or
+//! plaintext with `--insecure` against a cluster started `--insecure`. The token sent alone,
+//! without its holder's signature, is denied before anything is written; signed by the holder,
+//! the kernel authorizes a hold, captures it, pays, dispatches, reconciles and signs a receipt.
+//! It then sends the same request again (a retry: no second payment or dispatch) and shows the
+//! cluster's journal for the family.
 
+use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use tally_client::{ClientConfig, TallyClient};
+use tally_client::{ClientConfig, TallyClient, Transport};
 use tally_ledger::{AccountKey, FamilyId};
+use tally_tls::issue::{DEV_KERNEL_SERVER, DEV_RAIL_SERVER, KERNEL_SERVER_NAME, RAIL_SERVER_NAME};
 
+use crate::config::{KernelNodeConfig, RailSettings, ReconcilerSettings, ToolServerSettings};
 use crate::money::Money;
-use crate::payment::InMemoryRail;
-use crate::pipeline::{wall_clock_ms, BudgetLedger, Kernel, Method, ToolCallRequest};
+use crate::payment::{InMemoryRail, RailServer};
+use crate::pipeline::{wall_clock_ms, Method};
+use crate::port::ServerTls;
+use crate::server::pb::kernel_client::KernelClient;
+use crate::server::pb::{self, Verdict};
+use crate::server::sign_tool_call;
 use crate::tool::testing::{spawn_http_tool_server, Behavior};
-use crate::tool::HttpToolServer;
-use crate::{CapabilityToken, Grant, KeyPair, TrustList};
+use crate::{CapabilityToken, Grant, KeyPair};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {
@@ -25,20 +36,26 @@ pub enum DemoError {
     Setup(String),
     #[error("the cluster did not answer: {0}")]
     Cluster(String),
+    #[error("the kernel node did not answer: {0}")]
+    Kernel(String),
 }
 
 fn setup<E: std::fmt::Display>(error: E) -> DemoError {
     DemoError::Setup(error.to_string())
 }
 
-/// Runs the demo against `endpoints`; prints what happens.
+/// Runs the demo against `endpoints`, with the CA and certificates in `tls_dir` (plaintext
+/// everywhere when `insecure`); prints what happens.
 pub async fn run(
     endpoints: Vec<String>,
-    transport: tally_client::Transport,
+    tls_dir: &Path,
+    insecure: bool,
     cost_units: u64,
 ) -> Result<(), DemoError> {
+    let kernel_transport = Transport::from_dir(tls_dir, "kernel", insecure).map_err(setup)?;
+    let agent_transport = Transport::from_dir(tls_dir, "agent", insecure).map_err(setup)?;
     let client =
-        Arc::new(TallyClient::new(ClientConfig::new(endpoints.clone(), transport)).map_err(setup)?);
+        TallyClient::new(ClientConfig::new(endpoints.clone(), kernel_transport)).map_err(setup)?;
     let issuer = KeyPair::generate();
     let agent = KeyPair::generate();
     let now = wall_clock_ms();
@@ -58,56 +75,105 @@ pub async fn run(
     })
     .await
     .map_err(setup)?;
-    let tool = HttpToolServer::new(
-        "cost-srv",
-        vec!["compute".to_owned()],
-        &format!("http://{address}/call"),
-    )
-    .map_err(setup)?;
+    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
     let rail = Arc::new(InMemoryRail::new());
-    let ledger: Arc<dyn BudgetLedger> = client.clone();
-    let kernel = Kernel::new(
-        KeyPair::generate(),
-        TrustList::new([issuer.public_key()]),
-        ledger,
-        rail.clone(),
-    )
-    .with_tool_server(Arc::new(tool));
+    let rail_tls =
+        ServerTls::from_dir(tls_dir, DEV_RAIL_SERVER, RAIL_SERVER_NAME, insecure).map_err(setup)?;
+    let rail_server = RailServer::start(rail.clone(), loopback, rail_tls)
+        .await
+        .map_err(setup)?;
+    let config = KernelNodeConfig {
+        listen_addr: loopback,
+        tls_dir: tls_dir.to_owned(),
+        server_identity: DEV_KERNEL_SERVER.to_owned(),
+        insecure,
+        key_seed: Some(KeyPair::generate().seed_base64()),
+        trusted_issuers: vec![issuer.public_key().to_base64()],
+        cluster_endpoints: endpoints,
+        cluster_tls_dir: tls_dir.to_owned(),
+        cluster_insecure: insecure,
+        rail: RailSettings {
+            kind: "remote".to_owned(),
+            endpoint: Some(rail_server.endpoint()),
+            insecure,
+            ..KernelNodeConfig::default().rail
+        },
+        tool_servers: vec![ToolServerSettings {
+            id: "cost-srv".to_owned(),
+            url: format!("http://{address}/call"),
+            tools: vec!["compute".to_owned()],
+        }],
+        // One call, finished in front of you: nothing for a reconciler to finish.
+        reconciler: ReconcilerSettings {
+            enabled: false,
+            ..KernelNodeConfig::default().reconciler
+        },
+        ..KernelNodeConfig::default()
+    };
+    let node = crate::server::start(config).await.map_err(setup)?;
+    let hops = if insecure { "plaintext" } else { "mutual TLS" };
+    println!(
+        "kernel node on {}, payment rail on {} ({hops})",
+        node.local_addr,
+        rail_server.local_addr()
+    );
+    let channel = agent_transport
+        .endpoint_to(&node.local_addr.to_string(), KERNEL_SERVER_NAME)
+        .map_err(setup)?
+        .connect()
+        .await
+        .map_err(|e| DemoError::Kernel(e.to_string()))?;
+    let mut kernel = KernelClient::new(channel);
 
-    let mut request = ToolCallRequest {
+    let mut request = pb::ToolCall {
         request_id: format!("demo-{now}"),
-        capability: token.clone(),
+        capability_token: token.to_text().map_err(setup)?,
         server: "cost-srv".to_owned(),
         tool: "compute".to_owned(),
-        arguments: serde_json::json!({ "question": "6 * 7" }).into(),
+        arguments_json: serde_json::json!({ "question": "6 * 7" }).to_string(),
         execution_nonce: None,
         possession: None,
     };
     // The agent proves it holds the token's subject key; the token alone is not enough.
-    let stolen = kernel.evaluate(&request).await.map_err(setup)?;
+    let stolen = kernel
+        .evaluate_tool_call(request.clone())
+        .await
+        .map_err(|e| DemoError::Kernel(e.to_string()))?
+        .into_inner();
     println!(
-        "\nthe token alone, unsigned (as a thief would send it): {:?} ({})",
-        stolen.verdict,
+        "\nthe token alone, unsigned (as a thief would send it): {} ({})",
+        verdict(&stolen),
         stolen.reason.unwrap_or_default()
     );
     for attempt in ["first call", "retry of the same request"] {
         // Each send is signed afresh: a proof is good for a short window only.
-        request
-            .sign(Method::EvaluateToolCall, &agent)
-            .map_err(setup)?;
-        let response = kernel.evaluate(&request).await.map_err(setup)?;
+        sign_tool_call(
+            &mut request,
+            Method::EvaluateToolCall,
+            &agent,
+            wall_clock_ms(),
+        )
+        .map_err(setup)?;
+        let response = kernel
+            .evaluate_tool_call(request.clone())
+            .await
+            .map_err(|e| DemoError::Kernel(e.to_string()))?
+            .into_inner();
         println!(
-            "\n{attempt}: {:?}{}",
-            response.verdict,
+            "\n{attempt}: {}{}",
+            verdict(&response),
             response
                 .reason
+                .as_ref()
                 .map(|r| format!(" ({r})"))
                 .unwrap_or_default()
         );
-        if let Some(output) = &response.output {
+        if let Some(output) = &response.output_json {
             println!("  tool output: {output}");
         }
-        let receipt = serde_json::to_string_pretty(&response.receipt).map_err(setup)?;
+        let receipt: serde_json::Value =
+            serde_json::from_str(&response.receipt_json).map_err(setup)?;
+        let receipt = serde_json::to_string_pretty(&receipt).map_err(setup)?;
         println!("  signed receipt:\n{}", indent(&receipt));
     }
     println!(
@@ -143,7 +209,17 @@ pub async fn run(
         );
     }
     tool_task.abort();
+    node.shutdown().await.map_err(setup)?;
+    rail_server.shutdown().await.map_err(setup)?;
     Ok(())
+}
+
+fn verdict(evaluation: &pb::Evaluation) -> &'static str {
+    if evaluation.verdict == Verdict::Allow as i32 {
+        "Allow"
+    } else {
+        "Deny"
+    }
 }
 
 fn indent(text: &str) -> String {

@@ -23,6 +23,7 @@ pub mod config;
 pub mod demo;
 pub mod nonce;
 pub mod pipeline;
+pub mod port;
 pub mod reconciler;
 pub mod server;
 pub mod tool;

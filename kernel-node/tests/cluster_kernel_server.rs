@@ -18,11 +18,15 @@ use tally_kernel::server::pb::{self, Verdict};
 use tally_kernel::server::{sign_complete, sign_tool_call};
 use tally_kernel::tool::testing::{spawn_http_tool_server, Behavior};
 use tally_kernel::{verify_receipt, Grant, KeyPair, TrustList};
+use tally_tls::issue::KERNEL_SERVER_NAME;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::transport::Channel;
 
 fn node_config(env: &Env, key: &KeyPair, tools: Vec<ToolServerSettings>) -> KernelNodeConfig {
     KernelNodeConfig {
         listen_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        // The test cluster's CA also issued `kernel-server` and `agent`.
+        tls_dir: tally_authority::testing::tls_dir(env.cluster.dir.path()),
         metrics_addr: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
         key_seed: Some(key.seed_base64()),
         trusted_issuers: vec![env.issuer.public_key().to_base64()],
@@ -39,6 +43,18 @@ fn node_config(env: &Env, key: &KeyPair, tools: Vec<ToolServerSettings>) -> Kern
         client_resolve_for_ms: 5_000,
         ..KernelNodeConfig::default()
     }
+}
+
+/// A channel to the kernel node at `address`, over mutual TLS with the test CA's `agent`
+/// certificate (the role a kernel node's port admits).
+async fn agent_channel(env: &Env, address: SocketAddr) -> Channel {
+    env.cluster
+        .transport("agent")
+        .endpoint_to(&address.to_string(), KERNEL_SERVER_NAME)
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect")
 }
 
 /// An unsigned call: what a thief holding only the token would send.
@@ -120,12 +136,8 @@ async fn the_kernel_node_serves_evaluate_and_two_phase_over_grpc() {
     let mut config_b = node_config(&env, &KeyPair::generate(), tools);
     config_b.trusted_kernel_keys = vec![key_a.public_key().to_base64()];
     let node_b = tally_kernel::server::start(config_b).await.expect("node b");
-    let mut a = KernelClient::connect(format!("http://{}", node_a.local_addr))
-        .await
-        .expect("connect a");
-    let mut b = KernelClient::connect(format!("http://{}", node_b.local_addr))
-        .await
-        .expect("connect b");
+    let mut a = KernelClient::new(agent_channel(&env, node_a.local_addr).await);
+    let mut b = KernelClient::new(agent_channel(&env, node_b.local_addr).await);
     let token = env.token(vec![
         Grant::monetary("http-srv", "compute", 100, 1000, "USD"),
         Grant::monetary("http-slow", "compute", 100, 1000, "USD"),
@@ -424,17 +436,9 @@ async fn a_node_whose_receipt_log_fails_refuses_new_calls_and_reports_unhealthy(
     let node = tally_kernel::server::start(config)
         .await
         .expect("node starts: /dev/full opens");
-    let endpoint = format!("http://{}", node.local_addr);
-    let mut kernel = KernelClient::connect(endpoint.clone())
-        .await
-        .expect("connect");
-    let health = HealthClient::new(
-        tonic::transport::Endpoint::from_shared(endpoint)
-            .expect("endpoint")
-            .connect()
-            .await
-            .expect("connect"),
-    );
+    let channel = agent_channel(&env, node.local_addr).await;
+    let mut kernel = KernelClient::new(channel.clone());
+    let health = HealthClient::new(channel);
     let serving = |service: &'static str| {
         let mut health = health.clone();
         async move {

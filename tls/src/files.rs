@@ -1,6 +1,7 @@
 //! A holder's TLS files (the cluster's CA certificate, its own certificate and key, in PEM)
 //! and the tonic configs made from them. Keys readable by anyone but their owner are refused:
-//! on Kubernetes mount the Secret with `defaultMode: 0400` (or `0600`).
+//! on Kubernetes a Secret mounted with `fsGroup` is made 0440, so the keys are copied into an
+//! in-memory volume with mode 0600 by an init container (deploy/k8s).
 
 use std::path::{Path, PathBuf};
 
@@ -65,6 +66,46 @@ impl TlsFiles {
             identity,
         })
     }
+
+    /// Reads and checks the files of a server that is not a cluster node (a kernel node's own
+    /// port, a payment rail): its certificate must name `server_name` as a DNS name, the name
+    /// its callers verify. Checked here so that a client certificate given by mistake fails at
+    /// start with its path, not at every caller's handshake.
+    pub fn load_server(&self, server_name: &str) -> Result<ServerTlsMaterial, TlsError> {
+        let ca_pem = read_pem(&self.ca_file)?;
+        let cert_pem = read_pem(&self.cert_file)?;
+        check_private(&self.key_file)?;
+        let key_pem = read_pem(&self.key_file)?;
+        let der = first_certificate_der(&cert_pem).ok_or_else(|| TlsError::NoCertificate {
+            path: self.cert_file.clone(),
+        })?;
+        if !names_dns(&der, server_name) {
+            return Err(TlsError::WrongServerName {
+                path: self.cert_file.clone(),
+                server_name: server_name.to_owned(),
+            });
+        }
+        Ok(ServerTlsMaterial {
+            ca_pem,
+            cert_pem,
+            key_pem,
+        })
+    }
+}
+
+/// Whether the DER certificate carries `name` among its DNS subject alternative names.
+fn names_dns(der: &[u8], name: &str) -> bool {
+    use x509_parser::extensions::GeneralName;
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let Ok((_, cert)) = X509Certificate::from_der(der) else {
+        return false;
+    };
+    let Ok(Some(san)) = cert.subject_alternative_name() else {
+        return false;
+    };
+    san.value.general_names.iter().any(
+        |general| matches!(general, GeneralName::DNSName(dns) if dns.eq_ignore_ascii_case(name)),
+    )
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +119,7 @@ pub enum TlsError {
     TooLarge { path: PathBuf },
     #[error(
         "{path} is readable by group or others (mode {mode:o}); run `chmod 600 {path}` \
-         (on Kubernetes, mount the Secret with defaultMode 0400)"
+         (on Kubernetes, copy the key out of the Secret volume with mode 0600: see deploy/k8s)"
     )]
     KeyExposed { path: PathBuf, mode: u32 },
     #[error(
@@ -89,6 +130,12 @@ pub enum TlsError {
     NoCredentials { dir: PathBuf, identity: String },
     #[error("{path} holds no PEM certificate")]
     NoCertificate { path: PathBuf },
+    #[error(
+        "{path} does not name {server_name:?} (a DNS subject alternative name), the name this \
+         server's callers verify: is it a client certificate? `tally-node dev` writes the \
+         server certificates (kernel-server, rail) next to the others"
+    )]
+    WrongServerName { path: PathBuf, server_name: String },
     #[error("{path}: {source}")]
     Identity {
         path: PathBuf,
@@ -155,19 +202,47 @@ impl TlsMaterial {
     /// still completes the handshake, so the server can answer it UNAUTHENTICATED with a
     /// reason instead of a reset connection; a certificate of another CA fails the handshake.
     pub fn server_config(&self) -> ServerTlsConfig {
-        crate::install_crypto_provider();
-        ServerTlsConfig::new()
-            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
-            .client_ca_root(Certificate::from_pem(&self.ca_pem))
-            .client_auth_optional(true)
+        server_config(&self.ca_pem, &self.cert_pem, &self.key_pem)
     }
 
     /// A client that trusts only the cluster's CA and presents this holder's certificate.
     pub fn client_config(&self) -> ClientTlsConfig {
+        self.client_config_for(SERVER_NAME)
+    }
+
+    /// [`client_config`](Self::client_config) for a server that is not a cluster node: the
+    /// server's certificate must name `server_name` (`tally-kernel` for a kernel node,
+    /// `tally-rail` for a rail; [`crate::issue`]).
+    pub fn client_config_for(&self, server_name: &str) -> ClientTlsConfig {
         crate::install_crypto_provider();
         ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(&self.ca_pem))
             .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
-            .domain_name(SERVER_NAME)
+            .domain_name(server_name)
     }
+}
+
+/// Loaded TLS files of a server that is not a cluster node ([`TlsFiles::load_server`]): its
+/// certificate names a DNS name rather than a Tally identity, since it is never a caller.
+#[derive(Clone, Debug)]
+pub struct ServerTlsMaterial {
+    ca_pem: Vec<u8>,
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+}
+
+impl ServerTlsMaterial {
+    /// As [`TlsMaterial::server_config`]: client certificates of the CA are asked for but
+    /// optional at the handshake, so the server can refuse a caller without one with a status.
+    pub fn server_config(&self) -> ServerTlsConfig {
+        server_config(&self.ca_pem, &self.cert_pem, &self.key_pem)
+    }
+}
+
+fn server_config(ca_pem: &[u8], cert_pem: &[u8], key_pem: &[u8]) -> ServerTlsConfig {
+    crate::install_crypto_provider();
+    ServerTlsConfig::new()
+        .identity(Identity::from_pem(cert_pem, key_pem))
+        .client_ca_root(Certificate::from_pem(ca_pem))
+        .client_auth_optional(true)
 }

@@ -2,7 +2,7 @@
 //! alternative names, which every X.509 tool shows and nothing else interprets:
 //!
 //! - `tally:node:<id>`: a cluster node with that Raft node id (peer port, and clock probes);
-//! - `tally:role:<kernel|reader|operator>`: a client and what it may call;
+//! - `tally:role:<kernel|reader|operator|agent>`: a client and what it may call;
 //! - `tally:namespace:<issuer key hex>` or `tally:namespace:*`: the budget families a kernel
 //!   may touch (family ids start with `<issuer key hex>:`).
 //!
@@ -31,6 +31,11 @@ pub enum Role {
     Reader,
     /// The `Admin` service.
     Operator,
+    /// A tool caller: the `tally.kernel.v1.Kernel` service of a kernel node, and nothing on the
+    /// cluster but health. Agents get a role of their own so that the certificate handed to
+    /// every tool-calling process grants no budget writes (`kernel`) and no reads of other
+    /// tenants' usage (`reader`).
+    Agent,
 }
 
 impl Role {
@@ -39,6 +44,7 @@ impl Role {
             Role::Kernel => "kernel",
             Role::Reader => "reader",
             Role::Operator => "operator",
+            Role::Agent => "agent",
         }
     }
 
@@ -47,6 +53,7 @@ impl Role {
             "kernel" => Some(Role::Kernel),
             "reader" => Some(Role::Reader),
             "operator" => Some(Role::Operator),
+            "agent" => Some(Role::Agent),
             _ => None,
         }
     }

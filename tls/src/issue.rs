@@ -1,7 +1,9 @@
 //! The cluster's certificate authority: it issues node certificates (`tally:node:<id>`,
-//! usable as server and as client, since nodes call each other) and client certificates (a
-//! role and, for kernels, namespaces). `tally-node dev` makes a CA and a full set on first
-//! run; `tally-node certs` issues from an operator's CA for production.
+//! usable as server and as client, since nodes call each other), client certificates (a
+//! role and, for kernels, namespaces) and the server certificates of the other Tally servers
+//! (a kernel node's own port, `tally-kernel`; a payment rail, `tally-rail`), which name a DNS
+//! name only and serve only. `tally-node dev` makes a CA and a full set on first run;
+//! `tally-node certs` issues from an operator's CA for production.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -16,6 +18,11 @@ use crate::SERVER_NAME;
 
 /// Hosts a node certificate may name besides the defaults.
 pub const MAX_HOSTS: usize = 32;
+
+/// The DNS name a kernel node's server certificate carries and its callers verify.
+pub const KERNEL_SERVER_NAME: &str = "tally-kernel";
+/// The DNS name a payment rail's server certificate carries and kernels verify.
+pub const RAIL_SERVER_NAME: &str = "tally-rail";
 
 #[derive(Debug, thiserror::Error)]
 pub enum IssueError {
@@ -138,23 +145,10 @@ impl CertAuthority {
         hosts: &[String],
         days: u32,
     ) -> Result<IssuedCert, IssueError> {
-        if hosts.len() > MAX_HOSTS {
-            return Err(IssueError::Invalid(format!(
-                "at most {MAX_HOSTS} hosts, {} given",
-                hosts.len()
-            )));
-        }
-        let mut names = vec![
-            SERVER_NAME.to_owned(),
-            "localhost".to_owned(),
-            "127.0.0.1".to_owned(),
-        ];
-        names.extend(hosts.iter().cloned());
-        names.dedup();
         self.issue(
             &format!("tally node {id}"),
-            names,
-            &CertIdentity::Node { id },
+            host_names(SERVER_NAME, hosts)?,
+            CertIdentity::Node { id }.uris(),
             vec![
                 ExtendedKeyUsagePurpose::ServerAuth,
                 ExtendedKeyUsagePurpose::ClientAuth,
@@ -193,15 +187,41 @@ impl CertAuthority {
                 crate::identity::MAX_NAMESPACES
             )));
         }
+        let identity = CertIdentity::Client {
+            name: name.to_owned(),
+            role,
+            namespaces,
+        };
         self.issue(
             name,
             Vec::new(),
-            &CertIdentity::Client {
-                name: name.to_owned(),
-                role,
-                namespaces,
-            },
+            identity.uris(),
             vec![ExtendedKeyUsagePurpose::ClientAuth],
+            days,
+        )
+    }
+
+    /// A server certificate for a Tally server that is not a cluster node, named `name`
+    /// (its common name): DNS `server_name` ([`KERNEL_SERVER_NAME`], [`RAIL_SERVER_NAME`]),
+    /// `localhost`, 127.0.0.1 and `hosts`. It carries no Tally identity and server
+    /// authentication only, so it can never be presented as a caller.
+    pub fn issue_server(
+        &self,
+        name: &str,
+        server_name: &str,
+        hosts: &[String],
+        days: u32,
+    ) -> Result<IssuedCert, IssueError> {
+        if name.is_empty() || name.len() > 64 {
+            return Err(IssueError::Invalid(
+                "a server name is 1 to 64 characters".to_owned(),
+            ));
+        }
+        self.issue(
+            name,
+            host_names(server_name, hosts)?,
+            Vec::new(),
+            vec![ExtendedKeyUsagePurpose::ServerAuth],
             days,
         )
     }
@@ -210,14 +230,14 @@ impl CertAuthority {
         &self,
         common_name: &str,
         dns_or_ip: Vec<String>,
-        identity: &CertIdentity,
+        uris: Vec<String>,
         usages: Vec<ExtendedKeyUsagePurpose>,
         days: u32,
     ) -> Result<IssuedCert, IssueError> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(dns_or_ip)?;
         params.distinguished_name = name(common_name);
-        for uri in identity.uris() {
+        for uri in uris {
             params.subject_alt_names.push(SanType::URI(uri.try_into()?));
         }
         params.key_usages = vec![
@@ -233,6 +253,24 @@ impl CertAuthority {
             key_pem: key.serialize_pem(),
         })
     }
+}
+
+/// `server_name`, `localhost`, 127.0.0.1 and at most [`MAX_HOSTS`] more.
+fn host_names(server_name: &str, hosts: &[String]) -> Result<Vec<String>, IssueError> {
+    if hosts.len() > MAX_HOSTS {
+        return Err(IssueError::Invalid(format!(
+            "at most {MAX_HOSTS} hosts, {} given",
+            hosts.len()
+        )));
+    }
+    let mut names = vec![
+        server_name.to_owned(),
+        "localhost".to_owned(),
+        "127.0.0.1".to_owned(),
+    ];
+    names.extend(hosts.iter().cloned());
+    names.dedup();
+    Ok(names)
 }
 
 fn name(common_name: &str) -> DistinguishedName {
@@ -255,10 +293,18 @@ fn validity(params: &mut CertificateParams, days: u32) -> Result<(), IssueError>
 
 /// Dev certificates are valid this long: a dev data dir outlives many restarts.
 pub const DEV_DAYS: u32 = 3_650;
+/// The file name (`<name>.pem`, `<name>.key`) of a dev set's kernel server certificate,
+/// what a kernel node serves with by default.
+pub const DEV_KERNEL_SERVER: &str = "kernel-server";
+/// The file name of a dev set's payment rail server certificate.
+pub const DEV_RAIL_SERVER: &str = "rail";
 
-/// The certificates of a dev cluster in `dir`: a CA, `node-<i>` for each node, and
-/// `operator`, `kernel` (namespace `*`) and `reader` clients. Creates whatever is missing and
-/// answers whether anything was created; existing files are kept (a restart reuses them).
+/// The certificates of a dev cluster in `dir`: a CA, `node-<i>` for each node;
+/// `operator`, `kernel` (namespace `*`), `reader` and `agent` clients; and the servers
+/// `kernel-server` (a kernel node's own port, [`KERNEL_SERVER_NAME`]) and `rail` (a payment
+/// rail, [`RAIL_SERVER_NAME`]). Creates whatever is missing, even beside an existing CA (a dev
+/// directory from before a certificate was added gains it), and answers whether anything was
+/// created; existing files are kept (a restart reuses them).
 pub fn ensure_dev_certs(dir: &Path, cluster: &str, nodes: u64) -> Result<bool, IssueError> {
     std::fs::create_dir_all(dir).map_err(io_error(dir))?;
     #[cfg(unix)]
@@ -287,10 +333,22 @@ pub fn ensure_dev_certs(dir: &Path, cluster: &str, nodes: u64) -> Result<bool, I
         ("operator", Role::Operator, vec![]),
         ("kernel", Role::Kernel, vec![Namespace::Any]),
         ("reader", Role::Reader, vec![]),
+        ("agent", Role::Agent, vec![]),
     ];
     for (name, role, namespaces) in clients {
         if !dir.join(format!("{name}.pem")).exists() {
             ca.issue_client(name, role, namespaces, DEV_DAYS)?
+                .write(dir, name)?;
+            created = true;
+        }
+    }
+    let servers = [
+        (DEV_KERNEL_SERVER, KERNEL_SERVER_NAME),
+        (DEV_RAIL_SERVER, RAIL_SERVER_NAME),
+    ];
+    for (name, server_name) in servers {
+        if !dir.join(format!("{name}.pem")).exists() {
+            ca.issue_server(name, server_name, &[], DEV_DAYS)?
                 .write(dir, name)?;
             created = true;
         }
@@ -323,6 +381,65 @@ mod tests {
                 namespaces: vec![Namespace::Any],
             }
         );
+    }
+
+    #[test]
+    fn server_certificates_name_their_server_and_no_caller() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        ensure_dev_certs(dir.path(), "test", 1).expect("issued");
+        let kernel_server = TlsFiles::in_dir(dir.path(), DEV_KERNEL_SERVER);
+        kernel_server
+            .load_server(KERNEL_SERVER_NAME)
+            .expect("names tally-kernel");
+        assert!(
+            matches!(kernel_server.load(), Err(crate::TlsError::Identity { .. })),
+            "a server certificate names no caller"
+        );
+        TlsFiles::in_dir(dir.path(), DEV_RAIL_SERVER)
+            .load_server(RAIL_SERVER_NAME)
+            .expect("names tally-rail");
+        let error = TlsFiles::in_dir(dir.path(), "kernel")
+            .load_server(KERNEL_SERVER_NAME)
+            .expect_err("a client certificate");
+        assert!(
+            matches!(error, crate::TlsError::WrongServerName { .. }),
+            "{error}"
+        );
+        let agent = TlsFiles::in_dir(dir.path(), "agent").load().expect("loads");
+        assert!(matches!(
+            agent.identity,
+            CertIdentity::Client {
+                role: Role::Agent,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn certificates_added_later_are_made_beside_an_existing_ca() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        ensure_dev_certs(dir.path(), "test", 1).expect("issued");
+        let ca_before = std::fs::read(dir.path().join("ca.pem")).expect("ca");
+        let kernel_before = std::fs::read(dir.path().join("kernel.pem")).expect("kernel");
+        // A dev directory from before the kernel port took TLS.
+        for name in ["agent", DEV_KERNEL_SERVER, DEV_RAIL_SERVER] {
+            for ext in ["pem", "key"] {
+                std::fs::remove_file(dir.path().join(format!("{name}.{ext}"))).expect("rm");
+            }
+        }
+        assert!(ensure_dev_certs(dir.path(), "test", 1).expect("completed"));
+        assert_eq!(
+            std::fs::read(dir.path().join("ca.pem")).expect("ca"),
+            ca_before
+        );
+        assert_eq!(
+            std::fs::read(dir.path().join("kernel.pem")).expect("kernel"),
+            kernel_before
+        );
+        TlsFiles::in_dir(dir.path(), DEV_KERNEL_SERVER)
+            .load_server(KERNEL_SERVER_NAME)
+            .expect("made from the existing CA");
+        TlsFiles::in_dir(dir.path(), "agent").load().expect("made");
     }
 
     #[test]

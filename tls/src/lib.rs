@@ -1,6 +1,7 @@
 //! Tally's mutual TLS (docs/architecture.md "Security"): who a certificate names
 //! ([`identity`]), PEM files turned into tonic's server and client configs ([`files`]), and
-//! the certificate authority that issues node and client certificates ([`issue`]).
+//! the certificate authority that issues node and client certificates ([`issue`]), and how a
+//! TLS port accepts sockets and answers plaintext clients ([`listener`]).
 //!
 //! rustls runs with the ring provider only; [`install_crypto_provider`] installs it as the
 //! process default before any TLS config is built, because tonic's server builds its rustls
@@ -9,6 +10,7 @@
 pub mod files;
 pub mod identity;
 pub mod issue;
+pub mod listener;
 pub mod transport;
 
 pub use files::{TlsError, TlsFiles, TlsMaterial};

@@ -9,6 +9,7 @@ use tonic::transport::Endpoint;
 use std::path::Path;
 
 use crate::files::{TlsError, TlsFiles, TlsMaterial};
+use crate::SERVER_NAME;
 
 #[derive(Clone, Debug)]
 pub enum Transport {
@@ -34,11 +35,22 @@ impl Transport {
         Transport::Tls(Arc::new(material))
     }
 
-    /// An endpoint for `address` (`host:port`), not yet connected.
+    /// An endpoint for the cluster node at `address` (`host:port`), not yet connected.
     pub fn endpoint(&self, address: &str) -> Result<Endpoint, tonic::transport::Error> {
+        self.endpoint_to(address, SERVER_NAME)
+    }
+
+    /// An endpoint for another Tally server at `address` (`host:port`), not yet connected:
+    /// over TLS its certificate must name `server_name` (`tally-kernel` for a kernel node,
+    /// `tally-rail` for a payment rail; see [`crate::issue`]).
+    pub fn endpoint_to(
+        &self,
+        address: &str,
+        server_name: &str,
+    ) -> Result<Endpoint, tonic::transport::Error> {
         match self {
             Transport::Tls(material) => Endpoint::from_shared(format!("https://{address}"))?
-                .tls_config(material.client_config()),
+                .tls_config(material.client_config_for(server_name)),
             Transport::Insecure => Endpoint::from_shared(format!("http://{address}")),
         }
     }
@@ -48,7 +60,7 @@ impl Transport {
     }
 
     /// What a command-line tool connects with: plaintext when `insecure`, else the
-    /// certificate `identity` (`operator`, `kernel`, `reader`, `node-1`...) in `tls_dir`, the
+    /// certificate `identity` (`operator`, `kernel`, `reader`, `agent`, `node-1`...) in `tls_dir`, the
     /// layout `tally-node dev` and `tally-node certs` write.
     pub fn from_dir(tls_dir: &Path, identity: &str, insecure: bool) -> Result<Self, TlsError> {
         if insecure {

@@ -41,7 +41,8 @@ pub enum CertsCommand {
         hosts: Vec<String>,
     },
     /// A client certificate (`<name>.pem`) with a role: `kernel` (budget commands and reads
-    /// within its namespaces), `reader` (reads), `operator` (Admin).
+    /// within its namespaces; also what a kernel node presents to a payment rail), `reader`
+    /// (reads), `operator` (Admin), `agent` (calls a kernel node's `tally.kernel.v1.Kernel`).
     Client {
         #[arg(long)]
         name: String,
@@ -52,10 +53,39 @@ pub enum CertsCommand {
         #[arg(long = "namespace", value_parser = parse_namespace)]
         namespaces: Vec<Namespace>,
     },
+    /// A server certificate for a kernel node's port (`--kind kernel`: DNS name
+    /// `tally-kernel`) or a payment rail's (`--kind rail`: `tally-rail`), plus `localhost`,
+    /// 127.0.0.1 and every --host. It carries no role: it serves, it calls nothing.
+    Server {
+        /// Written as `<name>.pem`/`.key` (`kernel-server` and `rail` are the names
+        /// `tally-kernel` looks for by default).
+        #[arg(long)]
+        name: String,
+        #[arg(long, value_enum)]
+        kind: ServerKind,
+        /// Another DNS name or IP address the server is reached at (repeatable).
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum ServerKind {
+    Kernel,
+    Rail,
+}
+
+impl ServerKind {
+    fn server_name(self) -> &'static str {
+        match self {
+            Self::Kernel => tally_tls::issue::KERNEL_SERVER_NAME,
+            Self::Rail => tally_tls::issue::RAIL_SERVER_NAME,
+        }
+    }
 }
 
 fn parse_role(value: &str) -> Result<Role, String> {
-    Role::parse(value).ok_or_else(|| format!("{value:?} is not kernel, reader or operator"))
+    Role::parse(value).ok_or_else(|| format!("{value:?} is not kernel, reader, operator or agent"))
 }
 
 fn parse_namespace(value: &str) -> Result<Namespace, String> {
@@ -89,6 +119,16 @@ pub fn run(args: CertsArgs) -> anyhow::Result<()> {
                 .write(&args.dir, &name)?;
             println!(
                 "{role} {name}: {0}/{name}.pem and {name}.key",
+                args.dir.display()
+            );
+        }
+        CertsCommand::Server { name, kind, hosts } => {
+            let server_name = kind.server_name();
+            CertAuthority::load(&args.dir)?
+                .issue_server(&name, server_name, &hosts, args.days)?
+                .write(&args.dir, &name)?;
+            println!(
+                "{server_name} server {name}: {0}/{name}.pem and {name}.key",
                 args.dir.display()
             );
         }

@@ -14,6 +14,7 @@
 //! Both answers are built by `service::outcome::failure_status`, the one mapping.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -201,13 +202,15 @@ pub struct CappedStream {
     metrics: Arc<NodeMetrics>,
 }
 
-impl CappedStream {
-    /// Reads the first bytes without consuming them (the TLS sniff in `node::listener`).
-    pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.stream.peek(buf).await
+impl tally_tls::listener::Socket for CappedStream {
+    fn peek<'a>(
+        &'a self,
+        buf: &'a mut [u8],
+    ) -> impl Future<Output = io::Result<usize>> + Send + 'a {
+        self.stream.peek(buf)
     }
 
-    pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+    fn peer_addr(&self) -> Option<std::net::SocketAddr> {
         self.stream.peer_addr().ok()
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
-use tally_kernel::config::KernelNodeConfig;
+use tally_kernel::config::{KernelNodeConfig, ServeFlags};
 use tally_kernel::money::Money;
 use tally_kernel::pipeline::wall_clock_ms;
 use tally_kernel::receipt::read_receipts;
@@ -24,14 +24,31 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve `tally.kernel.v1.Kernel` (config: TOML file, then TALLY_KERNEL_* variables).
+    /// Serve `tally.kernel.v1.Kernel` (config: TOML file, then TALLY_KERNEL_* variables, then
+    /// these flags). The port takes mutual TLS: its server certificate `kernel-server` and
+    /// callers with an `agent` certificate of the same CA (`tally-node dev` writes both to
+    /// ./tally-data/tls).
     Serve {
         #[arg(long, env = "TALLY_KERNEL_CONFIG")]
         config: Option<PathBuf>,
+        /// The CA and this node's server certificate (config `tls_dir`; default
+        /// ./tally-data/tls).
+        #[arg(long)]
+        tls_dir: Option<PathBuf>,
+        /// The server certificate's name in the TLS directory, `<name>.pem`/`.key`; it must
+        /// name `tally-kernel` (config `server_identity`; default kernel-server).
+        #[arg(long)]
+        server_identity: Option<String>,
+        /// Serve plaintext and check no caller, for tools that cannot present a certificate
+        /// (config `insecure`); announced with a WARN. The cluster and the rail are reached as
+        /// their own settings say.
+        #[arg(long)]
+        insecure: bool,
     },
     /// Evaluate one monetary tool call end to end in front of a running cluster (start one
-    /// with `tally-node dev`): issues a token, starts a tool server and a payment rail
-    /// in-process, and prints the verdicts, the signed receipts and the cluster's journal.
+    /// with `tally-node dev`): issues a token, starts a tool server, a payment rail and a
+    /// kernel node in-process, calls the node as an agent, and prints the verdicts, the
+    /// signed receipts and the cluster's journal.
     Demo {
         /// Cluster endpoints, comma separated.
         #[arg(
@@ -44,11 +61,12 @@ enum Command {
         /// What the tool reports the call cost, in cents (at most the $1.00 charged).
         #[arg(long, default_value_t = 37)]
         cost_units: u64,
-        /// The cluster's CA and the `kernel` client certificate (`tally-node dev` writes
-        /// them to ./tally-data/tls).
+        /// The cluster's CA and the certificates every hop presents: `agent` to the kernel
+        /// node, `kernel` to the cluster and the rail, `kernel-server` and `rail` as servers
+        /// (`tally-node dev` writes them to ./tally-data/tls).
         #[arg(long, env = "TALLY_TLS_DIR", default_value = "./tally-data/tls")]
         tls_dir: std::path::PathBuf,
-        /// Plaintext, for a cluster started with --insecure.
+        /// Plaintext on every hop, for a cluster started with --insecure.
         #[arg(long)]
         insecure: bool,
     },
@@ -147,15 +165,25 @@ fn init_logging(json: bool) {
     }
 }
 
-async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
-    let config = KernelNodeConfig::load(config.as_deref())?;
+async fn serve(config: Option<PathBuf>, flags: ServeFlags) -> anyhow::Result<()> {
+    let config = KernelNodeConfig::load_with(config.as_deref(), &flags)?;
     init_logging(config.log_format == "json");
     tracing::info!(config = ?config.redacted(), "configuration");
-    tally_kernel::server::run(config, async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await?;
+    tally_kernel::server::run(config, stop_signal()).await?;
     Ok(())
+}
+
+/// Ctrl-C, or SIGTERM: what `docker stop`, systemd and Kubernetes send to stop a process.
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
 }
 
 fn token(command: TokenCommand) -> anyhow::Result<()> {
@@ -252,18 +280,27 @@ fn keygen(out: Option<PathBuf>) -> anyhow::Result<()> {
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve { config } => serve(config).await,
+        Command::Serve {
+            config,
+            tls_dir,
+            server_identity,
+            insecure,
+        } => {
+            let flags = ServeFlags {
+                tls_dir,
+                server_identity,
+                insecure,
+            };
+            serve(config, flags).await
+        }
         Command::Demo {
             endpoints,
             cost_units,
             tls_dir,
             insecure,
-        } => match tally_client::Transport::from_dir(&tls_dir, "kernel", insecure) {
-            Ok(transport) => tally_kernel::demo::run(endpoints, transport, cost_units)
-                .await
-                .map_err(anyhow::Error::from),
-            Err(error) => Err(anyhow::Error::from(error)),
-        },
+        } => tally_kernel::demo::run(endpoints, &tls_dir, insecure, cost_units)
+            .await
+            .map_err(anyhow::Error::from),
         Command::Keygen { out } => keygen(out),
         Command::Token { command } => token(command),
         Command::Receipts { command } => receipts(command),

@@ -1,6 +1,7 @@
 //! Bringing a kernel node up from its config: the cluster client, the rail, the tool servers,
-//! the receipt log, the gRPC service with health, `/metrics`, and the reconciler; and taking
-//! it down on shutdown. `main` stays thin: parse, load, `run(config, ctrl_c)`.
+//! the receipt log, the gRPC service with health (mutual TLS, agents only: [`crate::port`]),
+//! `/metrics`, and the reconciler; and taking it down on shutdown. `main` stays thin: parse,
+//! load, `run(config, ctrl_c)`.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -8,10 +9,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tally_tls::identity::Role;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::interceptor::InterceptedService;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
@@ -20,6 +22,7 @@ use super::service::KernelService;
 use crate::config::{ConfigError, KernelNodeConfig};
 use crate::payment::{InMemoryRail, PaymentAdapter, RemoteRail};
 use crate::pipeline::{BudgetLedger, Kernel};
+use crate::port::{self, Gate, PortError};
 use crate::receipt::ReceiptLog;
 use crate::reconciler::Reconciler;
 use crate::tool::{HttpToolServer, ToolRegistry};
@@ -38,9 +41,29 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    // The credential errors carry their cause in the message and not as a `source`: they are
+    // what an operator sees first, and `{:#}` would print the cause twice.
     #[error("cluster credentials: {0}")]
-    Tls(#[from] tally_tls::TlsError),
+    Tls(tally_tls::TlsError),
+    #[error("server credentials: {0}")]
+    ServerTls(PortError),
 }
+
+impl From<tally_tls::TlsError> for ServerError {
+    fn from(error: tally_tls::TlsError) -> Self {
+        ServerError::Tls(error)
+    }
+}
+
+impl From<PortError> for ServerError {
+    fn from(error: PortError) -> Self {
+        ServerError::ServerTls(error)
+    }
+}
+
+/// The kernel service's name, as refusals name it.
+const KERNEL_SERVICE: &str = "tally.kernel.v1.Kernel";
+const HEALTH_SERVICE: &str = "grpc.health.v1.Health";
 
 /// A node that is serving.
 pub struct RunningKernel {
@@ -77,9 +100,19 @@ pub fn build_kernel(
     let rail: Arc<dyn PaymentAdapter> = match config.rail.kind.as_str() {
         "remote" => {
             let endpoint = config.rail.endpoint.clone().unwrap_or_default();
+            let transport = config
+                .rail_transport()
+                .map_err(|e| ServerError::Rail(e.to_string()))?;
+            if !transport.is_tls() {
+                tracing::warn!(
+                    %endpoint,
+                    "the payment rail is reached in plaintext, unauthenticated (rail.insecure)"
+                );
+            }
             Arc::new(
                 RemoteRail::connect(
                     &endpoint,
+                    &transport,
                     Duration::from_millis(config.rail.call_timeout_ms),
                 )
                 .map_err(|e| ServerError::Rail(e.to_string()))?,
@@ -114,6 +147,8 @@ pub fn build_kernel(
 /// Starts serving; returns once the sockets are bound.
 pub async fn start(config: KernelNodeConfig) -> Result<RunningKernel, ServerError> {
     config.validate()?;
+    // Before anything else starts: a missing certificate is a start-up error, named.
+    let tls = config.server_tls()?;
     let (kernel, ledger, rail) = build_kernel(&config)?;
     let metrics = Arc::new(Metrics::default());
     let mut tasks = Vec::new();
@@ -130,6 +165,13 @@ pub async fn start(config: KernelNodeConfig) -> Result<RunningKernel, ServerErro
     }
     let listener = TcpListener::bind(config.listen_addr).await?;
     let local_addr = listener.local_addr()?;
+    if !tls.is_tls() {
+        tracing::warn!(
+            %local_addr,
+            "tally-kernel serves in plaintext and checks no caller (insecure): anyone who \
+             reaches this port may call it"
+        );
+    }
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let receipt_log = kernel.watch_receipt_log();
     let service = KernelService::new(Arc::new(kernel), Arc::clone(&metrics)).into_server();
@@ -141,16 +183,26 @@ pub async fn start(config: KernelNodeConfig) -> Result<RunningKernel, ServerErro
         health_reporter,
         Arc::clone(&metrics),
     )));
+    let enforced = tls.is_tls();
+    let health_service = InterceptedService::new(
+        health_service,
+        Gate::any_certificate(HEALTH_SERVICE, enforced),
+    );
+    let service =
+        InterceptedService::new(service, Gate::role(KERNEL_SERVICE, Role::Agent, enforced));
     let (shutdown, stop) = oneshot::channel::<()>();
     let server = tokio::spawn(
-        tonic::transport::Server::builder()
+        tls.builder()?
             .add_service(health_service)
             .add_service(service)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                let _ = stop.await;
-            }),
+            .serve_with_incoming_shutdown(
+                port::incoming(listener, enforced, "kernel node"),
+                async {
+                    let _ = stop.await;
+                },
+            ),
     );
-    tracing::info!(%local_addr, ?metrics_addr, "tally-kernel serving");
+    tracing::info!(%local_addr, ?metrics_addr, tls = enforced, "tally-kernel serving");
     Ok(RunningKernel {
         local_addr,
         metrics_addr,

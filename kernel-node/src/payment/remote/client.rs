@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tonic::transport::{Channel, Endpoint};
+use tally_client::Transport;
+use tally_tls::issue::RAIL_SERVER_NAME;
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use super::convert::{
@@ -29,15 +31,50 @@ pub struct RemoteRail {
     client: PaymentRailClient<Channel>,
 }
 
+/// The `host:port` of a rail `endpoint`: `host:port`, or with the scheme that matches how it
+/// is reached (`https://` over TLS, `http://` plaintext). A scheme that contradicts the
+/// transport is refused rather than silently overridden: it is a config mistake either way.
+pub fn rail_address(endpoint: &str, tls: bool) -> Result<&str, String> {
+    let (address, scheme_tls) = if let Some(rest) = endpoint.strip_prefix("https://") {
+        (rest, Some(true))
+    } else if let Some(rest) = endpoint.strip_prefix("http://") {
+        (rest, Some(false))
+    } else {
+        (endpoint, None)
+    };
+    match scheme_tls {
+        Some(true) if !tls => Err(format!(
+            "{endpoint:?} says https but the rail is configured insecure (plaintext)"
+        )),
+        Some(false) if tls => Err(format!(
+            "{endpoint:?} says http (plaintext) but the rail is reached over TLS; write \
+             host:port, or configure the rail insecure for a rail started without TLS"
+        )),
+        _ if address.is_empty() || address.contains('/') => {
+            Err(format!("{endpoint:?} is not host:port"))
+        }
+        _ => Ok(address),
+    }
+}
+
 impl RemoteRail {
-    /// A client for the rail at `endpoint` (`http://host:port`). Connects lazily, so a rail
-    /// that is down shows up as `Unavailable` on the first call, not here.
-    pub fn connect(endpoint: &str, call_timeout: Duration) -> Result<Self, RemoteRailError> {
-        let channel = Endpoint::from_shared(endpoint.to_owned())
-            .map_err(|e| RemoteRailError::Endpoint {
-                endpoint: endpoint.to_owned(),
-                detail: e.to_string(),
-            })?
+    /// A client for the rail at `endpoint` (see [`rail_address`]), reached with `transport`:
+    /// over TLS the rail's certificate must name `tally-rail` and this kernel presents its
+    /// own. Connects lazily, so a rail that is down shows up as `Unavailable` on the first
+    /// call, not here.
+    pub fn connect(
+        endpoint: &str,
+        transport: &Transport,
+        call_timeout: Duration,
+    ) -> Result<Self, RemoteRailError> {
+        let bad = |detail: String| RemoteRailError::Endpoint {
+            endpoint: endpoint.to_owned(),
+            detail,
+        };
+        let address = rail_address(endpoint, transport.is_tls()).map_err(bad)?;
+        let channel = transport
+            .endpoint_to(address, RAIL_SERVER_NAME)
+            .map_err(|e| bad(e.to_string()))?
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(call_timeout)
             .tcp_nodelay(true)
@@ -49,11 +86,17 @@ impl RemoteRail {
     }
 }
 
-/// `Unavailable` (nothing reached the rail, as far as tonic knows) stays `Unavailable`;
-/// everything else, timeouts included, is a `RailError` whose outcome is unknown.
+/// `Unavailable` (nothing reached the rail, as far as tonic knows) stays `Unavailable`, and so
+/// does a refusal of this kernel's credentials (the rail's gate answers before its adapter
+/// runs); everything else, timeouts included, is a `RailError` whose outcome is unknown.
 fn status_error(status: Status) -> PaymentError {
     match status.code() {
         Code::Unavailable => PaymentError::Unavailable(status.message().to_owned()),
+        Code::Unauthenticated | Code::PermissionDenied => PaymentError::Unavailable(format!(
+            "the rail refused this kernel's credentials ({:?}): {}",
+            status.code(),
+            status.message()
+        )),
         code => PaymentError::RailError(format!(
             "rail call failed ({code:?}): {}; outcome unknown",
             status.message()
@@ -169,24 +212,48 @@ mod tests {
     use super::*;
     use crate::payment::remote::RailServer;
     use crate::payment::{Fault, FaultyRail, InMemoryRail, RailOp, SettlementStatus};
+    use crate::port::ServerTls;
 
     fn usd(units: u64) -> Money {
         Money::new(units, "USD")
     }
 
-    async fn start(adapter: Arc<dyn PaymentAdapter>) -> RailServer {
-        RailServer::start(adapter, "127.0.0.1:0".parse().expect("addr"))
+    /// A dev CA and certificates, as `tally-node dev` writes them.
+    fn certs() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        tally_tls::issue::ensure_dev_certs(dir.path(), "rail-test", 1).expect("certs");
+        dir
+    }
+
+    /// The kernel's side: its `kernel` certificate.
+    fn kernel_transport(certs: &tempfile::TempDir) -> Transport {
+        Transport::from_dir(certs.path(), "kernel", false).expect("kernel certificate")
+    }
+
+    async fn start(adapter: Arc<dyn PaymentAdapter>, certs: &tempfile::TempDir) -> RailServer {
+        let tls = ServerTls::from_dir(
+            certs.path(),
+            tally_tls::issue::DEV_RAIL_SERVER,
+            RAIL_SERVER_NAME,
+            false,
+        )
+        .expect("rail certificate");
+        RailServer::start(adapter, "127.0.0.1:0".parse().expect("addr"), tls)
             .await
             .expect("start rail server")
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_kernels_share_one_rail_end_to_end() {
+        let certs = certs();
         let rail = Arc::new(InMemoryRail::with_funds(1_000));
-        let server = start(rail.clone()).await;
+        let server = start(rail.clone(), &certs).await;
         let timeout = Duration::from_secs(10);
-        let kernel_a = RemoteRail::connect(&server.endpoint(), timeout).expect("client a");
-        let kernel_b = RemoteRail::connect(&server.endpoint(), timeout).expect("client b");
+        let transport = kernel_transport(&certs);
+        let kernel_a =
+            RemoteRail::connect(&server.endpoint(), &transport, timeout).expect("client a");
+        let kernel_b =
+            RemoteRail::connect(&server.endpoint(), &transport, timeout).expect("client b");
 
         let amount = usd(100);
         let (a, b) = tokio::join!(
@@ -240,9 +307,11 @@ mod tests {
         let faulty = Arc::new(FaultyRail::new(rail.clone()));
         faulty.fail_next(RailOp::Authorize, 1, PaymentError::Declined("card".into()));
         faulty.push(RailOp::Release, Fault::Pending);
-        let server = start(faulty.clone()).await;
-        let client =
-            RemoteRail::connect(&server.endpoint(), Duration::from_secs(10)).expect("client");
+        let certs = certs();
+        let server = start(faulty.clone(), &certs).await;
+        let transport = kernel_transport(&certs);
+        let client = RemoteRail::connect(&server.endpoint(), &transport, Duration::from_secs(10))
+            .expect("client");
         assert_eq!(
             client.authorize("req-1", &usd(10)).await,
             Err(PaymentError::Declined("card".into()))
@@ -258,12 +327,25 @@ mod tests {
         let addr = server.endpoint();
         server.shutdown().await.expect("shutdown");
 
-        let orphan = RemoteRail::connect(&addr, Duration::from_secs(2)).expect("client");
+        let orphan =
+            RemoteRail::connect(&addr, &transport, Duration::from_secs(2)).expect("client");
         let error = orphan
             .authorize("req-2", &usd(10))
             .await
             .expect_err("nobody listens");
         assert!(!error.is_definite_denial(), "{error:?}");
-        assert!(RemoteRail::connect("not a uri", Duration::from_secs(1)).is_err());
+        assert!(RemoteRail::connect("not a uri", &transport, Duration::from_secs(1)).is_err());
+    }
+
+    #[test]
+    fn an_endpoint_scheme_must_agree_with_the_transport() {
+        assert_eq!(rail_address("127.0.0.1:9", true), Ok("127.0.0.1:9"));
+        assert_eq!(rail_address("https://127.0.0.1:9", true), Ok("127.0.0.1:9"));
+        assert_eq!(rail_address("http://127.0.0.1:9", false), Ok("127.0.0.1:9"));
+        assert_eq!(rail_address("127.0.0.1:9", false), Ok("127.0.0.1:9"));
+        assert!(rail_address("http://127.0.0.1:9", true).is_err());
+        assert!(rail_address("https://127.0.0.1:9", false).is_err());
+        assert!(rail_address("https://", true).is_err());
+        assert!(rail_address("https://host:1/path", true).is_err());
     }
 }

@@ -1,12 +1,15 @@
 //! The rail over gRPC (`tally.rail.v1.PaymentRail`): [`RailServer`] puts any
 //! [`PaymentAdapter`](super::PaymentAdapter) on a socket and [`RemoteRail`] is an adapter that
-//! calls it, so N kernel processes share one rail and its idempotency by reference.
+//! calls it, so N kernel processes share one rail and its idempotency by reference. Both
+//! ways run mutual TLS unless configured insecure: the rail serves a certificate naming
+//! `tally-rail` and admits callers with a `kernel` certificate of its CA
+//! ([`crate::port::Gate`]).
 
 mod client;
 mod convert;
 mod service;
 
-pub use client::RemoteRail;
+pub use client::{rail_address, RemoteRail};
 pub use service::{RailServer, RailService};
 
 /// Generated prost messages and tonic client/server of package `tally.rail.v1`.
@@ -26,4 +29,13 @@ pub enum RemoteRailError {
     Io(#[from] std::io::Error),
     #[error("rail server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    // The cause in the message, not as a `source`, so `{:#}` does not print it twice.
+    #[error("rail server credentials: {0}")]
+    Port(crate::port::PortError),
+}
+
+impl From<crate::port::PortError> for RemoteRailError {
+    fn from(error: crate::port::PortError) -> Self {
+        RemoteRailError::Port(error)
+    }
 }

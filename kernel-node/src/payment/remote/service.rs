@@ -4,11 +4,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use tally_tls::identity::Role;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
-use tokio_stream::StreamExt as _;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use super::convert::{
@@ -20,6 +20,10 @@ use super::pb::{self, authorize_reply, capture_reply, lookup_reply, refund_reply
 use super::{RemoteRailError, MAX_RAIL_MESSAGE_BYTES};
 use crate::money::Money;
 use crate::payment::{validate_reference, PaymentAdapter};
+use crate::port::{self, Gate, ServerTls};
+
+/// The rail's service name, as refusals name it.
+const RAIL_SERVICE: &str = "tally.rail.v1.PaymentRail";
 
 pub struct RailService {
     adapter: Arc<dyn PaymentAdapter>,
@@ -131,36 +135,44 @@ impl PaymentRail for RailService {
 /// A running rail server. Dropping it stops the server too (its shutdown signal closes).
 pub struct RailServer {
     local_addr: SocketAddr,
+    tls: bool,
     shutdown: oneshot::Sender<()>,
     task: JoinHandle<Result<(), tonic::transport::Error>>,
 }
 
 impl RailServer {
-    /// Binds `addr` (port 0 picks a free port) and serves `adapter` on it.
+    /// Binds `addr` (port 0 picks a free port) and serves `adapter` on it, to kernels with a
+    /// `kernel` certificate of the CA when `tls` is TLS (a server certificate naming
+    /// `tally-rail`), to anyone when it is insecure.
     pub async fn start(
         adapter: Arc<dyn PaymentAdapter>,
         addr: SocketAddr,
+        tls: ServerTls,
     ) -> Result<Self, RemoteRailError> {
         let listener = TcpListener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
-        // Accepted sockets need TCP_NODELAY set here: tonic only sets it on listeners it binds
-        // itself, and without it every small reply waits on Nagle and delayed ACKs.
-        let incoming = TcpListenerStream::new(listener).map(|stream| {
-            if let Ok(stream) = &stream {
-                let _ = stream.set_nodelay(true);
-            }
-            stream
-        });
+        if !tls.is_tls() {
+            tracing::warn!(
+                %local_addr,
+                "the payment rail serves in plaintext and checks no caller (insecure)"
+            );
+        }
+        let gate = Gate::role(RAIL_SERVICE, Role::Kernel, tls.is_tls());
+        let service = InterceptedService::new(RailService::new(adapter).into_server(), gate);
         let (shutdown, stop) = oneshot::channel::<()>();
         let task = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(RailService::new(adapter).into_server())
-                .serve_with_incoming_shutdown(incoming, async move {
-                    let _ = stop.await;
-                }),
+            tls.builder()?
+                .add_service(service)
+                .serve_with_incoming_shutdown(
+                    port::incoming(listener, tls.is_tls(), "payment rail"),
+                    async move {
+                        let _ = stop.await;
+                    },
+                ),
         );
         Ok(Self {
             local_addr,
+            tls: tls.is_tls(),
             shutdown,
             task,
         })
@@ -170,9 +182,11 @@ impl RailServer {
         self.local_addr
     }
 
-    /// `http://host:port`, what [`RemoteRail::connect`](super::RemoteRail::connect) takes.
+    /// `https://host:port` (or `http://` for an insecure rail), what
+    /// [`RemoteRail::connect`](super::RemoteRail::connect) takes.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.local_addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.local_addr)
     }
 
     /// Stops accepting, lets in-flight calls finish, and waits for the server task.
