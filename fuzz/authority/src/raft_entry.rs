@@ -57,7 +57,10 @@ impl Replay {
         };
         let before = self.state.clone();
         let Ok(now_ms) = self.state.enter(&input) else {
-            assert_eq!(self.state, before, "a refused entry changed the router state");
+            assert_eq!(
+                self.state, before,
+                "a refused entry changed the router state"
+            );
             return false;
         };
         assert_eq!(self.state.last_applied, Some(log_id));
@@ -96,7 +99,7 @@ fn change_of(body: &ProposalBody) -> ParamsChange {
     match body {
         ProposalBody::ChangeParams(change) => *change,
         ProposalBody::SetParams(params) => ParamsChange::from(*params),
-        ProposalBody::Commands(_) => ParamsChange::default(),
+        ProposalBody::Commands(_) | ProposalBody::Alarm(_) => ParamsChange::default(),
     }
 }
 
@@ -230,7 +233,8 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
             )
         })
         .collect();
-    let membership = openraft::Membership::new(vec![[1, 2, 3].into()], members).expect("a valid membership");
+    let membership =
+        openraft::Membership::new(vec![[1, 2, 3].into()], members).expect("a valid membership");
     let mut entries: Vec<Entry> = vec![
         Entry {
             log_id: log_id(1),

@@ -68,7 +68,10 @@ where
     let back: T = decode_raft(&encoded)
         .unwrap_or_else(|e| panic!("{what}: its own encoding does not decode: {e}\n{value:?}"));
     let again = encode_raft(&back).expect("encodes");
-    assert_eq!(again, encoded, "{what}: encode(decode(encode(x))) != encode(x)");
+    assert_eq!(
+        again, encoded,
+        "{what}: encode(decode(encode(x))) != encode(x)"
+    );
     let _ = format!("{value:?}");
     Some(value)
 }
@@ -128,7 +131,10 @@ pub fn run(data: &[u8]) {
                 msgpack("snapshot meta", &meta);
             }
         }
-        7 => drop(exact::<SnapshotResponse<TypeConfig>>("SnapshotResponse", bytes)),
+        7 => drop(exact::<SnapshotResponse<TypeConfig>>(
+            "SnapshotResponse",
+            bytes,
+        )),
         8 => {
             if let Some(reply) = exact::<ForwardReply>("Forward reply", bytes) {
                 if let Ok(reply) = &reply {
@@ -174,7 +180,11 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
     add(
         "vote-response",
         "VoteResponse",
-        enc(&VoteResponse::<TypeConfig>::new(vote, Some(log_id(7)), true)),
+        enc(&VoteResponse::<TypeConfig>::new(
+            vote,
+            Some(log_id(7)),
+            true,
+        )),
     );
     let members: std::collections::BTreeMap<u64, TallyNode> = (1..=3)
         .map(|i| {
@@ -184,7 +194,8 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
             )
         })
         .collect();
-    let membership = openraft::Membership::new(vec![[1, 2, 3].into()], members).expect("a valid membership");
+    let membership =
+        openraft::Membership::new(vec![[1, 2, 3].into()], members).expect("a valid membership");
     let entries = vec![
         openraft::type_config::alias::EntryOf::<TypeConfig> {
             log_id: log_id(8),
@@ -196,7 +207,10 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         },
         openraft::type_config::alias::EntryOf::<TypeConfig> {
             log_id: log_id(10),
-            payload: EntryPayload::Normal(Proposal::commands(T0, sample_commands(T0)[..4].to_vec())),
+            payload: EntryPayload::Normal(Proposal::commands(
+                T0,
+                sample_commands(T0)[..4].to_vec(),
+            )),
         },
     ];
     add(
@@ -221,16 +235,30 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
     );
     for (name, response) in [
         ("success", AppendEntriesResponse::<TypeConfig>::Success),
-        ("partial", AppendEntriesResponse::PartialSuccess(Some(log_id(9)))),
+        (
+            "partial",
+            AppendEntriesResponse::PartialSuccess(Some(log_id(9))),
+        ),
         ("conflict", AppendEntriesResponse::Conflict),
-        ("higher-vote", AppendEntriesResponse::HigherVote(Vote::new(5, 3))),
+        (
+            "higher-vote",
+            AppendEntriesResponse::HigherVote(Vote::new(5, 3)),
+        ),
     ] {
-        add(&format!("append-{name}"), "AppendEntriesResponse", enc(&response));
+        add(
+            &format!("append-{name}"),
+            "AppendEntriesResponse",
+            enc(&response),
+        );
     }
     add(
         "transfer-leader",
         "TransferLeaderRequest",
-        enc(&TransferLeaderRequest::<TypeConfig>::new(vote, 2, Some(log_id(10)))),
+        enc(&TransferLeaderRequest::<TypeConfig>::new(
+            vote,
+            2,
+            Some(log_id(10)),
+        )),
     );
     add(
         "transfer-leader-ok",
@@ -241,7 +269,11 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         last_log_id: Some(log_id(10)),
         last_membership: openraft::StoredMembership::new(Some(log_id(9)), membership),
     };
-    add("snapshot-header", "InstallSnapshot header (Vote, SnapshotMeta)", enc(&(vote, meta)));
+    add(
+        "snapshot-header",
+        "InstallSnapshot header (Vote, SnapshotMeta)",
+        enc(&(vote, meta)),
+    );
     add(
         "snapshot-response",
         "SnapshotResponse",
@@ -267,7 +299,11 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         reason: "not leader".into(),
     });
     add("forward-unavailable", "Forward reply", enc(&refused));
-    add("read-index", "ReadIndex reply", enc(&Ok::<u64, WriteError>(10)));
+    add(
+        "read-index",
+        "ReadIndex reply",
+        enc(&Ok::<u64, WriteError>(10)),
+    );
     add(
         "read-index-unknown",
         "ReadIndex reply",

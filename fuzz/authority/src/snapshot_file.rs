@@ -27,7 +27,8 @@ const FILE: &str = "snapshot-00000000000000000000-00000000000000000000.tsnap";
 fn scratch() -> &'static (PathBuf, PathBuf) {
     static DIRS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     DIRS.get_or_init(|| {
-        let root = std::env::temp_dir().join(format!("tally-fuzz-snapshot-file-{}", std::process::id()));
+        let root =
+            std::env::temp_dir().join(format!("tally-fuzz-snapshot-file-{}", std::process::id()));
         let (input, output) = (root.join("in"), root.join("out"));
         for dir in [&input, &output] {
             std::fs::create_dir_all(dir).expect("scratch directory");
@@ -70,8 +71,14 @@ pub fn run(data: &[u8]) {
         .load_latest()
         .unwrap_or_else(|e| panic!("a saved snapshot does not load: {e}"))
         .expect("the saved snapshot is valid");
-    assert_eq!(again.meta, loaded.meta, "snapshot meta changed through a file");
-    assert_eq!(again.snapshot, loaded.snapshot, "snapshot data changed through a file");
+    assert_eq!(
+        again.meta, loaded.meta,
+        "snapshot meta changed through a file"
+    );
+    assert_eq!(
+        again.snapshot, loaded.snapshot,
+        "snapshot data changed through a file"
+    );
     clear(output);
     let saved = out.save(&again).expect("saves");
     assert_eq!(

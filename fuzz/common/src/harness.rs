@@ -141,10 +141,14 @@ impl Harness {
                 command_position: position,
                 now_ms,
                 params,
+                no_space: false,
             };
             let first = self.replicas[0].apply(command, &ctx);
             let second = self.replicas[1].apply(command, &ctx);
-            assert_eq!(first, second, "two replicas answered {command:?} differently");
+            assert_eq!(
+                first, second,
+                "two replicas answered {command:?} differently"
+            );
             match &first {
                 Ok(decision) => {
                     proto::<Decision, pb::Decision>("decision", decision);
@@ -211,7 +215,10 @@ fn check_reads(family_id: &FamilyId, family: &Family) {
     let page = pb::ListHoldsReply::from_holds(&holds, MAX_LIST_LIMIT)
         .into_page()
         .unwrap_or_else(|e| panic!("holds page of {family_id}: {e:?}"));
-    assert_eq!(page.holds, holds, "holds of {family_id} changed on the wire");
+    assert_eq!(
+        page.holds, holds,
+        "holds of {family_id} changed on the wire"
+    );
     for (_, hold) in &holds {
         let view = family.get_hold(&hold.hold_id);
         let back = pb::GetHoldReply::from_view(family_id, view.as_ref())
@@ -227,7 +234,10 @@ fn check_reads(family_id: &FamilyId, family: &Family) {
     let page = pb::ListUsagesReply::from_rows(&usages, MAX_LIST_LIMIT)
         .into_page()
         .unwrap_or_else(|e| panic!("usage page of {family_id}: {e:?}"));
-    assert_eq!(page.rows, usages, "usages of {family_id} changed on the wire");
+    assert_eq!(
+        page.rows, usages,
+        "usages of {family_id} changed on the wire"
+    );
     let events = family.list_events(None, None, None, MAX_LIST_LIMIT);
     let back = pb::ListEventsReply::from_records(&events)
         .into_records()

@@ -21,7 +21,10 @@ where
         .unwrap_or_else(|e| panic!("{what}: its own encoding does not decode: {e}\n{value:?}"));
     assert_eq!(&back, value, "{what}: decode(encode(x)) != x");
     let again = rmp_serde::to_vec(&back).expect("encodes");
-    assert_eq!(again, bytes, "{what}: encoding is not a function of the value");
+    assert_eq!(
+        again, bytes,
+        "{what}: encoding is not a function of the value"
+    );
     bytes
 }
 
@@ -50,7 +53,10 @@ where
     let back: T = rmp_serde::from_slice(&bytes)
         .unwrap_or_else(|e| panic!("{what}: its own encoding does not decode: {e}\n{value:?}"));
     let again = encode(&back);
-    assert_eq!(again, bytes, "{what}: encode(decode(encode(x))) != encode(x)");
+    assert_eq!(
+        again, bytes,
+        "{what}: encode(decode(encode(x))) != encode(x)"
+    );
     bytes
 }
 
@@ -67,6 +73,9 @@ where
         .unwrap_or_else(|e| panic!("{what}: our own protobuf does not decode: {e}"));
     let back = D::try_from(wire)
         .unwrap_or_else(|e| panic!("{what}: wire form of {value:?} does not convert back: {e:?}"));
-    assert_eq!(&back, value, "{what}: domain -> wire -> domain changed the value");
+    assert_eq!(
+        &back, value,
+        "{what}: domain -> wire -> domain changed the value"
+    );
     back
 }

@@ -21,6 +21,7 @@ use std::fmt::Debug;
 
 use prost::Message;
 use serde_json::Value;
+use tally_fuzz_common::seeds::selected;
 use tally_kernel::nonce::{
     consume_command, parameter_hash, verify, NonceError, SignedExecutionNonce,
 };
@@ -29,7 +30,6 @@ use tally_kernel::receipt::canonical_json;
 use tally_kernel::server::pb;
 use tally_kernel::{CapabilityToken, Money, TrustList};
 use tally_ledger::CommandHeader;
-use tally_fuzz_common::seeds::selected;
 
 use crate::fixtures;
 
@@ -116,7 +116,12 @@ fn nonce(bytes: &[u8]) {
     let canonical = tally_fuzz_common::roundtrip::msgpack("execution nonce", &signed);
     let _strict_accepts = canonical == bytes;
     let trust = TrustList::new([signed.kernel_key]);
-    let _ = verify(&signed, &trust, &signed.nonce.bound_to, signed.nonce.issued_at_ms);
+    let _ = verify(
+        &signed,
+        &trust,
+        &signed.nonce.bound_to,
+        signed.nonce.issued_at_ms,
+    );
     assert!(
         verify(&signed, &TrustList::default(), &signed.nonce.bound_to, 0).is_err(),
         "a nonce verified with no trusted kernel"
@@ -166,8 +171,10 @@ fn resigned_nonce(bytes: &[u8]) {
         let mut other = binding.clone();
         other.subject.0[0] ^= 1;
         assert!(verify(&signed, &trust, &other, valid_at).is_err());
-        let stranger = TrustList::new([fixtures::key(kernel.public_key().as_bytes()[0].wrapping_add(1))
-            .public_key()]);
+        let stranger =
+            TrustList::new([
+                fixtures::key(kernel.public_key().as_bytes()[0].wrapping_add(1)).public_key(),
+            ]);
         if !stranger.contains(&kernel.public_key()) {
             assert!(verify(&signed, &stranger, binding, valid_at).is_err());
         }

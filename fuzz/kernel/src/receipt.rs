@@ -20,12 +20,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
+use tally_fuzz_common::seeds::selected;
 use tally_kernel::receipt::{
     cross_check, event_refs, read_receipts, EventClaim, ReceiptDraft, ReceiptLog,
 };
 use tally_kernel::{verify_receipt, Receipt, ReceiptError, TrustList, Verdict};
 use tally_ledger::{Decision, EventId, EventLookup, Outcome};
-use tally_fuzz_common::seeds::selected;
 
 use crate::fixtures;
 
@@ -120,7 +120,11 @@ fn resigned(data: &[u8]) {
         return;
     };
     let trust = TrustList::new([kernel.public_key()]);
-    assert_eq!(verify_receipt(&signed, &trust), Ok(()), "a fresh receipt does not verify");
+    assert_eq!(
+        verify_receipt(&signed, &trust),
+        Ok(()),
+        "a fresh receipt does not verify"
+    );
     let text = serde_json::to_string(&signed).expect("serializes");
     let back: Receipt = serde_json::from_str(&text).expect("parses");
     assert_eq!(
@@ -133,14 +137,18 @@ fn resigned(data: &[u8]) {
         Verdict::Allow => Verdict::Deny,
         Verdict::Deny => Verdict::Allow,
     };
-    assert!(verify_receipt(&flipped, &trust).is_err(), "a flipped verdict still verifies");
+    assert!(
+        verify_receipt(&flipped, &trust).is_err(),
+        "a flipped verdict still verifies"
+    );
     check(&signed);
 }
 
 fn scratch() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("tally-fuzz-receipt-log-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("tally-fuzz-receipt-log-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("scratch directory");
         dir
     })
@@ -157,15 +165,24 @@ fn log(data: &[u8]) {
         let back: Receipt = serde_json::from_str(&text).expect("parses");
         assert_eq!(back.signing_bytes().ok(), receipt.signing_bytes().ok());
     }
-    let log = ReceiptLog::open(&path).unwrap_or_else(|e| panic!("a readable log does not open: {e}"));
-    let second = read_receipts(&path).unwrap_or_else(|e| panic!("an opened log does not read: {e}"));
-    assert_eq!(second.receipts, first.receipts, "opening the log lost or changed receipts");
+    let log =
+        ReceiptLog::open(&path).unwrap_or_else(|e| panic!("a readable log does not open: {e}"));
+    let second =
+        read_receipts(&path).unwrap_or_else(|e| panic!("an opened log does not read: {e}"));
+    assert_eq!(
+        second.receipts, first.receipts,
+        "opening the log lost or changed receipts"
+    );
     assert!(!second.torn_tail, "opening the log left a torn tail");
     let (_, extra) = fixtures::receipts().swap_remove(1);
     log.append(&extra).expect("append");
     let third = read_receipts(&path).expect("reads after an append");
     assert_eq!(third.receipts.len(), first.receipts.len() + 1);
-    assert_eq!(third.receipts.last(), Some(&extra), "the appended receipt reads back");
+    assert_eq!(
+        third.receipts.last(),
+        Some(&extra),
+        "the appended receipt reads back"
+    );
     assert!(!third.torn_tail);
 }
 

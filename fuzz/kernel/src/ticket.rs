@@ -11,9 +11,9 @@
 //! its signature, its kernel key or any signed field changes (here: the exposure and the
 //! holder, which decide what `Complete` may settle and who may call it).
 
+use tally_fuzz_common::seeds::selected;
 use tally_kernel::pipeline::{SignedTicket, TicketError};
 use tally_kernel::TrustList;
-use tally_fuzz_common::seeds::selected;
 
 use crate::fixtures;
 
@@ -75,27 +75,46 @@ fn resigned(data: &[u8]) {
         return;
     };
     let trust = TrustList::new([kernel.public_key()]);
-    assert_eq!(signed.verify(&trust), Ok(()), "a freshly signed ticket does not verify");
+    assert_eq!(
+        signed.verify(&trust),
+        Ok(()),
+        "a freshly signed ticket does not verify"
+    );
     let other = fixtures::key(kernel.public_key().as_bytes()[0].wrapping_add(1));
     if other.public_key() != kernel.public_key() {
-        assert!(signed.verify(&TrustList::new([other.public_key()])).is_err());
+        assert!(signed
+            .verify(&TrustList::new([other.public_key()]))
+            .is_err());
     }
     if let Ok(bytes) = signed.to_bytes() {
         let back = SignedTicket::from_bytes(&bytes)
             .unwrap_or_else(|e| panic!("a signed ticket's own bytes do not decode: {e}"));
         assert_eq!(back, signed, "ticket round trip");
-        assert_eq!(back.verify(&trust), Ok(()), "a ticket stopped verifying after a round trip");
+        assert_eq!(
+            back.verify(&trust),
+            Ok(()),
+            "a ticket stopped verifying after a round trip"
+        );
         binary(&bytes);
     }
     let mut forged = signed.clone();
     forged.signature.0[0] ^= 1;
-    assert!(forged.verify(&trust).is_err(), "a changed signature still verifies");
+    assert!(
+        forged.verify(&trust).is_err(),
+        "a changed signature still verifies"
+    );
     let mut forged = signed.clone();
     forged.ticket.exposure_units ^= 1;
-    assert!(forged.verify(&trust).is_err(), "a changed exposure still verifies");
+    assert!(
+        forged.verify(&trust).is_err(),
+        "a changed exposure still verifies"
+    );
     let mut forged = signed;
     forged.ticket.holder.0[31] ^= 1;
-    assert!(forged.verify(&trust).is_err(), "a changed holder still verifies");
+    assert!(
+        forged.verify(&trust).is_err(),
+        "a changed holder still verifies"
+    );
 }
 
 pub fn seeds() -> Vec<(String, Vec<u8>)> {
@@ -103,7 +122,10 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
     let bytes = ticket.to_bytes().expect("encodes");
     vec![
         ("binary".into(), selected(0, &bytes)),
-        ("text".into(), selected(1, ticket.to_text().expect("text").as_bytes())),
+        (
+            "text".into(),
+            selected(1, ticket.to_text().expect("text").as_bytes()),
+        ),
         ("resign".into(), selected(2, &bytes)),
     ]
 }

@@ -23,9 +23,7 @@
 
 use tally_kernel::token::{verify, MAX_CHAIN_DEPTH};
 use tally_kernel::{CapabilityToken, TrustList, VerifiedCapability};
-use tally_ledger::{
-    AccountKey, ClientCommand, CommandHeader, GrantLimits, Operation,
-};
+use tally_ledger::{AccountKey, ClientCommand, CommandHeader, GrantLimits, Operation};
 
 use crate::fixtures;
 use tally_fuzz_common::seeds::selected;
@@ -122,11 +120,18 @@ fn verified_invariants(token: &CapabilityToken, verified: &VerifiedCapability, n
     let chain = token.chain();
     assert_eq!(verified.token(), token);
     assert_eq!(verified.depth(), chain.len());
-    assert!(verified.depth() <= MAX_CHAIN_DEPTH, "verified a chain too deep");
+    assert!(
+        verified.depth() <= MAX_CHAIN_DEPTH,
+        "verified a chain too deep"
+    );
     assert_eq!(verified.capability_id(), token.id());
     assert_eq!(verified.subject(), token.body.subject);
     assert_eq!(verified.family_id(), &token.family_id());
-    let earliest = chain.iter().map(|t| t.body.expires_at_ms).min().expect("non-empty");
+    let earliest = chain
+        .iter()
+        .map(|t| t.body.expires_at_ms)
+        .min()
+        .expect("non-empty");
     assert_eq!(verified.expires_at_ms(), earliest);
     assert!(now < earliest, "verified an expired chain at {now}");
     let mut ids: Vec<_> = chain.iter().map(|t| t.body.id.as_str()).collect();
@@ -143,7 +148,11 @@ fn verified_invariants(token: &CapabilityToken, verified: &VerifiedCapability, n
         let ancestors = verified
             .ancestor_accounts(index)
             .expect("every grant of a verified token has its ancestors");
-        assert_eq!(ancestors.len(), chain.len() - 1, "one ancestor account per parent");
+        assert_eq!(
+            ancestors.len(),
+            chain.len() - 1,
+            "one ancestor account per parent"
+        );
         for ancestor in &ancestors {
             within(&limits, &ancestor.limits, token);
         }
@@ -190,7 +199,9 @@ fn within(child: &GrantLimits, ancestor: &GrantLimits, token: &CapabilityToken) 
     }
     if let Some(max) = ancestor.max_cost_per_invocation_units {
         assert!(
-            child.max_cost_per_invocation_units.is_some_and(|c| c <= max),
+            child
+                .max_cost_per_invocation_units
+                .is_some_and(|c| c <= max),
             "token {id}: per-call cost {:?} exceeds an ancestor's {max}",
             child.max_cost_per_invocation_units
         );
@@ -203,7 +214,10 @@ fn within(child: &GrantLimits, ancestor: &GrantLimits, token: &CapabilityToken) 
         );
     }
     if let (Some(mine), Some(theirs)) = (&child.currency, &ancestor.currency) {
-        assert_eq!(mine, theirs, "token {id}: currency differs from an ancestor's");
+        assert_eq!(
+            mine, theirs,
+            "token {id}: currency differs from an ancestor's"
+        );
     }
 }
 

@@ -4,6 +4,8 @@
 //! (and `SignedTicket::from_bytes`, whose ticket carries a token) recurse that deep before
 //! any signature is checked. Measured: release needs between 1 and 1.25 MiB of stack for it,
 //! debug overflows tokio's default 2 MiB worker stack, which aborts the whole process.
+//! Fixed in tally-kernel by bounding msgpack nesting while decoding (`MAX_TOKEN_NESTING_LEVELS`,
+//! `MAX_TICKET_NESTING_LEVELS`): both inputs are now refused with `TooDeeplyNested`.
 //!
 //! Asserts that decoding, re-encoding, verifying, comparing and dropping the deepest token (and
 //! a ticket carrying it) fit in `fixtures::DECODE_STACK_BUDGET` (512 KiB), a budget that
@@ -15,10 +17,10 @@
 //! `cargo test -p tally-fuzz-kernel --test deep_nesting`). `WORKER_STACK_KIB` overrides the
 //! budget, to measure.
 
+use tally_fuzz_kernel::fixtures::{self, deepest_token, key, DECODE_STACK_BUDGET, NOW};
 use tally_kernel::pipeline::SignedTicket;
 use tally_kernel::token::verify;
 use tally_kernel::{CapabilityToken, TrustList};
-use tally_fuzz_kernel::fixtures::{self, deepest_token, key, DECODE_STACK_BUDGET, NOW};
 
 fn on_large_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     std::thread::Builder::new()

@@ -1,9 +1,9 @@
 //! The seed fixtures are what their names say, so the fuzzer starts from inputs that reach
 //! the deep checks (a verifying chain, a verifying ticket, receipt and nonce).
 
+use tally_fuzz_kernel::fixtures;
 use tally_kernel::token::verify;
 use tally_kernel::{verify_receipt, TrustList};
-use tally_fuzz_kernel::fixtures;
 
 #[test]
 fn tokens_verify_exactly_when_their_name_says_so() {

@@ -213,6 +213,7 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
                 peer_address: "127.0.0.1:7601".into(),
                 region: "eu-west".into(),
             }],
+            alarms: Vec::new(),
             cluster_time_ms: 1_700_000_000_000,
             healthy: true,
             clock_offset_ms: -3,

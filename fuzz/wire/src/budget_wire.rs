@@ -160,7 +160,10 @@ fn error(detail: pb::ErrorDetail) {
             "client and trailer disagree on definiteness of {detail:?}"
         );
     } else {
-        assert!(!remote.is_definite(), "an unreadable detail read as definite");
+        assert!(
+            !remote.is_definite(),
+            "an unreadable detail read as definite"
+        );
     }
     if let Ok(ledger) = LedgerError::try_from(detail) {
         proto::<LedgerError, pb::ErrorDetail>("ledger error", &ledger);
@@ -299,9 +302,10 @@ pub fn run(data: &[u8]) {
                     })
                     .unwrap_or_default();
                 if let Ok(view) = reply.into_view() {
-                    let back = pb::GetHoldReply::from_view(&family_id.as_str().into(), view.as_ref())
-                        .into_view()
-                        .unwrap_or_else(|e| panic!("hold view {view:?}: {e}"));
+                    let back =
+                        pb::GetHoldReply::from_view(&family_id.as_str().into(), view.as_ref())
+                            .into_view()
+                            .unwrap_or_else(|e| panic!("hold view {view:?}: {e}"));
                     assert_eq!(back, view, "hold view changed on the wire");
                 }
             }
@@ -349,10 +353,9 @@ pub fn run(data: &[u8]) {
                 if let Some(wire) = reply.usage {
                     let family_id: FamilyId = wire.family_id.as_str().into();
                     if let Ok(record) = UsageRecord::try_from(wire) {
-                        let back = UsageRecord::try_from(pb::UsageRecord::of_family(
-                            &family_id, &record,
-                        ))
-                        .unwrap_or_else(|e| panic!("usage row: {e}"));
+                        let back =
+                            UsageRecord::try_from(pb::UsageRecord::of_family(&family_id, &record))
+                                .unwrap_or_else(|e| panic!("usage row: {e}"));
                         assert_eq!(back, record, "usage row changed on the wire");
                     }
                 }
@@ -393,7 +396,11 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         let Ok(wire) = pb::Command::try_from(cmd) else {
             continue;
         };
-        add(&format!("command-{i:02}-{}", cmd.name()), "Command", wire.encode_to_vec());
+        add(
+            &format!("command-{i:02}-{}", cmd.name()),
+            "Command",
+            wire.encode_to_vec(),
+        );
         use pb::command::Command as Op;
         let (message, bytes) = match wire.command.clone().expect("set") {
             Op::AuthorizeHold(r) => ("AuthorizeHoldRequest", r.encode_to_vec()),
@@ -431,6 +438,7 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
             command_position: 0,
             now_ms,
             params: harness.params(),
+            no_space: false,
         };
         results.push((cmd.clone(), family.apply(cmd, &ctx)));
     }
@@ -439,7 +447,11 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         match result {
             Ok(decision) => {
                 let wire = pb::Decision::from(decision);
-                add(&format!("decision-{i:02}-{}", cmd.name()), "Decision", wire.encode_to_vec());
+                add(
+                    &format!("decision-{i:02}-{}", cmd.name()),
+                    "Decision",
+                    wire.encode_to_vec(),
+                );
                 batch.push(pb::BatchResult {
                     result: Some(pb::batch_result::Result::Decision(wire)),
                 });
@@ -452,21 +464,33 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
             }
             Err(error) => {
                 let detail = pb::ErrorDetail::from(error);
-                add(&format!("error-{i:02}"), "ErrorDetail", detail.encode_to_vec());
+                add(
+                    &format!("error-{i:02}"),
+                    "ErrorDetail",
+                    detail.encode_to_vec(),
+                );
                 batch.push(pb::BatchResult {
                     result: Some(pb::batch_result::Result::Error(detail)),
                 });
             }
         }
     }
-    add("batch-reply", "BatchReply", pb::BatchReply { results: batch }.encode_to_vec());
+    add(
+        "batch-reply",
+        "BatchReply",
+        pb::BatchReply { results: batch }.encode_to_vec(),
+    );
     let family_id: FamilyId = "fam".into();
     let holds: Vec<_> = family
         .list_holds(&HoldFilter::default(), MAX_LIST_LIMIT)
         .into_iter()
         .map(|h| (family_id.clone(), h))
         .collect();
-    add("holds-page", "ListHoldsReply", pb::ListHoldsReply::from_holds(&holds, 1).encode_to_vec());
+    add(
+        "holds-page",
+        "ListHoldsReply",
+        pb::ListHoldsReply::from_holds(&holds, 1).encode_to_vec(),
+    );
     for hold_id in ["h1", "h2"] {
         let view = family.get_hold(&hold_id.into());
         add(
@@ -480,7 +504,11 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         .into_iter()
         .map(|r| (family_id.clone(), r))
         .collect();
-    add("usages-page", "ListUsagesReply", pb::ListUsagesReply::from_rows(&usages, 1).encode_to_vec());
+    add(
+        "usages-page",
+        "ListUsagesReply",
+        pb::ListUsagesReply::from_rows(&usages, 1).encode_to_vec(),
+    );
     if let Some((_, row)) = usages.first() {
         add(
             "usage",
@@ -503,7 +531,11 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         );
     }
     let events = family.list_events(None, None, None, MAX_LIST_LIMIT);
-    add("events", "ListEventsReply", pb::ListEventsReply::from_records(&events).encode_to_vec());
+    add(
+        "events",
+        "ListEventsReply",
+        pb::ListEventsReply::from_records(&events).encode_to_vec(),
+    );
     add(
         "list-holds-filter",
         "ListHoldsRequest",
@@ -572,7 +604,11 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
             leader_address: "10.0.0.2:7401".into(),
             ..Default::default()
         };
-        add(&format!("error-kind-{kind:02}"), "ErrorDetail", detail.encode_to_vec());
+        add(
+            &format!("error-kind-{kind:02}"),
+            "ErrorDetail",
+            detail.encode_to_vec(),
+        );
     }
     add(
         "error-precondition",

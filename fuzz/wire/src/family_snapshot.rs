@@ -23,7 +23,11 @@ pub fn run(data: &[u8]) {
     let back = Family::from_snapshot_bytes(&bytes)
         .unwrap_or_else(|e| panic!("a decoded family's own bytes do not decode: {e}\n{family:?}"));
     assert_eq!(back, family, "snapshot round trip changed the family");
-    assert_eq!(back.to_snapshot_bytes(), bytes, "snapshot encoding is not canonical");
+    assert_eq!(
+        back.to_snapshot_bytes(),
+        bytes,
+        "snapshot encoding is not canonical"
+    );
     assert_eq!(back.digest(), family.digest());
     let _ = family.invariant_violations();
     let family_id = family.family_id().clone();
@@ -69,7 +73,10 @@ pub fn run(data: &[u8]) {
 pub fn seeds() -> Vec<(String, Vec<u8>)> {
     const T0: u64 = 1_700_000_000_000;
     let commands = sample_commands(T0);
-    let mut seeds = vec![("empty".into(), Family::new("fam".into()).to_snapshot_bytes())];
+    let mut seeds = vec![(
+        "empty".into(),
+        Family::new("fam".into()).to_snapshot_bytes(),
+    )];
     for cut in [2, 6, 10, commands.len()] {
         let mut family = Family::new("fam".into());
         let mut harness = Harness::new();
@@ -80,10 +87,14 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
                 command_position: 0,
                 now_ms,
                 params: harness.params(),
+                no_space: false,
             };
             let _ = family.apply(command, &ctx);
         }
-        seeds.push((format!("after-{cut:02}-commands"), family.to_snapshot_bytes()));
+        seeds.push((
+            format!("after-{cut:02}-commands"),
+            family.to_snapshot_bytes(),
+        ));
     }
     seeds
 }

@@ -78,11 +78,17 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
     let payload = |commands: &[Command]| encode_raft(&commands.to_vec()).expect("encodes");
     let mut seeds = vec![
         ("all-one-per-entry".into(), selected(0, &payload(&all))),
-        ("all-eight-per-entry-slow-clock".into(), selected(0xff, &payload(&all))),
+        (
+            "all-eight-per-entry-slow-clock".into(),
+            selected(0xff, &payload(&all)),
+        ),
         ("empty".into(), selected(0, &payload(&[]))),
     ];
     for (i, command) in all.iter().enumerate() {
-        seeds.push((format!("single-{i:02}-{}", command.name()), selected(3, &payload(std::slice::from_ref(command)))));
+        seeds.push((
+            format!("single-{i:02}-{}", command.name()),
+            selected(3, &payload(std::slice::from_ref(command))),
+        ));
     }
     seeds
 }

@@ -16,10 +16,19 @@ use tally_ledger::{
 use super::evaluation::Held;
 use crate::keys::{KeyPair, PublicKey, Signature};
 use crate::money::Money;
-use crate::token::{CapabilityToken, TrustList, MAX_TOKEN_BYTES};
+use crate::token::{
+    from_msgpack_nested_at_most, CapabilityToken, TrustList, MAX_TOKEN_BYTES,
+    MAX_TOKEN_NESTING_LEVELS,
+};
 
 /// Encoded ticket size: a token plus a few ids.
 pub const MAX_TICKET_BYTES: usize = MAX_TOKEN_BYTES + 4 * 1024;
+/// Deepest nesting of msgpack arrays and maps a ticket's encoding may use, enforced while
+/// decoding: the signed ticket and the ticket are two levels around the token, which is bounded
+/// by [`MAX_TOKEN_NESTING_LEVELS`]. Without it a ticket carrying a token that nests its parent
+/// 400-odd times (within `MAX_TICKET_BYTES`) overflowed the stack of the task decoding a
+/// `Complete` or `Abort` (fuzz/regressions/ticket/deep-nesting).
+pub const MAX_TICKET_NESTING_LEVELS: usize = MAX_TOKEN_NESTING_LEVELS + 2;
 
 const TICKET_SIGNING_DOMAIN: &[u8] = b"tally-admission-ticket-v1\0";
 
@@ -67,6 +76,11 @@ pub enum TicketError {
     TooLarge { bytes: usize, max: usize },
     #[error("ticket is not in its canonical encoding")]
     NotCanonical,
+    #[error(
+        "ticket nests arrays and maps more than {max_levels} levels deep, more than one carrying \
+         a valid token needs; refused while decoding"
+    )]
+    TooDeeplyNested { max_levels: usize },
 }
 
 fn signing_bytes(ticket: &AdmissionTicket) -> Result<Vec<u8>, TicketError> {
@@ -144,7 +158,12 @@ impl SignedTicket {
             });
         }
         let ticket: Self =
-            rmp_serde::from_slice(bytes).map_err(|e| TicketError::Encode(e.to_string()))?;
+            from_msgpack_nested_at_most(bytes, MAX_TICKET_NESTING_LEVELS).map_err(|e| match e {
+                rmp_serde::decode::Error::DepthLimitExceeded => TicketError::TooDeeplyNested {
+                    max_levels: MAX_TICKET_NESTING_LEVELS,
+                },
+                e => TicketError::Encode(e.to_string()),
+            })?;
         if ticket.to_bytes()? != bytes {
             return Err(TicketError::NotCanonical);
         }
@@ -160,5 +179,127 @@ impl SignedTicket {
             .decode(text.trim())
             .map_err(|e| TicketError::Encode(e.to_string()))?;
         Self::from_bytes(&bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tally_ledger::GrantLimits;
+
+    use super::*;
+    use crate::token::tests::{deeply_nested_token_bytes, on_decode_stack};
+    use crate::token::{Grant, TokenBody};
+
+    const NOW: u64 = 1_000_000;
+
+    fn kernel() -> KeyPair {
+        KeyPair::from_seed(&[7; 32])
+    }
+
+    /// A signed ticket carrying `capability`.
+    fn ticket(capability: CapabilityToken) -> SignedTicket {
+        AdmissionTicket {
+            request_id: "req-1".into(),
+            server: "cost-srv".into(),
+            tool: "compute".into(),
+            holder: capability.body.subject,
+            family_id: capability.family_id(),
+            capability_id: capability.id().clone(),
+            capability,
+            grant_index: 0,
+            hold_id: "budget-hold:req-1:tok-1:0".into(),
+            authorize_commit_index: 7,
+            capture_event_id: "budget-capture:req-1".into(),
+            capture_commit_index: 8,
+            attempt_id: "att-1".into(),
+            payment_reference: Some("req-1".into()),
+            exposure_units: 50,
+            limits: GrantLimits::monetary(Some(10), Some(50), Some(500), "USD"),
+            issued_at_ms: NOW,
+        }
+        .sign(&kernel())
+        .expect("signs")
+    }
+
+    /// A chain of `links` tokens, each signed as is (no depth check, as an attacker's
+    /// encoder would), with money amounts at the root.
+    fn chain(links: usize) -> CapabilityToken {
+        let key = KeyPair::from_seed(&[3; 32]);
+        let grant = Grant::monetary("cost-srv", "compute", 10, 100, "USD");
+        let mut token =
+            CapabilityToken::issue(&key, key.public_key(), vec![grant.clone()], NOW, NOW + 1)
+                .expect("root");
+        for _ in 1..links {
+            let body = TokenBody {
+                id: format!("link-{}", token.depth()).into(),
+                issuer: key.public_key(),
+                subject: key.public_key(),
+                issued_at_ms: NOW,
+                expires_at_ms: NOW + 1,
+                grants: vec![grant.clone().narrowing(0)],
+                parent: Some(Box::new(token)),
+            };
+            token = CapabilityToken::sign_body(body, &key).expect("signs");
+        }
+        token
+    }
+
+    #[test]
+    fn a_ticket_carrying_the_longest_chain_round_trips() {
+        let signed = ticket(chain(crate::token::MAX_CHAIN_DEPTH));
+        let bytes = signed.to_bytes().expect("encodes");
+        assert_eq!(SignedTicket::from_bytes(&bytes).as_ref(), Ok(&signed));
+        let text = signed.to_text().expect("text");
+        assert_eq!(SignedTicket::from_text(&text).as_ref(), Ok(&signed));
+        assert_eq!(
+            signed.verify(&TrustList::new([kernel().public_key()])),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_ticket_nested_past_the_limit_is_refused_while_decoding() {
+        let bytes = ticket(chain(crate::token::MAX_CHAIN_DEPTH + 2))
+            .to_bytes()
+            .expect("encodes");
+        assert_eq!(
+            SignedTicket::from_bytes(&bytes),
+            Err(TicketError::TooDeeplyNested {
+                max_levels: MAX_TICKET_NESTING_LEVELS
+            })
+        );
+    }
+
+    #[test]
+    fn a_ticket_carrying_a_token_nested_as_deep_as_its_size_allows_is_refused_within_a_bounded_stack(
+    ) {
+        // The ticket's encoding with its one-link token swapped for the 400-odd-link one (the
+        // fuzzers' ticket/deep-nesting regression): a token encodes as one contiguous value.
+        let root = chain(1);
+        let token_bytes = root.to_bytes().expect("encodes");
+        let ticket_bytes = ticket(root).to_bytes().expect("encodes");
+        let at = ticket_bytes
+            .windows(token_bytes.len())
+            .position(|w| w == token_bytes)
+            .expect("the ticket holds the token's encoding");
+        let deep = [
+            &ticket_bytes[..at],
+            &deeply_nested_token_bytes(),
+            &ticket_bytes[at + token_bytes.len()..],
+        ]
+        .concat();
+        assert!(deep.len() <= MAX_TICKET_BYTES);
+        let text = URL_SAFE_NO_PAD.encode(&deep);
+        let (from_bytes, from_text) = on_decode_stack(move || {
+            (
+                SignedTicket::from_bytes(&deep),
+                SignedTicket::from_text(&text),
+            )
+        });
+        let refused = Err(TicketError::TooDeeplyNested {
+            max_levels: MAX_TICKET_NESTING_LEVELS,
+        });
+        assert_eq!(from_bytes, refused);
+        assert_eq!(from_text, refused);
     }
 }

@@ -3,10 +3,11 @@
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
+use serde::de::DeserializeOwned;
 
 use super::error::TokenError;
 use super::model::CapabilityToken;
-use super::MAX_TOKEN_BYTES;
+use super::{MAX_TOKEN_BYTES, MAX_TOKEN_NESTING_LEVELS};
 
 /// Longest text form: base64 of [`MAX_TOKEN_BYTES`].
 pub const MAX_TOKEN_TEXT_BYTES: usize = MAX_TOKEN_BYTES.div_ceil(3) * 4;
@@ -33,8 +34,13 @@ impl CapabilityToken {
                 max: MAX_TOKEN_BYTES,
             });
         }
-        let token: Self = rmp_serde::from_slice(bytes)
-            .map_err(|e| TokenError::malformed(format!("decode: {e}")))?;
+        let token: Self =
+            from_msgpack_nested_at_most(bytes, MAX_TOKEN_NESTING_LEVELS).map_err(|e| match e {
+                rmp_serde::decode::Error::DepthLimitExceeded => TokenError::TooDeeplyNested {
+                    max_levels: MAX_TOKEN_NESTING_LEVELS,
+                },
+                e => TokenError::malformed(format!("decode: {e}")),
+            })?;
         if token.to_bytes()? != bytes {
             return Err(TokenError::malformed("not the canonical encoding"));
         }
@@ -58,4 +64,19 @@ impl CapabilityToken {
             .map_err(|e| TokenError::malformed(format!("base64: {e}")))?;
         Self::from_bytes(&bytes)
     }
+}
+
+/// `rmp_serde::from_slice`, refusing with `DepthLimitExceeded` as soon as arrays and maps nest
+/// deeper than `max_levels`: the decoder recurses once per level, so this bounds its stack use
+/// (and that of everything that later walks the value) by the shape a valid value can have,
+/// not by the input size. Used for every msgpack structure that embeds a token.
+pub(crate) fn from_msgpack_nested_at_most<T: DeserializeOwned>(
+    bytes: &[u8],
+    max_levels: usize,
+) -> Result<T, rmp_serde::decode::Error> {
+    let mut decoder = rmp_serde::Deserializer::from_read_ref(bytes);
+    // rmp-serde counts down from its limit and fails on reaching zero, so a limit of n
+    // admits n - 1 levels.
+    decoder.set_max_depth(max_levels + 1);
+    T::deserialize(&mut decoder)
 }

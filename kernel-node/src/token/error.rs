@@ -32,6 +32,12 @@ pub enum TokenError {
     BrokenChain { id: String, detail: String },
     #[error("delegation chain has {depth} tokens; at most {max} allowed")]
     TooDeep { depth: usize, max: usize },
+    #[error(
+        "token nests arrays and maps more than {max_levels} levels deep, more than a chain of \
+         {chain} tokens needs; refused while decoding",
+        chain = super::MAX_CHAIN_DEPTH
+    )]
+    TooDeeplyNested { max_levels: usize },
     #[error("token is {bytes} bytes encoded; at most {max} allowed")]
     TooLarge { bytes: usize, max: usize },
     #[error("malformed token: {0}")]

@@ -1,5 +1,7 @@
 //! Token tests: each builds a real chain with real keys and checks one refusal reason.
 
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
 use tally_ledger::{AccountKey, GrantLimits};
 
 use super::*;
@@ -547,4 +549,114 @@ fn malformed_and_oversized_encodings_are_refused() {
         ),
         Err(TokenError::Malformed(_))
     ));
+}
+
+#[test]
+fn a_chain_of_eight_with_money_at_the_root_decodes() {
+    // The nesting bound must admit the deepest valid shape: eight links, the root's grants
+    // carrying money amounts at the innermost level.
+    let w = world();
+    let (tokens, _) = chain(&w, MAX_CHAIN_DEPTH);
+    let leaf = tokens.last().expect("leaf");
+    let bytes = leaf.to_bytes().expect("encodes");
+    assert_eq!(CapabilityToken::from_bytes(&bytes).as_ref(), Ok(leaf));
+    let text = leaf.to_text().expect("text");
+    assert_eq!(CapabilityToken::from_text(&text).as_ref(), Ok(leaf));
+}
+
+#[test]
+fn a_token_nested_past_the_limit_is_refused_while_decoding() {
+    let w = world();
+    let (tokens, keys) = chain(&w, MAX_CHAIN_DEPTH);
+    let mut token = tokens.last().expect("leaf").clone();
+    // Two links past the longest chain: `raw_child` skips `delegate`'s depth check, as an
+    // attacker's encoder would.
+    for holder in [&keys[7], &KeyPair::from_seed(&[9; 32])] {
+        token = raw_child(
+            &token,
+            holder,
+            vec![Grant::tool("srv-a", "read_file").narrowing(0)],
+        );
+    }
+    let bytes = token.to_bytes().expect("10 links fit MAX_TOKEN_BYTES");
+    assert_eq!(
+        CapabilityToken::from_bytes(&bytes),
+        Err(TokenError::TooDeeplyNested {
+            max_levels: MAX_TOKEN_NESTING_LEVELS
+        })
+    );
+}
+
+/// The encoding of a token whose `parent` nests as often as `MAX_TOKEN_BYTES` allows (400-odd
+/// links, the fuzzers' token/deep-nesting regression), built as bytes: a value that deep
+/// would overflow the test's own stack when encoded, cloned or dropped.
+pub(crate) fn deeply_nested_token_bytes() -> Vec<u8> {
+    let key = KeyPair::from_seed(&[3; 32]);
+    let root = CapabilityToken::issue(
+        &key,
+        key.public_key(),
+        vec![Grant::tool("s", "t")],
+        NOW,
+        NOW + HOUR,
+    )
+    .expect("root");
+    let innermost = rmp_serde::to_vec(&root).expect("encodes");
+    // A link is `[body, signature]` with `body = [id, issuer, subject, issued_at_ms,
+    // expires_at_ms, grants, parent]`: everything up to `parent` goes before the nested token,
+    // the signature after it.
+    let mut body_head = rmp_serde::to_vec(&(
+        "r",
+        key.public_key(),
+        key.public_key(),
+        NOW,
+        NOW + HOUR,
+        Vec::<Grant>::new(),
+        None::<()>,
+    ))
+    .expect("encodes");
+    assert_eq!(
+        body_head.pop(),
+        Some(0xc0),
+        "the trailing nil is the absent parent"
+    );
+    let link_head = [&[0x92][..], &body_head].concat();
+    let link_tail = rmp_serde::to_vec(&root.signature).expect("encodes");
+    let links = (MAX_TOKEN_BYTES - innermost.len()) / (link_head.len() + link_tail.len());
+    let mut bytes = link_head.repeat(links);
+    bytes.extend_from_slice(&innermost);
+    bytes.extend_from_slice(&link_tail.repeat(links));
+    assert!(links > 400 && bytes.len() <= MAX_TOKEN_BYTES);
+    bytes
+}
+
+/// Stack a request handler may spend decoding a token (the fuzzers use the same budget): a
+/// tokio worker has 2 MiB in all, most of it for the runtime and the gRPC stack below.
+pub(crate) const DECODE_STACK_BUDGET_BYTES: usize = 512 * 1024;
+
+/// Runs `f` on a thread with [`DECODE_STACK_BUDGET_BYTES`] of stack; overflowing it aborts the
+/// test binary (the failure this guards against).
+pub(crate) fn on_decode_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::Builder::new()
+        .stack_size(DECODE_STACK_BUDGET_BYTES)
+        .spawn(f)
+        .expect("spawns")
+        .join()
+        .expect("decodes without panicking")
+}
+
+#[test]
+fn a_token_nested_as_deep_as_its_size_allows_is_refused_within_a_bounded_stack() {
+    let bytes = deeply_nested_token_bytes();
+    let text = URL_SAFE_NO_PAD.encode(&bytes);
+    let (from_bytes, from_text) = on_decode_stack(move || {
+        (
+            CapabilityToken::from_bytes(&bytes),
+            CapabilityToken::from_text(&text),
+        )
+    });
+    let refused = Err(TokenError::TooDeeplyNested {
+        max_levels: MAX_TOKEN_NESTING_LEVELS,
+    });
+    assert_eq!(from_bytes, refused);
+    assert_eq!(from_text, refused);
 }
