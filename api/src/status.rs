@@ -62,6 +62,7 @@ pub fn grpc_code(kind: ErrorKind) -> Code {
         ErrorKind::Unknown => Code::Unknown,
         ErrorKind::Unauthenticated => Code::Unauthenticated,
         ErrorKind::PermissionDenied => Code::PermissionDenied,
+        ErrorKind::NoSpace => Code::ResourceExhausted,
         ErrorKind::Internal | ErrorKind::Unspecified => Code::Internal,
     }
 }

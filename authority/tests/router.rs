@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use router_support::*;
 use tally_authority::families::{
-    self, every_family, EntryInput, EntryOutput, FamilyRouter, RouterConfig, RouterError,
-    RouterSnapshot,
+    self, every_family, AlarmChange, AlarmKind, EntryInput, EntryOutput, FamilyRouter,
+    RouterConfig, RouterError, RouterSnapshot,
 };
 use tally_ledger::limits::MAX_LOG_INDEX;
 use tally_ledger::{
@@ -139,6 +139,83 @@ async fn snapshot_restore_gives_identical_digest_and_identical_future() -> anyho
         digest,
         "further entries must change the state"
     );
+    Ok(())
+}
+
+/// docs/spec.md §5.6: the `NoSpace` alarm goes through the log. From its entry on, a new hold
+/// is refused on every replica alike (and nothing of it is recorded); the alarm is in the
+/// snapshot and the digest, survives a restore, and once cleared the same event id applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_no_space_alarm_survives_snapshot_and_restore_and_changes_the_digest(
+) -> anyhow::Result<()> {
+    let f = family(0);
+    let mut router = router(1_000);
+    router
+        .apply(vec![entry(1, T0, vec![authorize(&f, "old", 5, T0, None)])])
+        .await?;
+    let before = router.digest().await?;
+    let before_snapshot = router.snapshot().await?;
+    let raise = AlarmChange::raise(AlarmKind::NoSpace, 2, "data dir 95% of its quota");
+    let out = router
+        .apply(vec![
+            alarm(2, T0 + 1, raise),
+            entry(3, T0 + 2, vec![authorize(&f, "new", 5, T0, None)]),
+            entry(4, T0 + 3, vec![capture(&f, "old", T0)]),
+        ])
+        .await?;
+    assert!(
+        matches!(out[1].results[0], Err(LedgerError::NoSpace { .. })),
+        "{:?}",
+        out[1].results
+    );
+    assert!(out[2].results[0].is_ok(), "{:?}", out[2].results);
+    assert!(router.alarms().no_space());
+
+    let raised = router.digest().await?;
+    assert_ne!(raised, before, "the digest covers the alarm");
+    let snapshot = router.snapshot().await?;
+    assert_eq!(snapshot.digest(), raised);
+    let decoded = RouterSnapshot::from_bytes(&snapshot.to_bytes()?)?;
+    let mut restored = FamilyRouter::restore(RouterConfig::default(), decoded)?;
+    assert_eq!(restored.digest().await?, raised);
+    let (kind, node, alarm_row) = restored.alarms().iter().next().expect("restored alarm");
+    assert_eq!((kind, node), (AlarmKind::NoSpace, 2));
+    assert_eq!(alarm_row.raised_at.index, 2);
+
+    // Refused alike after the restore, then cleared through the log: the same id applies.
+    let retried = restored
+        .apply(vec![
+            entry(5, T0 + 4, vec![authorize(&f, "new", 5, T0, None)]),
+            alarm(
+                6,
+                T0 + 5,
+                AlarmChange::Clear {
+                    kind: AlarmKind::NoSpace,
+                    node_id: None,
+                },
+            ),
+            entry(7, T0 + 6, vec![authorize(&f, "new", 5, T0, None)]),
+        ])
+        .await?;
+    assert!(matches!(
+        retried[0].results[0],
+        Err(LedgerError::NoSpace { .. })
+    ));
+    let applied = retried[2].results[0]
+        .as_ref()
+        .expect("applies once cleared");
+    assert!(!applied.replayed);
+    assert!(matches!(applied.outcome, Outcome::Authorized { .. }));
+    assert!(restored.alarms().is_empty());
+
+    // A snapshot taken before alarms existed (version 1: the same bytes without them)
+    // still restores, with none raised.
+    let mut old = before_snapshot;
+    old.format_version = 1;
+    let old = RouterSnapshot::from_bytes(&old.to_bytes()?)?;
+    let old = FamilyRouter::restore(RouterConfig::default(), old)?;
+    assert!(old.alarms().is_empty());
+    assert_eq!(old.digest().await?, before);
     Ok(())
 }
 

@@ -7,7 +7,8 @@ use tally_ledger::{Decision, EventId, LedgerError};
 pub enum Outcome {
     /// Committed and applied: the ledger's decision (denials included).
     Decided(Decision),
-    /// The ledger refused it (validation, conflict, precondition, overflow): not applied.
+    /// The ledger refused it (validation, conflict, precondition, overflow, or `NoSpace`
+    /// while that alarm is raised: retry the same event id once it is cleared): not applied.
     Refused(LedgerError),
     /// No node would take it before the deadline and it was never proposed: not applied.
     Unavailable { reason: String },

@@ -27,6 +27,15 @@ fn params_help_explains_retention_and_sizing() {
 }
 
 #[test]
+fn alarm_help_lists_list_and_clear() {
+    insta::assert_snapshot!("tally_alarm_help", help(&["alarm", "--help"]));
+    insta::assert_snapshot!(
+        "tally_alarm_clear_help",
+        help(&["alarm", "clear", "--help"])
+    );
+}
+
+#[test]
 fn bench_help_explains_its_knobs() {
     insta::assert_snapshot!("tally_bench_help", help(&["bench", "--help"]));
 }

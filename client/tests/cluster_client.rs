@@ -321,3 +321,72 @@ async fn a_client_that_knows_only_a_follower_moves_to_the_leader_after_one_write
     assert_eq!(forwarded(), 1, "batches go to the leader too");
     cluster.shutdown().await;
 }
+
+/// docs/spec.md §5.6 from the client's side: while `NoSpace` is raised (here by the leader's
+/// own disk watcher), a new hold is a definite refusal answered at once, not retried as if the
+/// outcome were unknown; once an operator clears the alarm the same command applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_no_space_refusal_is_definite_and_the_same_command_applies_once_cleared() {
+    const QUOTA_BYTES: u64 = 64 * 1024 * 1024;
+    let cluster = TestCluster::start_with(3, |config| {
+        config.disk_quota_bytes = QUOTA_BYTES;
+        config.disk_check_interval_ms = 50;
+    })
+    .await;
+    let leader = cluster.wait_leader().await;
+    let ballast = cluster.configs[&leader].data_dir.join("ballast");
+    std::fs::File::create(&ballast)
+        .and_then(|file| file.set_len(QUOTA_BYTES))
+        .expect("ballast");
+    let raised = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if cluster.nodes[&leader]
+                .router
+                .lock()
+                .await
+                .alarms()
+                .no_space()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    raised.expect("the leader raises NoSpace");
+
+    let client = client_for(&cluster, Duration::from_secs(10));
+    let started = std::time::Instant::now();
+    let outcome = client.submit(authorize("fam", "h1", 50)).await;
+    assert!(
+        matches!(outcome, Outcome::Refused(LedgerError::NoSpace { .. })),
+        "{outcome:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a definite refusal is not retried until the deadline"
+    );
+    assert_eq!(
+        committed(&client, "fam", "h1:authorize").await,
+        EventLookup::Unknown,
+        "nothing was recorded"
+    );
+
+    std::fs::remove_file(&ballast).expect("remove ballast");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster
+        .admin(leader)
+        .await
+        .clear_alarm(tally_api::pb::ClearAlarmRequest {
+            kind: tally_api::pb::AlarmKind::NoSpace as i32,
+            node_id: Some(leader),
+        })
+        .await
+        .expect("an operator clears the alarm");
+    let outcome = client.submit(authorize("fam", "h1", 50)).await;
+    let Outcome::Decided(decision) = outcome else {
+        panic!("expected the hold once cleared, got {outcome:?}")
+    };
+    assert!(!decision.replayed, "applied now, for the first time");
+    cluster.shutdown().await;
+}

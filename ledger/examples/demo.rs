@@ -68,6 +68,7 @@ fn main() {
             command_position: 0,
             now_ms,
             params: ClusterParams::default(),
+            no_space: false,
         };
         match family.apply(&command, &ctx) {
             Ok(decision) => println!(

@@ -104,6 +104,26 @@ impl Operation {
         }
     }
 
+    /// Whether the command opens new exposure, and so is refused while the `NoSpace` alarm is
+    /// raised (docs/spec.md §5.6). Everything else works on holds and charges that already
+    /// exist, and must still apply so that a short disk never strands reserved funds.
+    pub fn opens_exposure(&self) -> bool {
+        match self {
+            Self::AuthorizeHold { .. }
+            | Self::TryIncrement { .. }
+            | Self::TryChargeCost { .. }
+            | Self::ConsumeNonce { .. } => true,
+            Self::CaptureInvocation { .. }
+            | Self::CancelCapturedBeforeDispatch { .. }
+            | Self::ReverseHold { .. }
+            | Self::ReleaseHold { .. }
+            | Self::ReconcileHold { .. }
+            | Self::ReverseChargeCost { .. }
+            | Self::ReduceChargeCost { .. }
+            | Self::SettleChargeCost { .. } => false,
+        }
+    }
+
     pub fn hold_id(&self) -> Option<&HoldId> {
         match self {
             Self::AuthorizeHold { hold_id, .. }

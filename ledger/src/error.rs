@@ -83,6 +83,11 @@ pub enum LedgerError {
     },
     #[error("arithmetic overflow in {what}")]
     Overflow { what: String },
+    /// The `NoSpace` alarm is raised (docs/spec.md §5.6): a command that opens new exposure
+    /// is refused, definitely (not applied, not recorded: the same event id applies once the
+    /// alarm is cleared). `RESOURCE_EXHAUSTED` on the wire.
+    #[error("no space: {message}")]
+    NoSpace { message: String },
 }
 
 impl LedgerError {
@@ -103,6 +108,16 @@ impl LedgerError {
     pub fn overflow(what: &str) -> Self {
         Self::Overflow {
             what: what.to_owned(),
+        }
+    }
+
+    /// The refusal of a command that opens new exposure while `NoSpace` is raised.
+    pub fn no_space(operation: &str) -> Self {
+        Self::NoSpace {
+            message: format!(
+                "the NoSpace alarm is raised: {operation} opens new exposure and is refused \
+                 until an operator clears the alarm (`tally alarm list`)"
+            ),
         }
     }
 

@@ -29,6 +29,9 @@ pub struct ApplyCtx {
     /// Cluster time (docs/spec.md §6), never wall-clock time.
     pub now_ms: u64,
     pub params: ClusterParams,
+    /// Whether the `NoSpace` alarm is raised at this entry (docs/spec.md §5.6). It is
+    /// replicated state (raised and cleared through the log), so every replica refuses alike.
+    pub no_space: bool,
 }
 
 impl ApplyCtx {
@@ -320,6 +323,11 @@ impl Family {
         row_hash: RowHash,
     ) -> Result<Decision, LedgerError> {
         self.check_fresh(cmd, step.now_ms())?;
+        // Only a fresh command is refused: a replay answers its recorded decision and
+        // ResolveEvent never reaches here, so lost acknowledgements stay resolvable.
+        if step.ctx.no_space && cmd.op.opens_exposure() {
+            return Err(LedgerError::no_space(cmd.op.name()));
+        }
         let decision = match &cmd.op {
             Operation::AuthorizeHold { .. } => self.authorize_hold(cmd, step)?,
             Operation::CaptureInvocation {

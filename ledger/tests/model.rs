@@ -74,6 +74,8 @@ enum Transition {
     Expire,
     /// Jump past every deadline and retention, then expire: all due compaction runs.
     Compact,
+    /// The `NoSpace` alarm raised (`true`) or cleared through the log (docs/spec.md §5.6).
+    Alarm(bool),
 }
 
 fn account_of(hold: u8) -> Vec<&'static str> {
@@ -260,6 +262,8 @@ enum Expect {
     HoldsExpired(usize),
     Conflict,
     Failed(PreconditionCode),
+    /// Refused while `NoSpace` is raised: not applied, not recorded.
+    NoSpace,
     /// Failed, but an expiry of the touched hold was appended first.
     FailedAfterExpiry(PreconditionCode),
 }
@@ -285,6 +289,8 @@ struct Model {
     dedupe: BTreeMap<String, DedupeM>,
     history: Vec<Cmd>,
     last: Option<(Transition, Expect)>,
+    /// Whether the `NoSpace` alarm is raised.
+    no_space: bool,
 }
 
 impl Model {
@@ -296,6 +302,7 @@ impl Model {
             dedupe: BTreeMap::new(),
             history: Vec::new(),
             last: None,
+            no_space: false,
         }
     }
 
@@ -359,9 +366,16 @@ impl Model {
         if cmd.not_after_ms < self.now {
             return Expect::Failed(PreconditionCode::CommandExpired);
         }
+        // docs/spec.md §5.6: only fresh commands that open new exposure are refused.
+        if self.no_space && matches!(cmd.op, Op::Authorize { .. } | Op::Charge { .. }) {
+            return Expect::NoSpace;
+        }
         let answer = self.fresh(&cmd.op);
         let stored = match answer {
-            Expect::Conflict | Expect::Failed(_) | Expect::FailedAfterExpiry(_) => None,
+            Expect::Conflict
+            | Expect::Failed(_)
+            | Expect::FailedAfterExpiry(_)
+            | Expect::NoSpace => None,
             ref ok => Some(ok.clone()),
         };
         if let Some(answer) = stored {
@@ -746,6 +760,7 @@ impl ReferenceStateMachine for Reference {
             3 => (0u64..3_000).prop_map(Transition::Advance),
             2 => Just(Transition::Expire),
             1 => Just(Transition::Compact),
+            1 => any::<bool>().prop_map(Transition::Alarm),
         ];
         if state.history.is_empty() {
             return prop_oneof![8 => fresh, 1 => resolve_fresh, 2 => time].boxed();
@@ -785,6 +800,10 @@ impl ReferenceStateMachine for Reference {
                 state.compact();
                 expired
             }
+            Transition::Alarm(raised) => {
+                state.no_space = *raised;
+                state.expire()
+            }
         };
         state.last = Some((transition.clone(), expect));
         state
@@ -802,6 +821,8 @@ struct Sut {
     first_index: BTreeMap<String, Option<BudgetCommitIndex>>,
     /// The one attempt that ever got `Captured`, per hold.
     capture_owner: BTreeMap<String, AttemptId>,
+    /// Whether the `NoSpace` alarm is raised (the router's replicated state, in a node).
+    no_space: bool,
 }
 
 impl Sut {
@@ -818,6 +839,7 @@ impl Sut {
                 retention_ms: RETENTION_MS,
                 max_clock_step_ms: 10_000,
             },
+            no_space: self.no_space,
         };
         let result = self.family.apply(command, &ctx);
         let replica_result = self.replica.apply(command, &ctx);
@@ -855,6 +877,7 @@ fn observed(result: &Result<Decision, LedgerError>) -> Expect {
         },
         Err(LedgerError::Conflict(_)) => Expect::Conflict,
         Err(LedgerError::FailedPrecondition { code, .. }) => Expect::Failed(*code),
+        Err(LedgerError::NoSpace { .. }) => Expect::NoSpace,
         Err(other) => panic!("unexpected error {other:?}"),
     }
 }
@@ -873,6 +896,7 @@ impl StateMachineTest for LedgerUnderTest {
             now: T0,
             first_index: BTreeMap::new(),
             capture_owner: BTreeMap::new(),
+            no_space: false,
         }
     }
 
@@ -912,6 +936,18 @@ impl StateMachineTest for LedgerUnderTest {
             }
             Transition::Compact => {
                 sut.now += 2 * RETENTION_MS;
+                let now = sut.now;
+                (
+                    None,
+                    sut.apply(&Command::ExpireHolds {
+                        family_id: "fam".into(),
+                        up_to_ms: now,
+                    }),
+                )
+            }
+            Transition::Alarm(raised) => {
+                // ExpireHolds still applies while the alarm is raised.
+                sut.no_space = *raised;
                 let now = sut.now;
                 (
                     None,

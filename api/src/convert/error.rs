@@ -18,6 +18,7 @@ const UNKNOWN: &str = "unknown";
 const INTERNAL: &str = "internal";
 const UNAUTHENTICATED: &str = "unauthenticated";
 const PERMISSION_DENIED: &str = "permission_denied";
+const NO_SPACE: &str = "no_space";
 
 /// Every precondition code, so a wire code parses back. `precondition_index` below fails to
 /// compile when the ledger adds a code, which points here.
@@ -127,6 +128,9 @@ impl From<&LedgerError> for pb::ErrorDetail {
                 message.clone(),
             ),
             LedgerError::Overflow { what } => detail(ErrorKind::Overflow, OVERFLOW, what.clone()),
+            LedgerError::NoSpace { message } => {
+                detail(ErrorKind::NoSpace, NO_SPACE, message.clone())
+            }
         }
     }
 }
@@ -196,7 +200,8 @@ impl pb::ErrorDetail {
                 | ErrorKind::Overflow
                 | ErrorKind::Unavailable
                 | ErrorKind::Unauthenticated
-                | ErrorKind::PermissionDenied)
+                | ErrorKind::PermissionDenied
+                | ErrorKind::NoSpace)
         )
     }
 }
@@ -287,6 +292,9 @@ impl TryFrom<pb::ErrorDetail> for RemoteError {
             }
             ErrorKind::Overflow => Self::Ledger(LedgerError::Overflow {
                 what: detail.message,
+            }),
+            ErrorKind::NoSpace => Self::Ledger(LedgerError::NoSpace {
+                message: detail.message,
             }),
             ErrorKind::Unavailable => Self::Unavailable {
                 leader_id: detail.leader_id,

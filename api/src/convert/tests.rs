@@ -719,6 +719,7 @@ fn ledger_errors() -> Vec<LedgerError> {
             hold_id: "h".into(),
         }),
         LedgerError::overflow("total_cost_exposed"),
+        LedgerError::no_space("authorize_hold"),
     ];
     errors.extend(
         PRECONDITION_CODES_FOR_TESTS
@@ -808,6 +809,11 @@ fn statuses_carry_code_detail_trailer_and_leader_hint() {
         (
             pb::ErrorDetail::from(LedgerError::overflow("x")),
             Code::OutOfRange,
+            true,
+        ),
+        (
+            pb::ErrorDetail::from(LedgerError::no_space("try_increment")),
+            Code::ResourceExhausted,
             true,
         ),
         (

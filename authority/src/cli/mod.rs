@@ -172,26 +172,53 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let transport = credentials.transport()?;
             let check = async {
                 let channel = transport.endpoint(&endpoint)?.connect().await?;
-                let mut client = HealthClient::new(channel);
+                let mut client = HealthClient::new(channel.clone());
                 let reply = client
                     .check(HealthCheckRequest {
                         service: String::new(),
                     })
                     .await?;
-                anyhow::Ok(reply.into_inner().status == ServingStatus::Serving as i32)
+                let serving = reply.into_inner().status == ServingStatus::Serving as i32;
+                anyhow::Ok((serving, alarm_detail(channel).await))
             };
             match tokio::time::timeout(Duration::from_millis(timeout_ms), check).await {
-                Ok(Ok(true)) => {
-                    println!("{endpoint}: SERVING");
+                Ok(Ok((true, detail))) => {
+                    println!("{endpoint}: SERVING{detail}");
                     Ok(())
                 }
-                Ok(Ok(false)) => anyhow::bail!("{endpoint}: NOT_SERVING"),
+                Ok(Ok((false, detail))) => anyhow::bail!("{endpoint}: NOT_SERVING{detail}"),
                 Ok(Err(error)) => anyhow::bail!("{endpoint}: {error}"),
                 Err(_) => anyhow::bail!("{endpoint}: no answer within {timeout_ms} ms"),
             }
         }
         CliCommand::Dev(args) => dev::run(args).await,
     }
+}
+
+/// The raised alarms, as a suffix of the health line. A raised alarm leaves the node SERVING
+/// (reads and commands on existing holds go on; see `Health::is_healthy`), so it is shown
+/// here. An identity that may not list alarms (a kernel's) gets no detail, not an error.
+pub async fn alarm_detail(channel: tonic::transport::Channel) -> String {
+    let mut admin = AdminClient::new(channel);
+    let Ok(reply) = admin.list_alarms(pb::ListAlarmsRequest {}).await else {
+        return String::new();
+    };
+    let alarms = reply.into_inner().alarms;
+    if alarms.is_empty() {
+        return String::new();
+    }
+    let named: Vec<String> = alarms
+        .iter()
+        .map(|alarm| {
+            let kind =
+                pb::AlarmKind::try_from(alarm.kind).map_or("unknown", |kind| kind.as_str_name());
+            format!("{kind} raised by node {}: {}", alarm.node_id, alarm.reason)
+        })
+        .collect();
+    format!(
+        " (alarm: {}; new holds, charges and nonces are refused until `tally alarm clear`)",
+        named.join("; ")
+    )
 }
 
 fn toml_text(config: &NodeConfig) -> String {

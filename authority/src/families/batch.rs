@@ -85,7 +85,7 @@ pub(crate) fn split_rounds(entries: Vec<EntryInput>, max_commands: usize) -> Vec
 fn command_count(entry: &EntryInput) -> usize {
     match &entry.payload {
         EntryPayload::Commands(commands) => commands.len(),
-        EntryPayload::Blank | EntryPayload::SetParams(_) => 0,
+        EntryPayload::Blank | EntryPayload::SetParams(_) | EntryPayload::Alarm(_) => 0,
     }
 }
 
@@ -102,7 +102,7 @@ pub(crate) fn plan(
         let now_ms = state.enter(&entry)?;
         let commands = match entry.payload {
             EntryPayload::Commands(commands) => commands,
-            EntryPayload::Blank | EntryPayload::SetParams(_) => Vec::new(),
+            EntryPayload::Blank | EntryPayload::SetParams(_) | EntryPayload::Alarm(_) => Vec::new(),
         };
         assert!(
             commands.len() <= MAX_COMMANDS_PER_ENTRY,
@@ -125,6 +125,7 @@ pub(crate) fn plan(
                 command_position: position,
                 now_ms,
                 params: state.params,
+                no_space: state.alarms.no_space(),
             };
             let family = work
                 .entry(command.family_id().clone())

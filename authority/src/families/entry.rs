@@ -2,6 +2,8 @@
 
 use tally_ledger::{Command, Decision, LedgerError, LogPosition, ParamsChange};
 
+use super::alarms::AlarmChange;
+
 /// One committed log entry, as the Raft layer hands it over.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EntryInput {
@@ -20,6 +22,9 @@ pub enum EntryPayload {
     /// Parameters change only through the log, so every replica compacts alike: the named
     /// fields, applied on top of the parameters in force (a whole struct names every field).
     SetParams(ParamsChange),
+    /// An alarm raised or cleared (docs/spec.md §5.6): through the log, so every replica
+    /// refuses alike from this entry on.
+    Alarm(AlarmChange),
 }
 
 /// The answers to one entry's commands, in the entry's order.

@@ -5,6 +5,7 @@
 //! entries to the router and builds and installs snapshots from the router's cut.
 
 mod actor_table;
+mod alarms;
 mod batch;
 mod config;
 mod entry;
@@ -18,6 +19,7 @@ mod router;
 mod router_state;
 mod snapshot;
 
+pub use alarms::{AlarmChange, AlarmKind, Alarms, RaisedAlarm, MAX_ALARMS, MAX_ALARM_REASON_BYTES};
 pub use config::RouterConfig;
 pub use entry::{EntryInput, EntryOutput, EntryPayload};
 pub use error::RouterError;
@@ -25,4 +27,6 @@ pub use hold_index::rebuild_hold_index;
 pub use reads::{every_family, read};
 pub use router::FamilyRouter;
 pub use router_state::RouterState;
-pub use snapshot::{RouterCut, RouterSnapshot, SNAPSHOT_FORMAT_VERSION};
+pub use snapshot::{
+    RouterCut, RouterSnapshot, OLDEST_SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION,
+};

@@ -163,6 +163,11 @@ impl FamilyRouter {
         self.state.params
     }
 
+    /// The raised alarms (docs/spec.md §5.6), as of the last applied entry.
+    pub fn alarms(&self) -> &super::alarms::Alarms {
+        &self.state.alarms
+    }
+
     pub fn config(&self) -> RouterConfig {
         self.config
     }

@@ -21,8 +21,13 @@ use super::expiry_index::ExpiryIndex;
 use super::router::FamilyRouter;
 use super::router_state::RouterState;
 
-/// Bumped whenever the encoding of `RouterSnapshot` changes.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
+/// Bumped whenever the encoding of `RouterSnapshot` changes. Version 2 may carry raised
+/// alarms after the router state's other fields (docs/spec.md §5.6); a node that reads only
+/// version 1 refuses it by its version rather than drop the alarms.
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 2;
+/// The oldest version still restored: version 1 is version 2 without alarms (its router
+/// state simply ends before them), so it restores with none raised.
+pub const OLDEST_SNAPSHOT_FORMAT_VERSION: u32 = 1;
 
 /// Everything a replica needs to resume at `state.last_applied`. Ordered containers only, so
 /// equal states encode to equal bytes.
@@ -125,12 +130,22 @@ impl FamilyRouter {
     /// A router at the snapshot's cut. Every family starts passivated and gets an actor on its
     /// next command, so restoring costs no decoding.
     pub fn restore(config: RouterConfig, snapshot: RouterSnapshot) -> Result<Self, RouterError> {
-        if snapshot.format_version != SNAPSHOT_FORMAT_VERSION {
+        if !(OLDEST_SNAPSHOT_FORMAT_VERSION..=SNAPSHOT_FORMAT_VERSION)
+            .contains(&snapshot.format_version)
+        {
             return Err(RouterError::Snapshot(format!(
-                "format version {} is not {SNAPSHOT_FORMAT_VERSION}",
+                "router snapshot format version {} is not one this node reads \
+                 ({OLDEST_SNAPSHOT_FORMAT_VERSION}..={SNAPSHOT_FORMAT_VERSION}): another release \
+                 wrote it; run that release, or start this node from an empty data dir so that \
+                 it receives a snapshot from the cluster",
                 snapshot.format_version
             )));
         }
+        assert!(
+            snapshot.format_version >= 2 || snapshot.state.alarms.is_empty(),
+            "a version {} snapshot cannot carry alarms",
+            snapshot.format_version
+        );
         if let Some(orphan) = snapshot
             .maintenance_due
             .iter()

@@ -83,6 +83,17 @@ pub struct NodeConfig {
     /// The largest `Budget` or `Admin` message decoded or encoded. Raft messages between
     /// nodes always allow `tally_api::MAX_MESSAGE_BYTES`, since every peer must accept them.
     pub max_message_bytes: usize,
+    /// Bytes the data dir (Raft log, snapshots) may use; 0 = no quota. The `NoSpace` alarm
+    /// is raised through the log at 90% of it (docs/spec.md §5.6), so the log never fills.
+    #[serde(default)]
+    pub disk_quota_bytes: u64,
+    /// Free space to keep on the data dir's filesystem; below it the `NoSpace` alarm is
+    /// raised. 0 = not checked.
+    #[serde(default = "default_disk_reserve_bytes")]
+    pub disk_reserve_bytes: u64,
+    /// How often the disk watcher measures the data dir and the filesystem.
+    #[serde(default = "default_disk_check_interval_ms")]
+    pub disk_check_interval_ms: u64,
     /// `pretty` or `json`.
     pub log_format: LogFormat,
     /// Shifts this node's clock by this many ms. Always 0 in production; tests use it to make
@@ -130,11 +141,26 @@ impl Default for NodeConfig {
             http2_keepalive_timeout_ms: 20_000,
             snapshot_chunk_timeout_ms: 10_000,
             max_message_bytes: tally_api::MAX_MESSAGE_BYTES,
+            disk_quota_bytes: 0,
+            disk_reserve_bytes: default_disk_reserve_bytes(),
+            disk_check_interval_ms: default_disk_check_interval_ms(),
             log_format: LogFormat::Pretty,
             clock_offset_ms: 0,
         }
     }
 }
+
+/// 512 MiB: room for a snapshot being written and the log's growth between two checks.
+fn default_disk_reserve_bytes() -> u64 {
+    512 * 1024 * 1024
+}
+
+fn default_disk_check_interval_ms() -> u64 {
+    1_000
+}
+
+/// The smallest quota accepted: below it the headroom could not hold one snapshot.
+const MIN_DISK_QUOTA_BYTES: u64 = 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -143,6 +169,17 @@ pub enum ConfigError {
     #[error("invalid configuration: {0}")]
     Invalid(String),
 }
+
+/// `TALLY_*` variables that belong to a command line, never to a node's settings (lower case,
+/// without the prefix, as figment compares them).
+const COMMAND_LINE_VARIABLES: &[&str] = &[
+    "config",
+    "tls_dir",
+    "identity",
+    "endpoints",
+    "issuer_seed",
+    "kernel_config",
+];
 
 impl NodeConfig {
     /// Defaults, then `file` (if given), then `TALLY_*` variables (`TALLY_NODE_ID=3`,
@@ -164,8 +201,14 @@ impl NodeConfig {
             figment = figment.merge(Toml::file(file));
         }
         let mut config: NodeConfig = figment
-            // `__` reaches into tables: TALLY_TLS__CERT_FILE sets `[tls] cert_file`.
-            .merge(Env::prefixed("TALLY_").split("__"))
+            // `__` reaches into tables: TALLY_TLS__CERT_FILE sets `[tls] cert_file`. The
+            // variables of the command lines (`tally-node --config`, the `tally` CLI, the
+            // kernel node) are not settings: a container may set them beside a node's.
+            .merge(
+                Env::prefixed("TALLY_")
+                    .ignore(COMMAND_LINE_VARIABLES)
+                    .split("__"),
+            )
             .extract()
             .map_err(Box::new)?;
         config.insecure |= insecure;
@@ -291,7 +334,29 @@ impl NodeConfig {
             "max_message_bytes",
             self.max_message_bytes as u64,
             1_048_576..=tally_api::MAX_MESSAGE_BYTES as u64,
-        )
+        )?;
+        within(
+            "disk_check_interval_ms",
+            self.disk_check_interval_ms,
+            10..=600_000,
+        )?;
+        if self.disk_quota_bytes != 0 {
+            within(
+                "disk_quota_bytes (or 0 for no quota)",
+                self.disk_quota_bytes,
+                MIN_DISK_QUOTA_BYTES..=u64::MAX,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The disk watcher's limits (docs/spec.md §5.6).
+    pub fn disk_limits(&self) -> super::disk::DiskLimits {
+        super::disk::DiskLimits {
+            quota_bytes: self.disk_quota_bytes,
+            reserve_bytes: self.disk_reserve_bytes,
+            check_interval: std::time::Duration::from_millis(self.disk_check_interval_ms),
+        }
     }
 
     pub fn advertised(&self) -> String {
@@ -440,6 +505,10 @@ mod tests {
                  cert_file = \"node-7.pem\"\nkey_file = \"node-7.key\"\n",
             )?;
             jail.set_env("TALLY_CLUSTER_ID", "from-env");
+            // A container may set the command lines' variables beside the node's settings.
+            jail.set_env("TALLY_CONFIG", "node.toml");
+            jail.set_env("TALLY_TLS_DIR", "/etc/tally/tls");
+            jail.set_env("TALLY_IDENTITY", "operator");
             let config =
                 NodeConfig::load(Some(Path::new("node.toml"))).map_err(|e| e.to_string())?;
             assert_eq!(config.node_id, 7);

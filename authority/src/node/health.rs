@@ -51,6 +51,12 @@ impl Health {
 
     /// Serving: a leader is known, everything known committed is applied, the clock agrees,
     /// and a leader has applied an entry of its own term (so it can answer writes now).
+    ///
+    /// A raised alarm (docs/spec.md §5.6) does not make a node NOT_SERVING: with `NoSpace`
+    /// raised it still serves every read and every command on existing holds and charges,
+    /// and taking it out of a load balancer would strand those. The alarm shows instead in
+    /// `tally-node healthcheck`'s detail (from `Admin.ListAlarms`), `Admin.Status` and the
+    /// `tally_alarms_raised` metric.
     pub fn is_healthy(&self) -> bool {
         let metrics = crate::raft::types::current_metrics(&self.raft);
         let caught_up =

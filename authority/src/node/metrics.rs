@@ -52,6 +52,10 @@ pub struct NodeMetrics {
     refused_connections: AtomicU64,
     in_flight_requests: AtomicU64,
     open_connections: AtomicU64,
+    /// Bytes under the data dir at the disk watcher's last check (docs/spec.md §5.6).
+    pub data_dir_bytes: AtomicU64,
+    /// Free bytes on the data dir's filesystem at the disk watcher's last check.
+    pub disk_free_bytes: AtomicU64,
 }
 
 impl NodeMetrics {
@@ -162,9 +166,20 @@ pub async fn render(sources: &Sources) -> String {
     let m = &sources.metrics;
     let raft = crate::raft::types::current_metrics(&sources.raft);
     let store = sources.store.snapshot();
-    let (live, passivated) = {
+    let (live, passivated, alarms) = {
         let router = sources.router.lock().await;
-        (router.live_actors(), router.passivated_families())
+        let alarms: Vec<(String, String)> = crate::families::AlarmKind::ALL
+            .into_iter()
+            .map(|kind| {
+                let raised = router
+                    .alarms()
+                    .iter()
+                    .filter(|(k, _, _)| *k == kind)
+                    .count();
+                (format!("{{kind=\"{kind}\"}}"), raised.to_string())
+            })
+            .collect();
+        (router.live_actors(), router.passivated_families(), alarms)
     };
     let committed = raft.local_committed.map_or(0, |c| c.index);
     let applied = raft.last_applied.map_or(0, |a| a.index);
@@ -202,6 +217,25 @@ pub async fn render(sources: &Sources) -> String {
         "histogram",
         "Leader proposals from client_write to the applied reply.",
         &histogram,
+    );
+    metric(
+        "tally_alarms_raised",
+        "gauge",
+        "Nodes with the alarm raised through the log, by kind; while no_space is above 0 new \
+         exposure is refused (docs/spec.md 5.6).",
+        &alarms,
+    );
+    metric(
+        "tally_data_dir_bytes",
+        "gauge",
+        "Bytes under the data dir at the disk watcher's last check.",
+        &plain(m.data_dir_bytes.load(Ordering::Relaxed).to_string()),
+    );
+    metric(
+        "tally_disk_free_bytes",
+        "gauge",
+        "Free bytes on the data dir's filesystem at the disk watcher's last check.",
+        &plain(m.disk_free_bytes.load(Ordering::Relaxed).to_string()),
     );
     metric(
         "tally_raft_log_entries_per_fsync",

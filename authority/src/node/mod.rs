@@ -1,8 +1,10 @@
 //! A running authority node: storage, Raft, the family router, the gRPC services and the
-//! background tasks (hold expiry, clock monitor), started together and stopped together.
+//! background tasks (hold expiry, clock monitor, disk watcher), started together and stopped
+//! together.
 
 pub mod clock;
 pub mod config;
+pub mod disk;
 pub mod expiry;
 pub mod health;
 mod listener;
@@ -377,6 +379,15 @@ pub async fn start(
         Duration::from_millis(config.expiry_interval_ms),
         shutdown_rx.clone(),
     )));
+    tasks.push(tokio::spawn(disk::run(
+        config.node_id,
+        config.data_dir.clone(),
+        config.disk_limits(),
+        router.clone(),
+        proposer.clone(),
+        metrics.clone(),
+        shutdown_rx.clone(),
+    )));
     tasks.push(tokio::spawn(health::monitor_clock(
         config.node_id,
         raft.clone(),
@@ -407,6 +418,9 @@ pub async fn start(
         http2_keepalive_timeout_ms = config.http2_keepalive_timeout_ms,
         snapshot_chunk_timeout_ms = config.snapshot_chunk_timeout_ms,
         max_message_bytes = config.max_message_bytes,
+        disk_quota_bytes = config.disk_quota_bytes,
+        disk_reserve_bytes = config.disk_reserve_bytes,
+        disk_check_interval_ms = config.disk_check_interval_ms,
         "node started"
     );
     Ok(NodeHandle {

@@ -19,6 +19,7 @@ use tonic::transport::Channel;
 use super::clock::NodeClock;
 use super::metrics::NodeMetrics;
 use super::write_error::WriteError;
+use crate::families::AlarmChange;
 use crate::raft::types::{NodeId, Proposal, ProposalReply, Raft};
 
 /// Forwarded writes carry domain commands as versioned rmp-serde, like Raft messages.
@@ -148,6 +149,62 @@ impl Proposer {
         }
         self.write_local(Proposal::change_params(self.clock.now_ms(), change))
             .await
+    }
+
+    /// Proposes an alarm change on this node only, never forwarding (leader only): an
+    /// operator's clear from the admin service, or a raise this node or a follower asked for.
+    pub async fn propose_alarm_here(
+        &self,
+        change: AlarmChange,
+    ) -> Result<ProposalReply, WriteError> {
+        if !self.is_leader() {
+            return Err(WriteError::Unavailable {
+                leader: self.leader(),
+                reason: "alarms change on the leader".to_owned(),
+            });
+        }
+        self.write_local(Proposal::alarm(self.clock.now_ms(), change))
+            .await
+    }
+
+    /// Has `change` (this node's raise) go through the log: proposed here on the leader, or
+    /// sent to the leader's `Raft.RaiseAlarm`, which checks that this node is the one it names.
+    pub async fn raise_alarm(&self, change: AlarmChange) -> Result<ProposalReply, WriteError> {
+        assert!(
+            matches!(&change, AlarmChange::Raise { node_id, .. } if *node_id == self.node_id),
+            "a node raises only its own alarm: {change}"
+        );
+        if self.is_leader() {
+            return self.propose_alarm_here(change).await;
+        }
+        let (mut client, (leader, address)) = self.leader_client().await?;
+        let payload = encode_raft(&change).map_err(|e| WriteError::Invalid {
+            reason: e.to_string(),
+        })?;
+        let call = client.raise_alarm(RaftBytes {
+            payload: payload.into(),
+        });
+        let reply = match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(reply)) => reply.into_inner(),
+            Ok(Err(status)) => {
+                self.forget_peer(&self.peer_address_of(leader, &address));
+                return Err(WriteError::Unknown {
+                    reason: format!("alarm sent to node {leader}: {status}"),
+                });
+            }
+            Err(_) => {
+                return Err(WriteError::Unknown {
+                    reason: format!(
+                        "alarm sent to node {leader}, no answer within {} ms",
+                        self.timeout.as_millis()
+                    ),
+                })
+            }
+        };
+        let reply: ForwardReply = decode_raft(&reply.payload).map_err(|e| WriteError::Unknown {
+            reason: format!("undecodable alarm reply from node {leader}: {e}"),
+        })?;
+        reply
     }
 
     /// Writes on this node, believed to lead. Anything but a reply is indefinite: the entry

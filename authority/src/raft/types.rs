@@ -5,7 +5,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use tally_ledger::{ClusterParams, Command, Decision, LedgerError, LogPosition, ParamsChange};
 
-use crate::families::EntryPayload;
+use crate::families::{AlarmChange, EntryPayload};
 
 /// Raft node ids are small integers chosen by the operator.
 pub type NodeId = u64;
@@ -40,6 +40,8 @@ pub enum ProposalBody {
     /// of the parameters in force when the entry applies (so two changes of different fields
     /// both hold).
     ChangeParams(ParamsChange),
+    /// An alarm raised or cleared through the log (docs/spec.md §5.6).
+    Alarm(AlarmChange),
 }
 
 impl ProposalBody {
@@ -49,6 +51,7 @@ impl ProposalBody {
             Self::Commands(commands) => EntryPayload::Commands(commands),
             Self::SetParams(params) => EntryPayload::SetParams(ParamsChange::from(params)),
             Self::ChangeParams(change) => EntryPayload::SetParams(change),
+            Self::Alarm(change) => EntryPayload::Alarm(change),
         }
     }
 }
@@ -67,6 +70,14 @@ impl Proposal {
             version: PROPOSAL_VERSION,
             stamped_ms,
             body: ProposalBody::ChangeParams(change),
+        }
+    }
+
+    pub fn alarm(stamped_ms: u64, change: AlarmChange) -> Self {
+        Self {
+            version: PROPOSAL_VERSION,
+            stamped_ms,
+            body: ProposalBody::Alarm(change),
         }
     }
 }
@@ -94,6 +105,13 @@ impl fmt::Display for Proposal {
                 write!(
                     f,
                     "proposal v{} @{}: change {change:?}",
+                    self.version, self.stamped_ms
+                )
+            }
+            ProposalBody::Alarm(change) => {
+                write!(
+                    f,
+                    "proposal v{} @{}: alarm {change}",
                     self.version, self.stamped_ms
                 )
             }

@@ -131,7 +131,7 @@ fn kind(path: &str) -> Kind {
         BUDGET if BUDGET_READS.contains(&method) => Kind::BudgetRead,
         BUDGET => Kind::BudgetWrite,
         ADMIN => match method {
-            "Status" | "StateDigest" => Kind::AdminRead,
+            "Status" | "StateDigest" | "ListAlarms" => Kind::AdminRead,
             "ClockProbe" => Kind::ClockProbe,
             _ => Kind::AdminChange,
         },
@@ -302,6 +302,8 @@ mod tests {
             ("/tally.v1.Budget/ListHolds", [true, true, false, false]),
             ("/tally.v1.Admin/Status", [false, true, true, false]),
             ("/tally.v1.Admin/SetParams", [false, false, true, false]),
+            ("/tally.v1.Admin/ListAlarms", [false, true, true, false]),
+            ("/tally.v1.Admin/ClearAlarm", [false, false, true, false]),
             (
                 "/tally.v1.Admin/ChangeMembership",
                 [false, false, true, false],

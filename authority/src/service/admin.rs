@@ -1,5 +1,5 @@
 //! The `Admin` service: cluster initialization, membership, leadership transfer, snapshots,
-//! replicated parameters, status, and the clock probe peers use to compare clocks.
+//! replicated parameters, alarms, status, and the clock probe peers use to compare clocks.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use tally_ledger::ParamsChange;
 use tonic::{Request, Response, Status};
 
 use super::outcome::{definite, failure_status, Failure};
+use crate::families::{AlarmChange, AlarmKind, Alarms};
 use crate::node::health::Health;
 use crate::node::proposer::Proposer;
 use crate::node::write_error::WriteError;
@@ -79,6 +80,39 @@ fn member_node(member: pb::MemberAddress) -> Result<TallyNode, Status> {
         member.peer_address,
         member.region,
     ))
+}
+
+/// The alarms as the wire shows them, in (kind, node) order.
+pub fn alarms_message(alarms: &Alarms) -> Vec<pb::Alarm> {
+    alarms
+        .iter()
+        .map(|(kind, node_id, raised)| pb::Alarm {
+            kind: alarm_kind_message(kind) as i32,
+            node_id,
+            reason: raised.reason.clone(),
+            raised_at_index: raised.raised_at.index,
+            raised_at_term: raised.raised_at.term,
+            raised_at_ms: raised.raised_at_ms,
+        })
+        .collect()
+}
+
+fn alarm_kind_message(kind: AlarmKind) -> pb::AlarmKind {
+    match kind {
+        AlarmKind::NoSpace => pb::AlarmKind::NoSpace,
+    }
+}
+
+fn alarm_kind(kind: i32) -> Result<AlarmKind, Status> {
+    match pb::AlarmKind::try_from(kind) {
+        Ok(pb::AlarmKind::NoSpace) => Ok(AlarmKind::NoSpace),
+        Ok(pb::AlarmKind::Unspecified) | Err(_) => Err(Status::from(
+            tally_api::pb::ErrorDetail::from(tally_ledger::LedgerError::invalid(
+                "kind",
+                format!("is {kind}: name an alarm kind (ALARM_KIND_NO_SPACE)"),
+            )),
+        )),
+    }
 }
 
 fn admin_reply(log_index: Option<u64>, message: impl Into<String>) -> Response<pb::AdminReply> {
@@ -254,9 +288,13 @@ impl Admin for AdminService {
                 region: node.region.clone(),
             })
             .collect();
-        let (cluster_time_ms, params) = {
+        let (cluster_time_ms, params, alarms) = {
             let router = self.router.lock().await;
-            (router.cluster_time_ms(), router.params())
+            (
+                router.cluster_time_ms(),
+                router.params(),
+                alarms_message(router.alarms()),
+            )
         };
         let leader_address = self
             .proposer
@@ -279,7 +317,48 @@ impl Admin for AdminService {
             clock_offset_ms: self.health.clock_offset_ms(),
             cluster_id: self.cluster_id.clone(),
             params: Some(params.into()),
+            alarms,
         }))
+    }
+
+    async fn list_alarms(
+        &self,
+        _request: Request<pb::ListAlarmsRequest>,
+    ) -> Result<Response<pb::ListAlarmsReply>, Status> {
+        let router = self.router.lock().await;
+        Ok(definite(pb::ListAlarmsReply {
+            alarms: alarms_message(router.alarms()),
+            applied_index: router.last_applied().map_or(0, |id| id.index),
+        }))
+    }
+
+    /// Through the log, on the leader. Clearing what is not raised is a harmless entry, and
+    /// answers so, so a scripted clear is idempotent.
+    async fn clear_alarm(
+        &self,
+        request: Request<pb::ClearAlarmRequest>,
+    ) -> Result<Response<pb::AdminReply>, Status> {
+        let request = request.into_inner();
+        let kind = alarm_kind(request.kind)?;
+        let change = AlarmChange::Clear {
+            kind,
+            node_id: request.node_id,
+        };
+        let reply = self
+            .proposer
+            .propose_alarm_here(change.clone())
+            .await
+            .map_err(|e| failure_status(e.into(), None))?;
+        let still = self.router.lock().await.alarms().is_raised(kind);
+        let note = if still {
+            " (raised again since, or still raised by another node)"
+        } else {
+            ""
+        };
+        Ok(admin_reply(
+            Some(reply.log_id.index),
+            format!("{change} at log index {}{note}", reply.log_id.index),
+        ))
     }
 
     /// Taken under the router lock, so the digest and the index are of the same state.

@@ -1,6 +1,6 @@
 //! The internal `Raft` service, node to node: vote, streaming append, chunked snapshot
-//! install, leadership transfer, write forwarding and read indexes. Payloads are versioned
-//! rmp-serde; message sizes are capped by the server's limits.
+//! install, leadership transfer, write forwarding, read indexes and alarm raises. Payloads
+//! are versioned rmp-serde; message sizes are capped by the server's limits.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -16,6 +16,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::peer_auth::PeerAuth;
 use super::read_gate::ReadGate;
 use super::snapshot_inbox::SnapshotInbox;
+use crate::families::AlarmChange;
 use crate::node::proposer::{ForwardReply, Proposer};
 use crate::node::write_error::WriteError;
 use crate::raft::types::{Raft, Snapshot, SnapshotMeta, TypeConfig};
@@ -161,6 +162,26 @@ impl RaftRpc for RaftService {
     async fn read_index(&self, request: Request<RaftBytes>) -> Result<Response<RaftBytes>, Status> {
         self.auth.caller(&request)?;
         let answer: Result<u64, WriteError> = self.reads.leader_read_index().await;
+        reply(&answer)
+    }
+
+    /// A follower short of disk has the `NoSpace` alarm raised (docs/spec.md §5.6). Only a
+    /// raise travels this way (an operator clears, on the Admin service), and only for the
+    /// calling node: a member cannot stop new exposure in another's name.
+    async fn raise_alarm(
+        &self,
+        request: Request<RaftBytes>,
+    ) -> Result<Response<RaftBytes>, Status> {
+        let caller = self.auth.caller(&request)?;
+        let change: AlarmChange = decode(&request.into_inner().payload)?;
+        let AlarmChange::Raise { node_id, .. } = &change else {
+            return Err(Status::from(tally_api::pb::ErrorDetail::permission_denied(
+                "a peer may only raise its own alarm; an operator clears alarms (Admin.ClearAlarm)",
+            )));
+        };
+        PeerAuth::claims(caller, *node_id, "NoSpace alarm")?;
+        tracing::warn!(%change, "a peer asks for an alarm");
+        let answer: ForwardReply = self.proposer.propose_alarm_here(change).await;
         reply(&answer)
     }
 }

@@ -103,6 +103,7 @@ pub fn is_definite_refusal(status: &Status) -> bool {
                 | tonic::Code::FailedPrecondition
                 | tonic::Code::OutOfRange
                 | tonic::Code::Unavailable
+                | tonic::Code::ResourceExhausted
         )
 }
 

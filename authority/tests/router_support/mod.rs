@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use tally_authority::families::{EntryInput, EntryPayload};
+use tally_authority::families::{AlarmChange, EntryInput, EntryPayload};
 use tally_ledger::cluster_time::advance;
 use tally_ledger::limits::MAX_LIST_LIMIT;
 use tally_ledger::list_position::hold_order;
@@ -121,12 +121,22 @@ pub fn set_params(index: u64, stamped_ms: u64, params: ClusterParams) -> EntryIn
     }
 }
 
+pub fn alarm(index: u64, stamped_ms: u64, change: AlarmChange) -> EntryInput {
+    EntryInput {
+        log_id: LogPosition { term: 1, index },
+        stamped_ms,
+        payload: EntryPayload::Alarm(change),
+    }
+}
+
 /// Applies entries command by command to bare families, the way the router must.
 #[derive(Default)]
 pub struct Reference {
     pub families: BTreeMap<FamilyId, Family>,
     pub now_ms: u64,
     pub params: ClusterParams,
+    /// Whether `NoSpace` is raised (the router keeps the alarms; the ledger only sees this).
+    pub no_space: bool,
 }
 
 impl Reference {
@@ -138,6 +148,9 @@ impl Reference {
             match &entry.payload {
                 EntryPayload::Blank => {}
                 EntryPayload::SetParams(change) => self.params = change.apply_to(self.params),
+                EntryPayload::Alarm(change) => {
+                    self.no_space = matches!(change, AlarmChange::Raise { .. })
+                }
                 EntryPayload::Commands(commands) => {
                     for (position, command) in commands.iter().enumerate() {
                         let ctx = ApplyCtx {
@@ -145,6 +158,7 @@ impl Reference {
                             command_position: position,
                             now_ms: self.now_ms,
                             params: self.params,
+                            no_space: self.no_space,
                         };
                         let family = self
                             .families

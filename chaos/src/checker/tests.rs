@@ -54,6 +54,7 @@ impl Sim {
             command_position: 0,
             now_ms: 10_000 + self.log,
             params: ClusterParams::default(),
+            no_space: false,
         };
         let decision = self
             .family

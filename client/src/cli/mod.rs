@@ -2,6 +2,7 @@
 //! denied, or a read); 1 no node answered or a node fault; 2 bad usage; 3 refused or definitely
 //! not applied; 4 outcome unknown (resolve it later with `tally resolve`).
 
+mod alarm;
 pub mod bench;
 mod command_args;
 mod output;
@@ -48,7 +49,7 @@ pub struct Cli {
     )]
     pub tls_dir: std::path::PathBuf,
     /// The certificate to present (<tls-dir>/<identity>.pem and .key). By default `operator`
-    /// for status, members and params, `reader` for usage, events and get-event, `kernel`
+    /// for status, members, params and alarm, `reader` for usage, events and get-event, `kernel`
     /// for hold, resolve and bench.
     #[arg(long, global = true, env = "TALLY_IDENTITY")]
     pub identity: Option<String>,
@@ -90,6 +91,10 @@ pub enum TallyCommand {
     /// Show the replicated cluster parameters (retention, clock step), or change them
     /// through the log.
     Params(params::ParamsArgs),
+    /// The alarms raised through the log (NoSpace: new holds, charges and nonces are
+    /// refused), and clearing them once space is back.
+    #[command(subcommand)]
+    Alarm(alarm::AlarmCommand),
     /// Drive a load against the cluster and print throughput and latency percentiles.
     Bench(bench::BenchArgs),
 }
@@ -98,7 +103,7 @@ impl TallyCommand {
     /// The least-privileged dev certificate that can run the command.
     fn default_identity(&self) -> &'static str {
         match self {
-            Self::Status | Self::Members(_) | Self::Params(_) => "operator",
+            Self::Status | Self::Members(_) | Self::Params(_) | Self::Alarm(_) => "operator",
             Self::Usage(_) | Self::Events(_) | Self::GetEvent { .. } => "reader",
             Self::Hold(_) | Self::Resolve(_) | Self::Bench(_) => "kernel",
         }
@@ -223,6 +228,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
             Ok(0)
         }
         TallyCommand::Params(args) => params::run(&client, args, cli.json).await,
+        TallyCommand::Alarm(command) => alarm::run(&client, command, cli.json).await,
         TallyCommand::Bench(args) => bench::run(client, args, cli.json).await,
     }
 }
@@ -260,6 +266,10 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
                     "leader_id": r.leader_id, "last_log_index": r.last_log_index, "committed_index": r.committed_index,
                     "applied_index": r.applied_index, "lag": lag(leader_last, r.applied_index), "healthy": r.healthy,
                     "cluster_id": r.cluster_id, "clock_offset_ms": r.clock_offset_ms,
+                    "alarms": r.alarms.iter().map(|a| serde_json::json!({
+                        "kind": alarm::kind_name(a.kind), "node_id": a.node_id, "reason": a.reason,
+                        "raised_at_index": a.raised_at_index,
+                    })).collect::<Vec<_>>(),
                 }),
                 None => serde_json::json!({ "endpoint": endpoint, "error": "unreachable" }),
             })
@@ -296,6 +306,21 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
             }
         }
         table.print();
+        // The alarms are replicated: show them once, from the node that has applied most.
+        let alarms = replies
+            .iter()
+            .filter_map(|(_, r)| r.as_ref())
+            .max_by_key(|r| r.applied_index)
+            .map(|r| r.alarms.clone())
+            .unwrap_or_default();
+        if !alarms.is_empty() {
+            println!();
+            println!(
+                "ALARMS RAISED: new holds, charges and nonces are refused (RESOURCE_EXHAUSTED) \
+                 until `tally alarm clear`"
+            );
+            alarm::print_alarms(&alarms);
+        }
     }
     Ok(if failures == replies.len() { 1 } else { 0 })
 }

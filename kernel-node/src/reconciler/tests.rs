@@ -48,6 +48,7 @@ impl MemoryLedger {
             command_position: 0,
             now_ms: self.now_ms,
             params: ClusterParams::default(),
+            no_space: false,
         };
         match state.0.apply(&command, &ctx) {
             Ok(decision) => match decision.outcome {

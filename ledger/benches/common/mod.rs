@@ -28,6 +28,7 @@ pub fn ctx_at(log_index: u64, now_ms: u64, params: ClusterParams) -> ApplyCtx {
         command_position: 0,
         now_ms,
         params,
+        no_space: false,
     }
 }
 

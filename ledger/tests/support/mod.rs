@@ -21,6 +21,8 @@ pub struct Harness {
     pub log_index: u64,
     pub now_ms: u64,
     pub params: ClusterParams,
+    /// Whether the `NoSpace` alarm is raised (docs/spec.md §5.6).
+    pub no_space: bool,
 }
 
 impl Default for Harness {
@@ -36,6 +38,7 @@ impl Harness {
             log_index: 0,
             now_ms: T0,
             params: ClusterParams::default(),
+            no_space: false,
         }
     }
 
@@ -49,6 +52,7 @@ impl Harness {
             command_position: 0,
             now_ms: self.now_ms,
             params: self.params,
+            no_space: self.no_space,
         }
     }
 
