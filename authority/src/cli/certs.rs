@@ -2,7 +2,7 @@
 //! files land in `--dir` as `ca.pem`/`ca.key`, `<name>.pem`/`<name>.key` (keys mode 0600);
 //! nothing is ever overwritten. Rotation without downtime: issue new certificates from the
 //! same CA, replace the files, and restart nodes one at a time (a rolling restart keeps a
-//! quorum); to change the CA itself, see the README's "Security" section.
+//! quorum); to change the CA itself, see docs/operations.md, "Security".
 
 use std::path::PathBuf;
 
