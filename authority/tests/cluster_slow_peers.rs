@@ -23,7 +23,7 @@ fn snapshot_header(cluster: &TestCluster, leader: u64) -> pb::SnapshotChunk {
         last_membership: Default::default(),
     };
     pb::SnapshotChunk {
-        header: tally_api::encode_raft(&(vote, meta))
+        header: tally_api::encode_raft(&(vote, meta, [0u8; 32]))
             .expect("encodes")
             .into(),
         offset: 0,

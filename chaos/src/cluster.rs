@@ -58,6 +58,7 @@ impl ChaosCluster {
         dir: &Path,
         count: u64,
         snapshot_every_entries: u64,
+        max_live_families: usize,
     ) -> anyhow::Result<Self> {
         let net = Network::new();
         let tls_dir = dir.join("tls");
@@ -95,6 +96,7 @@ impl ChaosCluster {
                 log_file: dir.join(format!("node-{id}.log")),
                 cluster_id: "tally-chaos".to_owned(),
                 snapshot_every_entries,
+                max_live_families,
             };
             cluster.proxies.insert(id, front_addr.to_string());
             cluster.nodes.insert(id, NodeProcess::new(spec));

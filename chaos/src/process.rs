@@ -41,6 +41,7 @@ pub struct NodeSpec {
     pub log_file: PathBuf,
     pub cluster_id: String,
     pub snapshot_every_entries: u64,
+    pub max_live_families: usize,
 }
 
 pub struct NodeProcess {
@@ -93,6 +94,10 @@ impl NodeProcess {
             .env(
                 "TALLY_SNAPSHOT_EVERY_ENTRIES",
                 spec.snapshot_every_entries.to_string(),
+            )
+            .env(
+                "TALLY_MAX_LIVE_FAMILIES",
+                spec.max_live_families.to_string(),
             )
             // Info from the state machine, so an installed snapshot shows in the log.
             .env("RUST_LOG", "warn,tally_authority::raft::state_machine=info")

@@ -33,6 +33,10 @@ pub struct Profile {
     pub workload: WorkloadConfig,
     pub nodes: u64,
     pub snapshot_every_entries: u64,
+    /// Each node's `max_live_families`: below the workload's families, so families are
+    /// passivated to the family store and read back all the time, under the faults, and the
+    /// checker's final reads and digests cover families on disk.
+    pub max_live_families: usize,
 }
 
 impl Profile {
@@ -54,6 +58,7 @@ impl Profile {
             },
             nodes: 3,
             snapshot_every_entries: 200,
+            max_live_families: 5,
         }
     }
 

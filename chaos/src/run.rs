@@ -70,6 +70,7 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<RunReport> {
         &out.join("data"),
         profile.nodes,
         profile.snapshot_every_entries,
+        profile.max_live_families,
     )
     .await
     .context("start the cluster")?;

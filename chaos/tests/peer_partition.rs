@@ -46,6 +46,7 @@ async fn a_partition_on_the_peer_proxies_stops_commits_until_healed() {
         dir.path(),
         3,
         10_000,
+        10_000,
     )
     .await
     .expect("cluster starts");

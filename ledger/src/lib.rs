@@ -15,6 +15,7 @@ mod dedupe;
 pub mod error;
 pub mod event;
 pub mod family;
+mod footprint;
 pub mod hold;
 pub mod identity;
 pub mod ids;

@@ -36,6 +36,11 @@ pub struct DevArgs {
     /// Plaintext and no authentication (no certificates are made).
     #[arg(long)]
     pub insecure: bool,
+    /// Each node's `memory_budget_bytes` (half for families kept in memory, the rest spilled
+    /// to `<data-dir>/node-<i>/families/`); the nodes share this process, so it holds about
+    /// `--nodes` times this much state.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub memory_budget_bytes: u64,
 }
 
 /// Where a dev cluster's CA and certificates live.
@@ -59,6 +64,7 @@ pub fn node_config(args: &DevArgs, id: u64) -> NodeConfig {
         tls: (!args.insecure).then(|| TlsFiles::in_dir(&tls_dir(args), &format!("node-{id}"))),
         insecure: args.insecure,
         reflection: true,
+        memory_budget_bytes: args.memory_budget_bytes,
         ..NodeConfig::default()
     }
 }

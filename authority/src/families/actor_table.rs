@@ -1,7 +1,9 @@
-//! Where each family lives: in a live actor, or as passivated bytes. Passivation is node-local
-//! memory management, not replicated state: nothing replicated or digested depends on it.
+//! Where each family lives: in a live actor, or passivated into the family store on disk.
+//! Passivation is node-local memory management, not replicated state: nothing replicated or
+//! digested depends on it.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ractor::{ActorRef, ActorRuntime};
@@ -10,38 +12,85 @@ use tokio::sync::oneshot;
 
 use super::error::RouterError;
 use super::family_actor::{FamilyActor, FamilyStart};
+use super::family_store::{FamilyStore, StoreView};
 use super::messages::FamilyMsg;
 
 pub(crate) struct LiveActor {
     pub actor: ActorRef<FamilyMsg>,
     /// Log index of the last entry that sent this family a command (the LRU key).
     pub last_used: u64,
+    /// The family's estimated heap bytes after its last batch (`Family::footprint_bytes`).
+    pub footprint_bytes: usize,
 }
 
 /// Where a family is right now.
 pub(crate) enum Located<'a> {
     Live(&'a ActorRef<FamilyMsg>),
-    Passivated(&'a Arc<Vec<u8>>),
+    /// Passivated: its bytes are in the family store (read them through a `StoreView`).
+    Stored(StoredRow),
     Absent,
+}
+
+/// A passivated family's row in the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StoredRow {
+    /// The length of its encoding.
+    pub bytes: usize,
+    /// Unique in the process for each write of a family: a count made from a row is recorded
+    /// only while the family still has that row (`hold_index.rs`).
+    pub version: u64,
+}
+
+impl StoredRow {
+    fn new(bytes: usize) -> Self {
+        static NEXT_VERSION: AtomicU64 = AtomicU64::new(1);
+        Self {
+            bytes,
+            version: NEXT_VERSION.fetch_add(1, Ordering::Relaxed),
+        }
+    }
 }
 
 /// Live families are keyed by `IdKey` (the id's first 24 bytes inline, then the id): every
 /// round looks up each of its families here, and the families of one entry share a last-used
 /// index, so the LRU order breaks those ties by the same key, mostly without reading id bytes.
-#[derive(Default)]
 pub(crate) struct ActorTable {
     live: IdMap<FamilyId, LiveActor>,
     /// `(last_used, family)`, least recently used first.
     lru: BTreeSet<(u64, IdKey<FamilyId>)>,
-    /// Shared, so a snapshot cut takes a reference to each, not a copy (see `RouterCut`).
-    passivated: BTreeMap<FamilyId, Arc<Vec<u8>>>,
+    /// The sum of the live families' `footprint_bytes`.
+    live_footprint_bytes: usize,
+    /// Passivated families and the length of their encoding; the bytes are in `store`. In
+    /// memory because scans, digests and snapshots walk it in family-id order, and because
+    /// it tells a new family from a stored one without a disk read.
+    stored: BTreeMap<FamilyId, StoredRow>,
+    stored_bytes: usize,
+    store: FamilyStore,
 }
 
 impl ActorTable {
-    pub fn from_passivated(passivated: BTreeMap<FamilyId, Arc<Vec<u8>>>) -> Self {
+    pub fn new(store: FamilyStore) -> Self {
         Self {
-            passivated,
-            ..Self::default()
+            live: IdMap::default(),
+            lru: BTreeSet::new(),
+            live_footprint_bytes: 0,
+            stored: BTreeMap::new(),
+            stored_bytes: 0,
+            store,
+        }
+    }
+
+    /// A table whose families are all passivated: `stored` names what `store` holds.
+    pub fn from_stored(store: FamilyStore, stored: BTreeMap<FamilyId, usize>) -> Self {
+        let stored_bytes = stored.values().sum();
+        let stored = stored
+            .into_iter()
+            .map(|(family_id, bytes)| (family_id, StoredRow::new(bytes)))
+            .collect();
+        Self {
+            stored,
+            stored_bytes,
+            ..Self::new(store)
         }
     }
 
@@ -49,8 +98,8 @@ impl ActorTable {
         if let Some(live) = self.live.get(family_id) {
             return Located::Live(&live.actor);
         }
-        match self.passivated.get(family_id) {
-            Some(bytes) => Located::Passivated(bytes),
+        match self.stored.get(family_id) {
+            Some(row) => Located::Stored(*row),
             None => Located::Absent,
         }
     }
@@ -59,32 +108,86 @@ impl ActorTable {
         self.live.len()
     }
 
-    pub fn passivated_count(&self) -> usize {
-        self.passivated.len()
+    pub fn stored_count(&self) -> usize {
+        self.stored.len()
     }
 
     pub fn is_live(&self, family_id: &FamilyId) -> bool {
         self.live.contains_key(family_id)
     }
 
+    pub fn is_stored(&self, family_id: &FamilyId) -> bool {
+        self.stored.contains_key(family_id)
+    }
+
     pub fn live(&self) -> impl Iterator<Item = (&FamilyId, &ActorRef<FamilyMsg>)> {
         self.live.iter().map(|(id, live)| (id, &live.actor))
     }
 
-    pub fn passivated(&self) -> &BTreeMap<FamilyId, Arc<Vec<u8>>> {
-        &self.passivated
+    /// The passivated families, in family-id order, with the length of their encoding.
+    pub fn stored(&self) -> &BTreeMap<FamilyId, StoredRow> {
+        &self.stored
     }
 
-    pub fn passivated_bytes_total(&self) -> usize {
-        self.passivated.values().map(|bytes| bytes.len()).sum()
+    pub fn stored_bytes_total(&self) -> usize {
+        self.stored_bytes
     }
 
-    /// The family's actor, spawned (new, or from its passivated bytes) if it is not live;
-    /// marks it used at `log_index`.
+    pub fn live_footprint_bytes(&self) -> usize {
+        self.live_footprint_bytes
+    }
+
+    pub fn store(&self) -> &FamilyStore {
+        &self.store
+    }
+
+    /// A view of the store holding every passivated family as of now (see `StoreView`).
+    pub fn view(&self) -> Result<StoreView, RouterError> {
+        self.store.view()
+    }
+
+    /// Reads the stored bytes of `families` on a blocking thread: what a round must have in
+    /// hand before it activates them, so no actor (and no ledger code) waits on the disk.
+    pub async fn fetch(
+        &self,
+        families: Vec<FamilyId>,
+    ) -> Result<BTreeMap<FamilyId, Vec<u8>>, RouterError> {
+        if families.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let view = self.view()?;
+        tokio::task::spawn_blocking(move || {
+            families
+                .into_iter()
+                .map(|family_id| {
+                    let bytes = view.get(&family_id)?;
+                    Ok((family_id, bytes))
+                })
+                .collect()
+        })
+        .await
+        .map_err(|error| RouterError::Store(format!("a family fetch stopped: {error}")))?
+    }
+
+    /// Records a live family's footprint after a batch.
+    pub fn set_footprint(&mut self, family_id: &FamilyId, footprint_bytes: usize) {
+        let live = self
+            .live
+            .get_mut(family_id)
+            .unwrap_or_else(|| panic!("footprint of family {family_id}, which is not live"));
+        self.live_footprint_bytes =
+            self.live_footprint_bytes - live.footprint_bytes + footprint_bytes;
+        live.footprint_bytes = footprint_bytes;
+    }
+
+    /// The family's actor, spawned (new, or from the stored bytes the round fetched, which
+    /// `fetched` must hold for a stored family) if it is not live; marks it used at
+    /// `log_index`.
     pub fn activate(
         &mut self,
         family_id: &FamilyId,
         log_index: u64,
+        fetched: &mut BTreeMap<FamilyId, Vec<u8>>,
     ) -> Result<ActorRef<FamilyMsg>, RouterError> {
         if let Some(live) = self.live.get_mut(family_id) {
             // One key, moved from the old LRU row to the new one.
@@ -98,11 +201,17 @@ impl ActorTable {
             self.lru.insert(row);
             return Ok(live.actor.clone());
         }
-        let start = match self.passivated.remove(family_id) {
-            Some(bytes) => FamilyStart::Resume {
-                family_id: family_id.clone(),
-                bytes,
-            },
+        let start = match self.stored.remove(family_id) {
+            Some(row) => {
+                self.stored_bytes -= row.bytes;
+                let bytes = fetched.remove(family_id).unwrap_or_else(|| {
+                    panic!("family {family_id} activated before its stored bytes were fetched")
+                });
+                FamilyStart::Resume {
+                    family_id: family_id.clone(),
+                    bytes: Arc::new(bytes),
+                }
+            }
             None => FamilyStart::New(family_id.clone()),
         };
         // `spawn_instant` queues messages before `pre_start` runs, so many families start
@@ -119,20 +228,40 @@ impl ActorTable {
             LiveActor {
                 actor: actor.clone(),
                 last_used: log_index,
+                footprint_bytes: 0,
             },
         );
         self.lru.insert((log_index, IdKey::new(family_id.clone())));
         Ok(actor)
     }
 
-    /// Live families beyond `max_live`, least recently used first.
-    pub fn over_limit(&self, max_live: usize) -> Vec<FamilyId> {
+    /// The live families to passivate, least recently used first: those beyond `max_live`,
+    /// then more while the live footprint exceeds `max_live_bytes`. A family used at
+    /// `current_index` (the round just applied) stays: passivating it would only bring it
+    /// back on its next command, so one family larger than the budget stays live alone.
+    pub fn over_limit(
+        &self,
+        max_live: usize,
+        max_live_bytes: usize,
+        current_index: u64,
+    ) -> Vec<FamilyId> {
         let excess = self.live.len().saturating_sub(max_live);
-        self.lru
-            .iter()
-            .take(excess)
-            .map(|(_, family)| family.id().clone())
-            .collect()
+        let mut footprint = self.live_footprint_bytes;
+        let mut chosen = Vec::new();
+        for (used, family) in &self.lru {
+            if chosen.len() >= excess && footprint <= max_live_bytes {
+                break;
+            }
+            if *used >= current_index && chosen.len() >= excess {
+                break;
+            }
+            let live = self.live.get(family.id()).unwrap_or_else(|| {
+                panic!("family {} is in the LRU order but not live", family.id())
+            });
+            footprint -= live.footprint_bytes;
+            chosen.push(family.id().clone());
+        }
+        chosen
     }
 
     /// Live families last used before log index `before`.
@@ -145,8 +274,12 @@ impl ActorTable {
     }
 
     /// Passivates live families: takes each actor's state (its mailbox is empty, as the
-    /// router awaited every reply), waits for it to stop, and keeps the bytes.
+    /// router awaited every reply), writes the bytes to the store (on a blocking thread) and
+    /// waits for the actors to stop.
     pub async fn passivate(&mut self, families: &[FamilyId]) -> Result<(), RouterError> {
+        if families.is_empty() {
+            return Ok(());
+        }
         let mut pending = Vec::with_capacity(families.len());
         for family_id in families {
             let actor = self.detach(family_id);
@@ -158,13 +291,25 @@ impl ActorTable {
             pending.push((family_id, actor, rx));
         }
         let mut stopping = Vec::with_capacity(pending.len());
+        let mut written = Vec::with_capacity(pending.len());
         for (family_id, actor, rx) in pending {
             let bytes = rx.await.map_err(|_| gone(family_id))?;
             // Only now: ractor handles a stop before queued messages, so an earlier stop
             // could overtake the read.
             actor.stop(None);
-            self.passivated.insert(family_id.clone(), Arc::new(bytes));
+            written.push((family_id.clone(), Arc::new(bytes)));
             stopping.push(actor);
+        }
+        let store = self.store.clone();
+        let written =
+            tokio::task::spawn_blocking(move || store.write(&written, &[]).map(|()| written))
+                .await
+                .map_err(|error| {
+                    RouterError::Store(format!("a family write stopped: {error}"))
+                })??;
+        for (family_id, bytes) in written {
+            self.stored_bytes += bytes.len();
+            self.stored.insert(family_id, StoredRow::new(bytes.len()));
         }
         for actor in stopping {
             // Without a timeout `wait` only returns once the actor stopped.
@@ -192,6 +337,7 @@ impl ActorTable {
             .live
             .remove(family_id)
             .unwrap_or_else(|| panic!("family {family_id} detached but not live"));
+        self.live_footprint_bytes -= live.footprint_bytes;
         let removed = self
             .lru
             .remove(&(live.last_used, IdKey::new(family_id.clone())));

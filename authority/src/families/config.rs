@@ -17,6 +17,10 @@ pub struct RouterConfig {
     /// Live actors kept after a round; beyond it the least recently used are passivated.
     /// During a round up to `max_live_actors + max_commands_per_batch` actors may be live.
     pub max_live_actors: usize,
+    /// The hot families' share of the node's memory budget: after a round the least recently
+    /// used live families are passivated to the family store while the live families'
+    /// estimated footprint (`Family::footprint_bytes`) is above it.
+    pub max_live_bytes: usize,
 }
 
 impl Default for RouterConfig {
@@ -24,6 +28,7 @@ impl Default for RouterConfig {
         Self {
             max_commands_per_batch: 16_384,
             max_live_actors: 10_000,
+            max_live_bytes: 1 << 30,
         }
     }
 }
@@ -46,6 +51,11 @@ impl RouterConfig {
         if self.max_live_actors == 0 {
             return Err(RouterError::Config(
                 "max_live_actors must be at least 1".into(),
+            ));
+        }
+        if self.max_live_bytes == 0 {
+            return Err(RouterError::Config(
+                "max_live_bytes must be at least 1".into(),
             ));
         }
         Ok(())

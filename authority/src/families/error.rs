@@ -20,6 +20,10 @@ pub enum RouterError {
     /// A fatal error happened earlier; the router refuses all further work.
     #[error("the router halted after a fatal error: {0}")]
     Halted(String),
+    /// The family store (the spill file of passivated families) failed: the node cannot
+    /// reach part of its state, so it stops.
+    #[error("family store: {0}")]
+    Store(String),
     #[error("invalid router config: {0}")]
     Config(String),
     /// A family actor stopped before answering a read queued to it: the router was replaced

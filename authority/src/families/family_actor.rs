@@ -122,6 +122,7 @@ fn apply_batch(family: &mut Family, commands: &[(ApplyCtx, Command)]) -> Applied
         maintenance_due_ms,
         pristine,
         has_live_holds: family.live_hold_count() > 0,
+        footprint_bytes: family.footprint_bytes(),
     }
 }
 

@@ -19,13 +19,13 @@
 //! next apply) counts them.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
 use tally_ledger::FamilyId;
 use tokio::sync::Mutex;
 
-use super::actor_table::Located;
+use super::actor_table::{Located, StoredRow};
 use super::error::RouterError;
+use super::family_store::StoreView;
 use super::reads::{decode, off_the_runtime};
 use super::router::FamilyRouter;
 
@@ -101,30 +101,32 @@ impl HoldIndex {
 pub async fn rebuild_hold_index(router: &Mutex<FamilyRouter>) -> Result<usize, RouterError> {
     let mut counted = 0;
     loop {
-        let step = router.lock().await.uncounted_step()?;
+        let (step, view) = router.lock().await.uncounted_step()?;
         let Some((first, _)) = step.first() else {
             return Ok(counted);
         };
         let first = first.clone();
         let counts = off_the_runtime(first, move || {
             (step.into_iter())
-                .map(|(family_id, bytes)| {
+                .map(|(family_id, row)| {
+                    let bytes = view.get(&family_id)?;
                     let has = decode(&family_id, &bytes)?.live_hold_count() > 0;
-                    Ok((family_id, bytes, has))
+                    Ok((family_id, row, has))
                 })
                 .collect::<Result<Vec<_>, RouterError>>()
         })
         .await?;
-        // A family whose bytes changed meanwhile was counted by its apply; a router replaced
-        // meanwhile has new bytes for every family, so its own rebuild's counts stand and
+        // A family whose row changed meanwhile was counted by its apply; a router replaced
+        // meanwhile has new rows for every family, so its own rebuild's counts stand and
         // these are dropped. Either way the next step moves on, until none is uncounted.
         counted += router.lock().await.record_counts(counts);
     }
 }
 
 impl FamilyRouter {
-    /// One step's worth of uncounted families, with their bytes (shared).
-    fn uncounted_step(&self) -> Result<Vec<(FamilyId, Arc<Vec<u8>>)>, RouterError> {
+    /// One step's worth of uncounted families, with their rows and a view to read them.
+    #[allow(clippy::type_complexity)]
+    fn uncounted_step(&self) -> Result<(Vec<(FamilyId, StoredRow)>, StoreView), RouterError> {
         self.check_running()?;
         let mut step = Vec::new();
         let mut bytes_in_step = 0;
@@ -133,22 +135,22 @@ impl FamilyRouter {
                 break;
             }
             // Uncounted families are passivated: the first apply to one counts it.
-            if let Located::Passivated(bytes) = self.actors.locate(family_id) {
-                bytes_in_step += bytes.len();
-                step.push((family_id.clone(), Arc::clone(bytes)));
+            if let Located::Stored(row) = self.actors.locate(family_id) {
+                bytes_in_step += row.bytes;
+                step.push((family_id.clone(), row));
             }
         }
-        Ok(step)
+        Ok((step, self.actors.view()?))
     }
 
-    /// Records counts made from bytes that are still the family's (the same allocation, so
-    /// a count taken from another router's bytes is never recorded). Returns how many.
-    fn record_counts(&mut self, counts: Vec<(FamilyId, Arc<Vec<u8>>, bool)>) -> usize {
+    /// Records counts made from rows that are still the family's (the same version, so a
+    /// count taken from another router's rows is never recorded). Returns how many.
+    fn record_counts(&mut self, counts: Vec<(FamilyId, StoredRow, bool)>) -> usize {
         let mut recorded = 0;
-        for (family_id, bytes, has) in counts {
+        for (family_id, row, has) in counts {
             let same = matches!(
                 self.actors.locate(&family_id),
-                Located::Passivated(now) if Arc::ptr_eq(now, &bytes)
+                Located::Stored(now) if now == row
             );
             if same && self.holds.counted(&family_id, has) {
                 recorded += 1;

@@ -36,4 +36,6 @@ pub(crate) struct AppliedBatch {
     pub pristine: bool,
     /// The family holds live holds after the batch (for the router's `HoldIndex`).
     pub has_live_holds: bool,
+    /// The family's estimated heap bytes after the batch (`Family::footprint_bytes`).
+    pub footprint_bytes: usize,
 }

@@ -3,10 +3,10 @@
 //!
 //! Each read has two halves. The first is the `&self` method below: synchronous, it runs under
 //! the lock and only does cheap things: it queues a `FamilyMsg::Read` in the mailbox of each
-//! live family the read needs, and takes a shared reference to each passivated family's bytes.
+//! live family the read needs, and takes a view of the family store for the passivated ones.
 //! It returns the second half, a future that borrows nothing from the router (`'static`), so
-//! the lock is dropped before it is awaited: it awaits the actors' answers and decodes the
-//! passivated bytes (on a blocking thread when they are large), while `apply` goes on. Reads
+//! the lock is dropped before it is awaited: it awaits the actors' answers and reads and
+//! decodes the passivated families from the view (on a blocking thread), while `apply` goes on. Reads
 //! never change which families are live. [`read`] is how the service runs one.
 //!
 //! **Why the answer is still linearizable.** For a `LINEARIZABLE` read the service's
@@ -16,9 +16,9 @@
 //! it for a whole round and awaits every family's answer. So each live actor's state is the
 //! state at `last_applied`, and no apply waits in its mailbox. Only the router sends to actors
 //! and mailboxes are FIFO, so the read queued now is answered before any apply of a later
-//! round, from exactly that state, however late the actor gets to it. Passivated bytes are
-//! never changed in place (a family passivated again gets new bytes), so the bytes taken are
-//! that state too. Every family therefore answers from the state at one index, `last_applied`
+//! round, from exactly that state, however late the actor gets to it. The store's view is a
+//! redb read transaction at the last commit, and passivation commits before it returns, so
+//! the view holds every passivated family as of the lock; later commits do not change it. Every family therefore answers from the state at one index, `last_applied`
 //! when the lock was taken: at or after the read index and before the answer. The read takes
 //! effect at that moment, and nothing applied later is mixed in.
 //!
@@ -46,12 +46,9 @@ use tokio::sync::{oneshot, Mutex};
 
 use super::actor_table::{gone, send, ActorTable, Located};
 use super::error::RouterError;
+use super::family_store::StoreView;
 use super::messages::FamilyMsg;
 use super::router::FamilyRouter;
-
-/// Passivated bytes up to this much (per read) are decoded on the reading task; more on a
-/// blocking thread, so a large decode never occupies an async worker.
-const INLINE_DECODE_BYTES: usize = 64 * 1024;
 
 /// Runs a read against the shared router: `start` runs under the lock and returns the rest of
 /// the read, awaited with the lock released (see the module docs). A read interrupted by an
@@ -110,7 +107,7 @@ impl FamilyRouter {
             f.list_usages(capability_id.as_ref(), after.as_ref(), limit)
         });
         let started = self.check_running().and_then(|()| match family_id {
-            Some(family_id) => scan.add(family_id, self.actors.locate(family_id)),
+            Some(family_id) => scan.add(family_id, self.actors.locate(family_id), &self.actors),
             None => scan.add_all(&self.actors, within),
         });
         async move {
@@ -171,10 +168,12 @@ impl FamilyRouter {
         let filter = filter.clone();
         let mut scan = Scan::new(move |f: &Family| f.list_holds(&filter, limit));
         let started = self.check_running().and_then(|()| match family_id {
-            Some(family_id) => scan.add(family_id, self.actors.locate(family_id)),
+            Some(family_id) => scan.add(family_id, self.actors.locate(family_id), &self.actors),
             None => (self.holds.candidates())
                 .filter(|family_id| within(family_id))
-                .try_for_each(|family_id| scan.add(family_id, self.actors.locate(family_id))),
+                .try_for_each(|family_id| {
+                    scan.add(family_id, self.actors.locate(family_id), &self.actors)
+                }),
         });
         async move {
             started?;
@@ -191,7 +190,12 @@ impl FamilyRouter {
         async move {
             match part? {
                 // A family's digest is its canonical bytes' digest: no decode needed.
-                FamilyPart::Passivated(_, bytes, _) => Ok(Some(digest_bytes(&bytes))),
+                FamilyPart::Stored(family_id, view, _) => {
+                    let named = family_id.clone();
+                    off_the_runtime(named, move || view.get(&family_id))
+                        .await
+                        .map(|bytes| Some(digest_bytes(&bytes)))
+                }
                 part => part.answer().await,
             }
         }
@@ -212,9 +216,7 @@ impl FamilyRouter {
             Located::Live(actor) => {
                 FamilyPart::Live(family_id.clone(), ask(family_id, actor, read)?)
             }
-            Located::Passivated(bytes) => {
-                FamilyPart::Passivated(family_id.clone(), Arc::clone(bytes), read)
-            }
+            Located::Stored(_) => FamilyPart::Stored(family_id.clone(), self.actors.view()?, read),
             Located::Absent => FamilyPart::Absent,
         })
     }
@@ -284,8 +286,9 @@ fn ask<R: Send + 'static>(
 enum FamilyPart<R, F> {
     /// The read is queued in the live actor's mailbox: its answer, to come.
     Live(FamilyId, oneshot::Receiver<R>),
-    /// The family's bytes at the cut, and the read to run once they are decoded.
-    Passivated(FamilyId, Arc<Vec<u8>>, F),
+    /// A view of the family store at the cut, and the read to run once the family is read
+    /// from it and decoded.
+    Stored(FamilyId, StoreView, F),
     /// The family holds no state.
     Absent,
 }
@@ -301,16 +304,14 @@ where
             Self::Live(family_id, answer) => {
                 answer.await.map(Some).map_err(|_| interrupted(&family_id))
             }
-            Self::Passivated(family_id, bytes, read) => {
-                let inline = bytes.len() <= INLINE_DECODE_BYTES;
+            Self::Stored(family_id, view, read) => {
+                // A disk read: always on a blocking thread.
                 let named = family_id.clone();
-                let run = move || decode(&family_id, &bytes).map(|family| read(&family));
-                let answer = if inline {
-                    run()
-                } else {
-                    off_the_runtime(named, run).await
+                let run = move || {
+                    let bytes = view.get(&family_id)?;
+                    decode(&family_id, &bytes).map(|family| read(&family))
                 };
-                answer.map(Some)
+                off_the_runtime(named, run).await.map(Some)
             }
             Self::Absent => Ok(None),
         }
@@ -333,11 +334,12 @@ pub fn every_family(_: &FamilyId) -> bool {
 }
 
 /// A list read over some families, taken under the lock: the reads queued in live actors
-/// (their answers to come) and the passivated families' bytes.
+/// (their answers to come), the passivated families, and a view of the store to read them.
 struct Scan<T, F> {
     read: Arc<F>,
     live: Vec<(FamilyId, oneshot::Receiver<Vec<T>>)>,
-    passivated: Vec<(FamilyId, Arc<Vec<u8>>)>,
+    stored: Vec<FamilyId>,
+    view: Option<StoreView>,
 }
 
 impl<T, F> Scan<T, F>
@@ -349,20 +351,29 @@ where
         Self {
             read: Arc::new(read),
             live: Vec::new(),
-            passivated: Vec::new(),
+            stored: Vec::new(),
+            view: None,
         }
     }
 
     /// Adds one family, wherever it is (an absent family has no rows).
-    fn add(&mut self, family_id: &FamilyId, located: Located<'_>) -> Result<(), RouterError> {
+    fn add(
+        &mut self,
+        family_id: &FamilyId,
+        located: Located<'_>,
+        actors: &ActorTable,
+    ) -> Result<(), RouterError> {
         match located {
             Located::Live(actor) => {
                 let read = Arc::clone(&self.read);
                 let answer = ask(family_id, actor, move |family| read(family))?;
                 self.live.push((family_id.clone(), answer));
             }
-            Located::Passivated(bytes) => {
-                self.passivated.push((family_id.clone(), Arc::clone(bytes)));
+            Located::Stored(_) => {
+                if self.view.is_none() {
+                    self.view = Some(actors.view()?);
+                }
+                self.stored.push(family_id.clone());
             }
             Located::Absent => {}
         }
@@ -376,10 +387,10 @@ where
         within: &dyn Fn(&FamilyId) -> bool,
     ) -> Result<(), RouterError> {
         for (family_id, actor) in actors.live().filter(|(f, _)| within(f)) {
-            self.add(family_id, Located::Live(actor))?;
+            self.add(family_id, Located::Live(actor), actors)?;
         }
-        for (family_id, bytes) in actors.passivated().iter().filter(|(f, _)| within(f)) {
-            self.add(family_id, Located::Passivated(bytes))?;
+        for (family_id, row) in actors.stored().iter().filter(|(f, _)| within(f)) {
+            self.add(family_id, Located::Stored(*row), actors)?;
         }
         Ok(())
     }
@@ -390,28 +401,25 @@ where
         let Self {
             read,
             live,
-            passivated,
+            stored,
+            view,
         } = self;
         let mut merged = Merge::new(limit, order);
-        let bytes: usize = passivated.iter().map(|(_, bytes)| bytes.len()).sum();
-        let first = passivated.first().map(|(family_id, _)| family_id.clone());
+        let first = stored.first().cloned();
         let decode_all = move || -> Result<Vec<(FamilyId, T)>, RouterError> {
             let mut merged = Merge::new(limit, order);
-            for (family_id, bytes) in passivated {
+            let Some(view) = view else {
+                return Ok(Vec::new());
+            };
+            for family_id in stored {
+                let bytes = view.get(&family_id)?;
                 let rows = read(&decode(&family_id, &bytes)?);
                 merged.add(family_id, rows);
             }
             Ok(merged.finish())
         };
-        // A blocking task starts at once: the decoding overlaps the actors' answers.
-        let decoding = match first {
-            None => None,
-            Some(_) if bytes <= INLINE_DECODE_BYTES => {
-                merged.extend(decode_all()?);
-                None
-            }
-            Some(first) => Some((first, tokio::task::spawn_blocking(decode_all))),
-        };
+        // A blocking task (disk reads) starts at once: it overlaps the actors' answers.
+        let decoding = first.map(|first| (first, tokio::task::spawn_blocking(decode_all)));
         for (family_id, answer) in live {
             let rows = answer.await.map_err(|_| interrupted(&family_id))?;
             merged.add(family_id, rows);

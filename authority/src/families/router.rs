@@ -11,6 +11,7 @@ use super::config::RouterConfig;
 use super::entry::{EntryInput, EntryOutput};
 use super::error::RouterError;
 use super::expiry_index::ExpiryIndex;
+use super::family_store::FamilyStore;
 use super::hold_index::HoldIndex;
 use super::messages::FamilyMsg;
 use super::router_state::RouterState;
@@ -21,7 +22,7 @@ pub struct FamilyRouter {
     pub(super) state: RouterState,
     /// Replicated: each family's next maintenance time.
     pub(super) expiry: ExpiryIndex,
-    /// Node-local: which families are live and which are passivated.
+    /// Node-local: which families are live and which are passivated (in the family store).
     pub(super) actors: ActorTable,
     /// Node-local, derived: which families hold live holds (what `ListHolds` without a
     /// family reads).
@@ -31,12 +32,18 @@ pub struct FamilyRouter {
 }
 
 impl FamilyRouter {
+    /// A router with an empty family store in memory (tests and tools).
     pub fn new(config: RouterConfig) -> Result<Self, RouterError> {
+        Self::with_store(config, FamilyStore::in_memory()?)
+    }
+
+    /// A router that passivates families into `store` (a node's file on disk).
+    pub fn with_store(config: RouterConfig, store: FamilyStore) -> Result<Self, RouterError> {
         Self::from_parts(
             config,
             RouterState::default(),
             ExpiryIndex::default(),
-            ActorTable::default(),
+            ActorTable::new(store),
         )
     }
 
@@ -48,7 +55,7 @@ impl FamilyRouter {
     ) -> Result<Self, RouterError> {
         config.validate()?;
         // Families restored passivated have not been counted; a new router has none.
-        let holds = HoldIndex::uncounted(actors.passivated().keys());
+        let holds = HoldIndex::uncounted(actors.stored().keys());
         Ok(Self {
             config,
             state,
@@ -81,12 +88,22 @@ impl FamilyRouter {
         &mut self,
         entries: Vec<EntryInput>,
     ) -> Result<Vec<EntryOutput>, RouterError> {
+        // Families used from this index on were used by this round.
+        let round_first_index = entries.first().map_or(0, |entry| entry.log_id.index);
         let Round { mut outputs, work } = batch::plan(&mut self.state, entries)?;
+        // Passivated families come back from the store first, off the async workers, so no
+        // actor and no ledger code ever waits on the disk.
+        let stored: Vec<FamilyId> = work
+            .keys()
+            .filter(|family_id| self.actors.is_stored(family_id))
+            .cloned()
+            .collect();
+        let mut fetched = self.actors.fetch(stored).await?;
         let mut pending = Vec::with_capacity(work.len());
         for (family_id, family_work) in work {
-            let actor = self
-                .actors
-                .activate(&family_id, family_work.last_log_index)?;
+            let actor =
+                self.actors
+                    .activate(&family_id, family_work.last_log_index, &mut fetched)?;
             let (reply, answer) = oneshot::channel();
             let message = FamilyMsg::Apply {
                 commands: family_work.commands,
@@ -112,12 +129,18 @@ impl FamilyRouter {
             }
             self.expiry.set(&family_id, applied.maintenance_due_ms);
             self.holds.applied(&family_id, applied.has_live_holds);
+            self.actors
+                .set_footprint(&family_id, applied.footprint_bytes);
             if applied.pristine {
                 pristine.push(family_id);
             }
         }
         self.actors.forget(&pristine).await;
-        let over = self.actors.over_limit(self.config.max_live_actors);
+        let over = self.actors.over_limit(
+            self.config.max_live_actors,
+            self.config.max_live_bytes,
+            round_first_index,
+        );
         self.actors.passivate(&over).await?;
         Ok(outputs.into_iter().map(PendingOutput::finish).collect())
     }
@@ -177,18 +200,29 @@ impl FamilyRouter {
         self.actors.live_count()
     }
 
-    /// Metric: families held as bytes.
+    /// Metric: families passivated into the family store.
     pub fn passivated_families(&self) -> usize {
-        self.actors.passivated_count()
+        self.actors.stored_count()
     }
 
-    /// Metric: memory held by passivated families, in bytes of encoded state.
+    /// Metric: the passivated families' encoded state, in bytes (on disk, in the store).
     pub fn passivated_bytes(&self) -> usize {
-        self.actors.passivated_bytes_total()
+        self.actors.stored_bytes_total()
+    }
+
+    /// Metric: the live families' estimated heap bytes (`Family::footprint_bytes`), what
+    /// `max_live_bytes` bounds.
+    pub fn live_footprint_bytes(&self) -> usize {
+        self.actors.live_footprint_bytes()
+    }
+
+    /// The family store (its file size, reads and cache, for metrics).
+    pub fn store(&self) -> &FamilyStore {
+        self.actors.store()
     }
 
     pub fn family_count(&self) -> usize {
-        self.actors.live_count() + self.actors.passivated_count()
+        self.actors.live_count() + self.actors.stored_count()
     }
 
     pub fn is_live(&self, family_id: &FamilyId) -> bool {

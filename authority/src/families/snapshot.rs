@@ -5,7 +5,7 @@
 //! path (`RouterCut::encode`). The digest depends only on replicated state, never on which
 //! families happen to be live.
 
-use std::collections::{btree_map, BTreeMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -18,6 +18,7 @@ use super::actor_table::ActorTable;
 use super::config::RouterConfig;
 use super::error::RouterError;
 use super::expiry_index::ExpiryIndex;
+use super::family_store::{FamilyStore, StoreView};
 use super::router::FamilyRouter;
 use super::router_state::RouterState;
 
@@ -62,110 +63,86 @@ impl RouterSnapshot {
 }
 
 /// A consistent cut at the last applied index, not yet encoded: the live families are shared
-/// with their actors (copy on write) and the passivated families' bytes with the actor table,
-/// so taking it holds up the apply path for a message round trip per live family and a
-/// reference count per passivated one, instead of encoding (or copying) every family's state,
-/// which would hold writes up for as long as the whole state takes to encode. `encode`
+/// with their actors (copy on write), and the passivated ones are read later through a view
+/// of the family store taken at the cut. Taking it holds up the apply path for a message
+/// round trip per live family, instead of encoding every family's state, which would hold
+/// writes up for as long as the whole state takes to encode. `snapshot_stream::write_cut`
 /// does the heavy part, off the apply path; it drops each family as soon as it is encoded, so
-/// an actor copies its family only if it applies a command before the encoder got to it.
+/// an actor copies its family only if it applies a command before the writer got to it.
 pub struct RouterCut {
-    state: RouterState,
-    maintenance_due: IdMap<FamilyId, u64>,
-    live: BTreeMap<FamilyId, Arc<Family>>,
-    passivated: BTreeMap<FamilyId, Arc<Vec<u8>>>,
+    pub(super) state: RouterState,
+    pub(super) maintenance_due: IdMap<FamilyId, u64>,
+    pub(super) live: BTreeMap<FamilyId, Arc<Family>>,
+    /// The passivated families at the cut, and a view of the store at the cut to read them
+    /// from (later passivations do not change what it reads).
+    pub(super) stored: Vec<FamilyId>,
+    pub(super) view: StoreView,
 }
 
 impl RouterCut {
-    pub fn encode(self) -> RouterSnapshot {
-        // Copied here, off the apply path, unless the router has let go of them meanwhile.
-        let mut families: BTreeMap<FamilyId, ByteBuf> = self
-            .passivated
-            .into_iter()
-            .map(|(family_id, bytes)| (family_id, ByteBuf::from(Arc::unwrap_or_clone(bytes))))
-            .collect();
-        for (family_id, family) in self.live {
-            let bytes = ByteBuf::from(family.to_snapshot_bytes());
-            drop(family);
-            match families.entry(family_id) {
-                btree_map::Entry::Vacant(slot) => {
-                    slot.insert(bytes);
-                }
-                btree_map::Entry::Occupied(taken) => {
-                    panic!("family {} is both live and passivated", taken.key())
-                }
-            }
-        }
-        RouterSnapshot {
-            format_version: SNAPSHOT_FORMAT_VERSION,
-            state: self.state,
-            maintenance_due: self.maintenance_due,
-            families,
-        }
+    /// The cut as one `RouterSnapshot` in memory (tests and tools; a node streams it to a
+    /// file instead). Reads passivated families from the store: call it on a blocking thread.
+    pub fn encode(self) -> Result<RouterSnapshot, RouterError> {
+        let mut bytes = Vec::new();
+        super::snapshot_stream::write_cut(self, &mut bytes)?;
+        RouterSnapshot::from_bytes(&bytes)
     }
 }
 
 impl FamilyRouter {
-    /// A consistent cut at the last applied index, encoded.
+    /// A consistent cut at the last applied index, encoded (on a blocking thread).
     pub async fn snapshot(&self) -> Result<RouterSnapshot, RouterError> {
-        Ok(self.cut().await?.encode())
+        let cut = self.cut().await?;
+        tokio::task::spawn_blocking(move || cut.encode())
+            .await
+            .map_err(|error| RouterError::Store(format!("a snapshot encode stopped: {error}")))?
     }
 
     /// A consistent cut at the last applied index, to encode later (see `RouterCut`).
     pub async fn cut(&self) -> Result<RouterCut, RouterError> {
         let live = self.share_live().await?;
-        let passivated = self
-            .actors
-            .passivated()
-            .iter()
-            .map(|(family_id, bytes)| (family_id.clone(), Arc::clone(bytes)))
-            .collect();
         Ok(RouterCut {
             state: self.state.clone(),
             maintenance_due: self.expiry.as_map().clone(),
             live,
-            passivated,
+            stored: self.actors.stored().keys().cloned().collect(),
+            view: self.actors.view()?,
         })
     }
 
-    /// A router at the snapshot's cut. Every family starts passivated and gets an actor on its
-    /// next command, so restoring costs no decoding.
+    /// A router at the snapshot's cut, with a family store in memory (tests and tools).
     pub fn restore(config: RouterConfig, snapshot: RouterSnapshot) -> Result<Self, RouterError> {
-        if !(OLDEST_SNAPSHOT_FORMAT_VERSION..=SNAPSHOT_FORMAT_VERSION)
-            .contains(&snapshot.format_version)
-        {
-            return Err(RouterError::Snapshot(format!(
-                "router snapshot format version {} is not one this node reads \
-                 ({OLDEST_SNAPSHOT_FORMAT_VERSION}..={SNAPSHOT_FORMAT_VERSION}): another release \
-                 wrote it; run that release, or start this node from an empty data dir so that \
-                 it receives a snapshot from the cluster",
-                snapshot.format_version
-            )));
-        }
-        assert!(
-            snapshot.format_version >= 2 || snapshot.state.alarms.is_empty(),
-            "a version {} snapshot cannot carry alarms",
-            snapshot.format_version
-        );
-        if let Some(orphan) = snapshot
-            .maintenance_due
-            .iter()
-            .map(|(id, _)| id)
-            .find(|id| !snapshot.families.contains_key(*id))
-        {
-            return Err(RouterError::Snapshot(format!(
-                "maintenance scheduled for family {orphan}, which has no state"
-            )));
-        }
-        let passivated = snapshot
-            .families
-            .into_iter()
-            .map(|(id, bytes)| (id, Arc::new(bytes.into_vec())))
-            .collect();
+        Self::restore_into(config, snapshot, FamilyStore::in_memory()?)
+    }
+
+    /// A router at the snapshot's cut whose families are written to `store`, which must be
+    /// empty: the snapshot's bytes through the streaming reader, so there is one restore path.
+    /// Every family starts passivated and gets an actor on its next command, so restoring
+    /// costs no decoding. Writes to the store: call it on a blocking thread.
+    pub fn restore_into(
+        config: RouterConfig,
+        snapshot: RouterSnapshot,
+        store: FamilyStore,
+    ) -> Result<Self, RouterError> {
+        let bytes = snapshot.to_bytes()?;
+        let (router, _) =
+            super::snapshot_stream::restore_from(config, &mut bytes.as_slice(), store)?;
+        Ok(router)
+    }
+
+    /// A router whose families are all in `store` (`stored` names them and their lengths).
+    pub(super) fn from_stored(
+        config: RouterConfig,
+        state: RouterState,
+        maintenance_due: IdMap<FamilyId, u64>,
+        store: FamilyStore,
+        stored: BTreeMap<FamilyId, usize>,
+    ) -> Result<Self, RouterError> {
         FamilyRouter::from_parts(
             config,
-            snapshot.state,
-            ExpiryIndex::from_map(snapshot.maintenance_due),
-            ActorTable::from_passivated(passivated),
+            state,
+            ExpiryIndex::from_map(maintenance_due),
+            ActorTable::from_stored(store, stored),
         )
     }
 
@@ -173,8 +150,21 @@ impl FamilyRouter {
     /// order. Equal on every replica at the same applied index.
     pub async fn digest(&self) -> Result<[u8; 32], RouterError> {
         let mut families = self.read_live(Family::digest).await?;
-        for (family_id, bytes) in self.actors.passivated() {
-            let previous = families.insert(family_id.clone(), digest_bytes(bytes));
+        let stored: Vec<FamilyId> = self.actors.stored().keys().cloned().collect();
+        let view = self.actors.view()?;
+        let stored = tokio::task::spawn_blocking(move || {
+            stored
+                .into_iter()
+                .map(|family_id| {
+                    let digest = digest_bytes(&view.get(&family_id)?);
+                    Ok((family_id, digest))
+                })
+                .collect::<Result<Vec<_>, RouterError>>()
+        })
+        .await
+        .map_err(|error| RouterError::Store(format!("a digest read stopped: {error}")))??;
+        for (family_id, digest) in stored {
+            let previous = families.insert(family_id.clone(), digest);
             assert!(
                 previous.is_none(),
                 "family {family_id} is both live and passivated"
@@ -184,11 +174,31 @@ impl FamilyRouter {
     }
 }
 
-fn compose_digest(
+/// Refuses a snapshot of a format version this node does not read.
+pub(super) fn check_restorable(version: u32, state: &RouterState) -> Result<(), RouterError> {
+    if !(OLDEST_SNAPSHOT_FORMAT_VERSION..=SNAPSHOT_FORMAT_VERSION).contains(&version) {
+        return Err(RouterError::Snapshot(format!(
+            "router snapshot format version {version} is not one this node reads \
+             ({OLDEST_SNAPSHOT_FORMAT_VERSION}..={SNAPSHOT_FORMAT_VERSION}): another release \
+             wrote it; run that release, or start this node from an empty data dir so that \
+             it receives a snapshot from the cluster"
+        )));
+    }
+    if version < 2 && !state.alarms.is_empty() {
+        return Err(RouterError::Snapshot(format!(
+            "a version {version} snapshot cannot carry alarms"
+        )));
+    }
+    Ok(())
+}
+
+/// The digest's hasher after the router's own state and the number of families: each
+/// family's id and digest follow, in family-id order (see `compose_digest`).
+pub(super) fn compose_digest_header(
     state: &RouterState,
     maintenance_due: &IdMap<FamilyId, u64>,
-    families: &BTreeMap<FamilyId, [u8; 32]>,
-) -> [u8; 32] {
+    family_count: usize,
+) -> Sha256 {
     let mut hasher = Sha256::new();
     hasher.update(b"tally-router-state-v1");
     // The router state holds only integers, ids and ordered maps: it always encodes.
@@ -196,11 +206,25 @@ fn compose_digest(
         .unwrap_or_else(|error| panic!("router state does not encode: {error}"));
     hasher.update((encoded.len() as u64).to_be_bytes());
     hasher.update(&encoded);
-    hasher.update((families.len() as u64).to_be_bytes());
+    hasher.update((family_count as u64).to_be_bytes());
+    hasher
+}
+
+fn compose_digest(
+    state: &RouterState,
+    maintenance_due: &IdMap<FamilyId, u64>,
+    families: &BTreeMap<FamilyId, [u8; 32]>,
+) -> [u8; 32] {
+    let mut hasher = compose_digest_header(state, maintenance_due, families.len());
     for (family_id, digest) in families {
-        hasher.update((family_id.as_str().len() as u64).to_be_bytes());
-        hasher.update(family_id.as_str().as_bytes());
-        hasher.update(digest);
+        add_family_digest(&mut hasher, family_id, digest);
     }
     hasher.finalize().into()
+}
+
+/// Adds one family to the digest, after the header and the families before it in id order.
+pub(super) fn add_family_digest(hasher: &mut Sha256, family_id: &FamilyId, digest: &[u8; 32]) {
+    hasher.update((family_id.as_str().len() as u64).to_be_bytes());
+    hasher.update(family_id.as_str().as_bytes());
+    hasher.update(digest);
 }

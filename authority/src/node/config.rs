@@ -57,6 +57,12 @@ pub struct NodeConfig {
     pub expiry_interval_ms: u64,
     /// Family actors kept live; the least recently used beyond it are passivated.
     pub max_live_families: usize,
+    /// The memory this node's state may take (docs/spec.md §5.5): half for the families kept
+    /// in memory (the least recently used beyond it are passivated to the family store on
+    /// disk, `<data_dir>/families/`), an eighth for the store's page cache, and the rest for
+    /// the Raft log's cache, buffers and indexes. At least 64 MiB.
+    #[serde(default = "default_memory_budget_bytes")]
+    pub memory_budget_bytes: u64,
     /// Connections served at once, peers' included (they share the listener): one more is
     /// closed as soon as it is accepted, before anything is read from it.
     pub max_connections: usize,
@@ -72,6 +78,13 @@ pub struct NodeConfig {
     /// A `Budget` request still unanswered after this is answered UNKNOWN (indefinite). Above
     /// `propose_timeout_ms`, so a write's own timeout answers first, naming its event.
     pub request_timeout_ms: u64,
+    /// Load shedding before proposing (docs/spec.md §5.6): while the oldest proposal this
+    /// leader has waiting for commit is older than this, new `Budget` writes are refused with
+    /// UNAVAILABLE, definite (nothing proposed), instead of queueing to answer UNKNOWN. Below
+    /// `propose_timeout_ms` it refuses before writes would time out; a proposal keeps its age
+    /// past its own timeout, so a larger value still sheds, later. 0 = never.
+    #[serde(default = "default_shed_after_ms")]
+    pub shed_after_ms: u64,
     /// HTTP/2 PING interval on idle connections, and how long an unanswered PING keeps one
     /// open: a vanished peer or client frees its connection and requests.
     pub http2_keepalive_interval_ms: u64,
@@ -133,10 +146,12 @@ impl Default for NodeConfig {
             max_clock_offset_ms: 500,
             expiry_interval_ms: 1_000,
             max_live_families: 10_000,
+            memory_budget_bytes: default_memory_budget_bytes(),
             max_connections: 1_024,
             max_concurrent_streams: 2_048,
             max_in_flight_requests: 2_048,
             request_timeout_ms: 10_000,
+            shed_after_ms: DEFAULT_SHED_AFTER_MS,
             http2_keepalive_interval_ms: 10_000,
             http2_keepalive_timeout_ms: 20_000,
             snapshot_chunk_timeout_ms: 10_000,
@@ -151,12 +166,35 @@ impl Default for NodeConfig {
 }
 
 /// 512 MiB: room for a snapshot being written and the log's growth between two checks.
+/// The parts of the memory budget given to the router's live families and the store's cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemorySplit {
+    pub live_families_bytes: usize,
+    pub store_cache_bytes: usize,
+}
+
+fn default_memory_budget_bytes() -> u64 {
+    1 << 30
+}
+
+/// The smallest `memory_budget_bytes`: below it the node's fixed costs alone exceed it.
+pub const MIN_MEMORY_BUDGET_BYTES: u64 = 64 << 20;
+
 fn default_disk_reserve_bytes() -> u64 {
     512 * 1024 * 1024
 }
 
 fn default_disk_check_interval_ms() -> u64 {
     1_000
+}
+
+/// 2 s: below the default `propose_timeout_ms` (5 s), so a leader that cannot commit refuses
+/// new writes before its queued ones time out UNKNOWN, and far above a healthy commit (tens of
+/// ms at p99) or an fsync stall on a busy disk.
+pub const DEFAULT_SHED_AFTER_MS: u64 = 2_000;
+
+fn default_shed_after_ms() -> u64 {
+    DEFAULT_SHED_AFTER_MS
 }
 
 /// The smallest quota accepted: below it the headroom could not hold one snapshot.
@@ -315,6 +353,14 @@ impl NodeConfig {
             self.request_timeout_ms,
             self.propose_timeout_ms + 1..=600_000,
         )?;
+        if self.shed_after_ms != 0 {
+            // Below 100 ms a healthy leader's ordinary commit latency would shed.
+            within(
+                "shed_after_ms (or 0 for no shedding)",
+                self.shed_after_ms,
+                100..=600_000,
+            )?;
+        }
         within(
             "http2_keepalive_interval_ms",
             self.http2_keepalive_interval_ms,
@@ -340,6 +386,11 @@ impl NodeConfig {
             self.disk_check_interval_ms,
             10..=600_000,
         )?;
+        within(
+            "memory_budget_bytes",
+            self.memory_budget_bytes,
+            MIN_MEMORY_BUDGET_BYTES..=u64::MAX,
+        )?;
         if self.disk_quota_bytes != 0 {
             within(
                 "disk_quota_bytes (or 0 for no quota)",
@@ -348,6 +399,16 @@ impl NodeConfig {
             )?;
         }
         Ok(())
+    }
+
+    /// How `memory_budget_bytes` is shared: the live families' footprint, and the family
+    /// store's page cache (see the field's docs).
+    pub fn memory_split(&self) -> MemorySplit {
+        let budget = usize::try_from(self.memory_budget_bytes).unwrap_or(usize::MAX);
+        MemorySplit {
+            live_families_bytes: budget / 2,
+            store_cache_bytes: budget / 8,
+        }
     }
 
     /// The disk watcher's limits (docs/spec.md §5.6).
@@ -442,6 +503,20 @@ mod tests {
             ..secure()
         };
         assert!(bad.validate().is_err());
+        let bad = NodeConfig {
+            memory_budget_bytes: MIN_MEMORY_BUDGET_BYTES - 1,
+            ..secure()
+        };
+        assert!(bad.validate().is_err());
+        let split = NodeConfig {
+            memory_budget_bytes: 1 << 30,
+            ..secure()
+        }
+        .memory_split();
+        assert_eq!(
+            (split.live_families_bytes, split.store_cache_bytes),
+            (512 << 20, 128 << 20)
+        );
     }
 
     #[test]
@@ -481,6 +556,19 @@ mod tests {
             message.starts_with("request_timeout_ms must be 5001..="),
             "{message}"
         );
+        let message = refused(NodeConfig {
+            shed_after_ms: 50,
+            ..secure()
+        });
+        assert!(
+            message.starts_with("shed_after_ms (or 0 for no shedding) must be 100..="),
+            "{message}"
+        );
+        let off = NodeConfig {
+            shed_after_ms: 0,
+            ..secure()
+        };
+        assert!(off.validate().is_ok(), "0 turns shedding off");
         let message = refused(NodeConfig {
             max_message_bytes: 64 * 1024 * 1024,
             ..secure()

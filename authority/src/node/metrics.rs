@@ -48,6 +48,13 @@ pub struct NodeMetrics {
     shed_requests: AtomicU64,
     /// `Budget` requests answered UNKNOWN after `request_timeout_ms`.
     expired_requests: AtomicU64,
+    /// Client commands refused before proposing because this leader's oldest proposal had
+    /// waited past `shed_after_ms` (docs/spec.md §5.6).
+    commit_age_sheds: AtomicU64,
+    /// Proposals handed to Raft and not yet answered, and the wall clock ms the oldest of them
+    /// was proposed at (0: none), kept by the proposer.
+    pending_proposals: AtomicU64,
+    oldest_pending_proposal_ms: AtomicU64,
     /// Connections closed on accept because `max_connections` were open.
     refused_connections: AtomicU64,
     in_flight_requests: AtomicU64,
@@ -108,6 +115,33 @@ impl NodeMetrics {
         self.expired_requests.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub fn observe_commit_age_shed(&self) {
+        self.commit_age_sheds.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn commit_age_sheds(&self) -> u64 {
+        self.commit_age_sheds.load(Ordering::Relaxed)
+    }
+
+    /// `count` proposals await their answer, the oldest proposed at wall clock `oldest_ms`.
+    pub fn track_pending_proposals(&self, count: u64, oldest_ms: u64) {
+        self.pending_proposals.store(count, Ordering::Relaxed);
+        self.oldest_pending_proposal_ms
+            .store(oldest_ms, Ordering::Relaxed);
+    }
+
+    pub fn pending_proposals(&self) -> u64 {
+        self.pending_proposals.load(Ordering::Relaxed)
+    }
+
+    /// How long the oldest pending proposal has waited, in ms (0 when none waits).
+    pub fn oldest_pending_proposal_age_ms(&self) -> u64 {
+        match self.oldest_pending_proposal_ms.load(Ordering::Relaxed) {
+            0 => 0,
+            since_ms => super::clock::wall_clock_ms().saturating_sub(since_ms),
+        }
+    }
+
     pub fn observe_refused_connection(&self) {
         self.refused_connections.fetch_add(1, Ordering::Relaxed);
     }
@@ -151,6 +185,15 @@ fn track(gauge: &AtomicU64, up: bool) {
     }
 }
 
+/// The router's memory and family store figures, read under its lock.
+struct FamiliesMemory {
+    live_footprint_bytes: usize,
+    max_live_bytes: usize,
+    stored_bytes: usize,
+    store_file_bytes: u64,
+    store_reads: u64,
+}
+
 /// What a scrape reads besides the counters.
 #[derive(Clone)]
 pub struct Sources {
@@ -166,7 +209,7 @@ pub async fn render(sources: &Sources) -> String {
     let m = &sources.metrics;
     let raft = crate::raft::types::current_metrics(&sources.raft);
     let store = sources.store.snapshot();
-    let (live, passivated, alarms) = {
+    let (live, passivated, families_memory, alarms) = {
         let router = sources.router.lock().await;
         let alarms: Vec<(String, String)> = crate::families::AlarmKind::ALL
             .into_iter()
@@ -179,7 +222,15 @@ pub async fn render(sources: &Sources) -> String {
                 (format!("{{kind=\"{kind}\"}}"), raised.to_string())
             })
             .collect();
-        (router.live_actors(), router.passivated_families(), alarms)
+        let families_memory = FamiliesMemory {
+            live_footprint_bytes: router.live_footprint_bytes(),
+            max_live_bytes: router.config().max_live_bytes,
+            stored_bytes: router.passivated_bytes(),
+            store_file_bytes: router.store().file_bytes().unwrap_or(0),
+            store_reads: router.store().reads(),
+        };
+        let (live, passivated) = (router.live_actors(), router.passivated_families());
+        (live, passivated, families_memory, alarms)
     };
     let committed = raft.local_committed.map_or(0, |c| c.index);
     let applied = raft.last_applied.map_or(0, |a| a.index);
@@ -344,6 +395,27 @@ pub async fn render(sources: &Sources) -> String {
         &plain(m.shed_requests().to_string()),
     );
     metric(
+        "tally_writes_shed_by_commit_age_total",
+        "counter",
+        "Budget writes refused before proposing (UNAVAILABLE, definite) because this leader's \
+         oldest proposal had waited past shed_after_ms for commit (docs/spec.md 5.6).",
+        &plain(m.commit_age_sheds().to_string()),
+    );
+    metric(
+        "tally_proposals_pending",
+        "gauge",
+        "Proposals this node handed to Raft and has not seen answered (committed and applied, \
+         or discarded).",
+        &plain(m.pending_proposals().to_string()),
+    );
+    metric(
+        "tally_oldest_pending_proposal_age_milliseconds",
+        "gauge",
+        "How long the oldest pending proposal has waited; past shed_after_ms new writes are \
+         shed. 0 when none waits.",
+        &plain(m.oldest_pending_proposal_age_ms().to_string()),
+    );
+    metric(
         "tally_requests_expired_total",
         "counter",
         "Budget requests answered UNKNOWN (indefinite) after request_timeout_ms.",
@@ -375,6 +447,43 @@ pub async fn render(sources: &Sources) -> String {
             ("{state=\"live\"}".to_owned(), live.to_string()),
             ("{state=\"passivated\"}".to_owned(), passivated.to_string()),
         ],
+    );
+    metric(
+        "tally_live_families_bytes",
+        "gauge",
+        "Estimated heap bytes of the families kept in memory, and the budget for them \
+         (half of memory_budget_bytes); beyond it the least recently used are passivated.",
+        &[
+            (
+                "{kind=\"used\"}".to_owned(),
+                families_memory.live_footprint_bytes.to_string(),
+            ),
+            (
+                "{kind=\"budget\"}".to_owned(),
+                families_memory.max_live_bytes.to_string(),
+            ),
+        ],
+    );
+    metric(
+        "tally_family_store_bytes",
+        "gauge",
+        "The family store on disk: passivated families' encoded bytes, and the file's size.",
+        &[
+            (
+                "{kind=\"families\"}".to_owned(),
+                families_memory.stored_bytes.to_string(),
+            ),
+            (
+                "{kind=\"file\"}".to_owned(),
+                families_memory.store_file_bytes.to_string(),
+            ),
+        ],
+    );
+    metric(
+        "tally_family_store_reads_total",
+        "counter",
+        "Families read back from the family store (activations, reads, digests, snapshots).",
+        &plain(families_memory.store_reads.to_string()),
     );
     #[cfg(feature = "stage-stats")]
     render_stage_latency(&mut out, &sources.raft).await;

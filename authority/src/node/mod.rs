@@ -31,7 +31,7 @@ use self::config::NodeConfig;
 use self::health::Health;
 use self::metrics::NodeMetrics;
 use self::proposer::Proposer;
-use crate::families::RouterConfig;
+use crate::families::{FamilyStoreDir, RouterConfig};
 use crate::faults::NetworkFaults;
 use crate::faults::ServiceFaults;
 use crate::raft::network::NetworkFactory;
@@ -158,12 +158,18 @@ pub async fn start(
     let store_metrics = log_store.metrics_handle();
     let snapshots = SnapshotDir::open(config.data_dir.join("snapshots"))
         .map_err(|e| NodeError::Storage(e.to_string()))?;
+    let memory = config.memory_split();
     let router_config = RouterConfig {
         max_live_actors: config.max_live_families,
+        max_live_bytes: memory.live_families_bytes,
         ..RouterConfig::default()
     };
-    let (state_machine, router, applied) = TallyStateMachine::new(router_config, snapshots)
-        .map_err(|e| NodeError::Storage(e.to_string()))?;
+    let family_stores =
+        FamilyStoreDir::open(&config.data_dir.join("families"), memory.store_cache_bytes)
+            .map_err(|e| NodeError::Storage(e.to_string()))?;
+    let (state_machine, router, applied) =
+        TallyStateMachine::new(router_config, family_stores, snapshots)
+            .map_err(|e| NodeError::Storage(e.to_string()))?;
 
     let raft_config = Config {
         cluster_name: config.cluster_id.clone(),

@@ -119,7 +119,7 @@ impl Connection {
 }
 
 impl RaftNetworkV2<TypeConfig> for Connection {
-    type SnapshotData = Vec<u8>;
+    type SnapshotData = super::snapshot_file::SnapshotFile;
 
     async fn append_entries(
         &mut self,
@@ -171,24 +171,44 @@ impl RaftNetworkV2<TypeConfig> for Connection {
         _option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
         let mut client = self.client().await.map_err(StreamingError::from)?;
-        let header = encode_raft(&(vote, snapshot.meta.clone()))
+        let data = snapshot.snapshot;
+        let header = encode_raft(&(vote, snapshot.meta.clone(), data.digest()))
             .map_err(|e| StreamingError::from(network(&e)))?;
-        let data = Arc::new(snapshot.snapshot);
-        let chunk_count = data.len().div_ceil(SNAPSHOT_CHUNK_BYTES).max(1);
-        let chunks = futures_util::stream::iter(0..chunk_count).map(move |i| {
-            let start = i * SNAPSHOT_CHUNK_BYTES;
-            let end = (start + SNAPSHOT_CHUNK_BYTES).min(data.len());
-            SnapshotChunk {
-                header: if i == 0 {
-                    header.clone().into()
-                } else {
-                    Default::default()
-                },
-                offset: start as u64,
-                data: data[start..end].to_vec().into(),
-                done: i + 1 == chunk_count,
-            }
-        });
+        let chunk_bytes = SNAPSHOT_CHUNK_BYTES as u64;
+        let chunk_count = data.len().div_ceil(chunk_bytes).max(1);
+        // Each chunk is read from the file when the stream wants it (on a blocking thread):
+        // at most one chunk per stream in memory, whatever the snapshot's size. A read error
+        // ends the stream early; the receiver refuses the short stream and the leader retries.
+        let chunks = futures_util::stream::iter(0..chunk_count)
+            .then(move |i| {
+                let data = data.clone();
+                let header = if i == 0 { header.clone() } else { Vec::new() };
+                async move {
+                    let offset = i * chunk_bytes;
+                    let read = tokio::task::spawn_blocking(move || {
+                        data.read_chunk(offset, SNAPSHOT_CHUNK_BYTES)
+                    })
+                    .await;
+                    match read {
+                        Ok(Ok(bytes)) => Some(SnapshotChunk {
+                            header: header.into(),
+                            offset,
+                            data: bytes.into(),
+                            done: i + 1 == chunk_count,
+                        }),
+                        Ok(Err(error)) => {
+                            tracing::warn!(%error, offset, "could not read a snapshot chunk");
+                            None
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, offset, "a snapshot chunk read stopped");
+                            None
+                        }
+                    }
+                }
+            })
+            .take_while(|chunk| std::future::ready(chunk.is_some()))
+            .filter_map(std::future::ready);
         let send = client.install_snapshot(chunks);
         tokio::select! {
             closed = cancel => Err(StreamingError::Closed(closed)),

@@ -3,23 +3,29 @@
 //! file is detected and skipped in favour of the newest valid one, never loaded. A file of
 //! another format version is not skipped but refused: the log behind it may be purged, so
 //! starting without it would lose state; the node stops with an error that says what to do.
+//! Files are written and read as streams, never whole in memory: the data is written as the
+//! router streams it, and openraft gets a handle to the file (`SnapshotFile`), not its bytes.
 
 use std::fs;
-use std::io::{self, Read, Write};
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use sha2::{Digest, Sha256};
 
-use super::types::{Snapshot, SnapshotMeta};
+use super::types::SnapshotMeta;
 
 const MAGIC: &[u8; 8] = b"TALLYSNP";
-/// The snapshot file's format version, raised whenever the family encoding changes: a file
-/// of another version would not decode, so it is refused by its version, not misread.
-const FORMAT_VERSION: u32 = 2;
+/// The snapshot file's format version, raised whenever the layout or the family encoding
+/// changes: a file of another version would not decode, so it is refused by its version, not
+/// misread. Version 3 carries the state digest before the data, so the data can be streamed.
+const FORMAT_VERSION: u32 = 3;
 const SUFFIX: &str = ".tsnap";
 /// Snapshots kept on disk: the newest and one fallback.
 const KEEP: usize = 2;
+/// The buffer of a streamed read or write.
+const IO_BUFFER_BYTES: usize = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotFileError {
@@ -42,6 +48,83 @@ pub enum SnapshotFileError {
 impl From<SnapshotFileError> for io::Error {
     fn from(error: SnapshotFileError) -> Self {
         io::Error::other(error)
+    }
+}
+
+/// A snapshot's data on disk (a router snapshot stream, `families/snapshot_stream.rs`) and
+/// the digest of the state it holds: openraft's snapshot data. It holds the file open, so a
+/// snapshot being sent survives the pruning of its file; reads are positioned (`pread`), so
+/// clones read at once without sharing a cursor.
+#[derive(Clone, Debug)]
+pub struct SnapshotFile {
+    file: Arc<fs::File>,
+    data_offset: u64,
+    data_len: u64,
+    digest: [u8; 32],
+}
+
+impl SnapshotFile {
+    /// `data_len` bytes of data at the start of `file` (a received stream), whose state the
+    /// sender says has `digest`.
+    pub fn received(file: fs::File, data_len: u64, digest: [u8; 32]) -> Self {
+        Self {
+            file: Arc::new(file),
+            data_offset: 0,
+            data_len,
+            digest,
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.data_len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data_len == 0
+    }
+
+    /// The digest of the state the data holds (`FamilyRouter::digest`).
+    pub fn digest(&self) -> [u8; 32] {
+        self.digest
+    }
+
+    /// Up to `max` bytes of data from `offset`. Blocking.
+    pub fn read_chunk(&self, offset: u64, max: usize) -> io::Result<Vec<u8>> {
+        let end = self.data_len.min(offset.saturating_add(max as u64));
+        let mut chunk = vec![0; end.saturating_sub(offset) as usize];
+        self.file
+            .read_exact_at(&mut chunk, self.data_offset + offset)?;
+        Ok(chunk)
+    }
+
+    /// The data as a buffered reader. Blocking.
+    pub fn reader(&self) -> impl Read {
+        BufReader::with_capacity(
+            IO_BUFFER_BYTES,
+            DataReader {
+                file: Arc::clone(&self.file),
+                at: self.data_offset,
+                end: self.data_offset + self.data_len,
+            },
+        )
+    }
+}
+
+struct DataReader {
+    file: Arc<fs::File>,
+    at: u64,
+    end: u64,
+}
+
+impl Read for DataReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let want = (self.end - self.at).min(buf.len() as u64) as usize;
+        if want == 0 {
+            return Ok(0);
+        }
+        let read = self.file.read_at(&mut buf[..want], self.at)?;
+        self.at += read as u64;
+        Ok(read)
     }
 }
 
@@ -69,10 +152,16 @@ impl SnapshotDir {
         })
     }
 
-    /// Writes `snapshot` durably, then removes all but the newest `KEEP` files.
-    pub fn save(&self, snapshot: &Snapshot) -> Result<PathBuf, SnapshotFileError> {
-        let index = snapshot.meta.last_log_id.map_or(0, |id| id.index);
-        let term = snapshot.meta.last_log_id.map_or(0, |id| id.leader_id.term);
+    /// Writes a snapshot durably, its data streamed by `write_data` (which returns the
+    /// state's digest), then removes all but the newest `KEEP` files. The file is written,
+    /// then read back once for its checksum: never held in memory whole. Blocking.
+    pub fn save_with(
+        &self,
+        meta: &SnapshotMeta,
+        write_data: impl FnOnce(&mut BufWriter<fs::File>) -> io::Result<[u8; 32]>,
+    ) -> Result<SnapshotFile, SnapshotFileError> {
+        let index = meta.last_log_id.map_or(0, |id| id.index);
+        let term = meta.last_log_id.map_or(0, |id| id.leader_id.term);
         let name = format!("snapshot-{index:020}-{term:020}{SUFFIX}");
         let path = self.dir.join(&name);
         let tmp = self.dir.join(format!("{name}.tmp"));
@@ -80,25 +169,76 @@ impl SnapshotDir {
             let path = path.to_path_buf();
             move |source| SnapshotFileError::Io { path, source }
         };
-        let bytes = encode(&snapshot.meta, &snapshot.snapshot)?;
+        let meta_bytes = rmp_serde::to_vec(meta).map_err(|e| SnapshotFileError::Invalid {
+            path: path.clone(),
+            reason: format!("meta does not encode: {e}"),
+        })?;
         // The lock guards no data, so a writer that panicked left nothing half-updated here.
         let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
-        {
-            let mut file = fs::File::create(&tmp).map_err(io_err(&tmp))?;
-            file.write_all(&bytes).map_err(io_err(&tmp))?;
+        let digest_at = (MAGIC.len() + 4 + 8 + meta_bytes.len()) as u64;
+        let data_offset = digest_at + 32 + 8;
+        let (data_len, digest) = {
+            // Read as well: the checksum is read back from it.
+            let file = fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)
+                .map_err(io_err(&tmp))?;
+            let mut out = BufWriter::with_capacity(IO_BUFFER_BYTES, file);
+            let header = (|| {
+                out.write_all(MAGIC)?;
+                out.write_all(&FORMAT_VERSION.to_be_bytes())?;
+                out.write_all(&(meta_bytes.len() as u64).to_be_bytes())?;
+                out.write_all(&meta_bytes)?;
+                // The digest and the data length, filled in once the data is written.
+                out.write_all(&[0; 40])
+            })();
+            header.map_err(io_err(&tmp))?;
+            let digest = write_data(&mut out).map_err(io_err(&tmp))?;
+            let mut file = out.into_inner().map_err(|e| io_err(&tmp)(e.into_error()))?;
+            let end = file.stream_position().map_err(io_err(&tmp))?;
+            let data_len = end - data_offset;
+            let mut fill = digest.to_vec();
+            fill.extend_from_slice(&data_len.to_be_bytes());
+            file.write_all_at(&fill, digest_at).map_err(io_err(&tmp))?;
+            let checksum = checksum_of(&file, end).map_err(io_err(&tmp))?;
+            file.seek(SeekFrom::End(0)).map_err(io_err(&tmp))?;
+            file.write_all(&checksum).map_err(io_err(&tmp))?;
             file.sync_all().map_err(io_err(&tmp))?;
-        }
+            (data_len, digest)
+        };
         fs::rename(&tmp, &path).map_err(io_err(&path))?;
         fs::File::open(&self.dir)
             .and_then(|d| d.sync_all())
             .map_err(io_err(&self.dir))?;
+        let file = fs::File::open(&path).map_err(io_err(&path))?;
         self.prune()?;
-        Ok(path)
+        Ok(SnapshotFile {
+            file: Arc::new(file),
+            data_offset,
+            data_len,
+            digest,
+        })
     }
 
-    /// The newest snapshot that verifies. Invalid files are reported and skipped; a file of
-    /// another format version is an error.
-    pub fn load_latest(&self) -> Result<Option<Snapshot>, SnapshotFileError> {
+    /// Copies a snapshot's data (one received from the leader) into a file of this
+    /// directory. Blocking.
+    pub fn save_copy(
+        &self,
+        meta: &SnapshotMeta,
+        data: &SnapshotFile,
+    ) -> Result<SnapshotFile, SnapshotFileError> {
+        self.save_with(meta, |out| {
+            io::copy(&mut data.reader(), out)?;
+            Ok(data.digest())
+        })
+    }
+
+    /// The newest snapshot that verifies (its checksum is read through once). Invalid files
+    /// are reported and skipped; a file of another format version is an error. Blocking.
+    pub fn load_latest(&self) -> Result<Option<(SnapshotMeta, SnapshotFile)>, SnapshotFileError> {
         for path in self.files()?.into_iter().rev() {
             match read(&path) {
                 Ok(snapshot) => return Ok(Some(snapshot)),
@@ -142,46 +282,47 @@ impl SnapshotDir {
     }
 }
 
-fn encode(meta: &SnapshotMeta, data: &[u8]) -> Result<Vec<u8>, SnapshotFileError> {
-    let meta_bytes = rmp_serde::to_vec(meta).map_err(|e| SnapshotFileError::Invalid {
-        path: PathBuf::new(),
-        reason: format!("meta does not encode: {e}"),
-    })?;
-    let mut out = Vec::with_capacity(data.len() + meta_bytes.len() + 64);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
-    out.extend_from_slice(&(meta_bytes.len() as u64).to_be_bytes());
-    out.extend_from_slice(&meta_bytes);
-    out.extend_from_slice(&(data.len() as u64).to_be_bytes());
-    out.extend_from_slice(data);
-    let checksum = Sha256::digest(&out);
-    out.extend_from_slice(&checksum);
-    Ok(out)
+/// SHA-256 of the file's first `len` bytes, read through once.
+fn checksum_of(file: &fs::File, len: u64) -> io::Result<[u8; 32]> {
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0; IO_BUFFER_BYTES];
+    let mut at = 0;
+    while at < len {
+        let want = (len - at).min(buffer.len() as u64) as usize;
+        file.read_exact_at(&mut buffer[..want], at)?;
+        hasher.update(&buffer[..want]);
+        at += want as u64;
+    }
+    Ok(hasher.finalize().into())
 }
 
-fn read(path: &Path) -> Result<Snapshot, SnapshotFileError> {
+fn read(path: &Path) -> Result<(SnapshotMeta, SnapshotFile), SnapshotFileError> {
     let invalid = |reason: &str| SnapshotFileError::Invalid {
         path: path.to_path_buf(),
         reason: reason.to_owned(),
     };
-    let mut bytes = Vec::new();
-    fs::File::open(path)
-        .and_then(|mut f| f.read_to_end(&mut bytes))
-        .map_err(|source| SnapshotFileError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-    if bytes.len() < MAGIC.len() + 4 + 8 + 8 + 32 {
+    let io_err = |source| SnapshotFileError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = fs::File::open(path).map_err(io_err)?;
+    let len = file.metadata().map_err(io_err)?.len();
+    let fixed = (MAGIC.len() + 4 + 8 + 32 + 8 + 32) as u64;
+    if len < fixed {
         return Err(invalid("too short"));
     }
-    let (body, checksum) = bytes.split_at(bytes.len() - 32);
-    if Sha256::digest(body).as_slice() != checksum {
-        return Err(invalid("checksum mismatch"));
-    }
-    if &body[..8] != MAGIC {
+    let mut head = [0u8; 20];
+    file.read_exact_at(&mut head, 0).map_err(io_err)?;
+    if &head[..8] != MAGIC {
         return Err(invalid("not a Tally snapshot"));
     }
-    let version = u32::from_be_bytes(body[8..12].try_into().map_err(|_| invalid("header"))?);
+    let version = u32::from_be_bytes(head[8..12].try_into().map_err(|_| invalid("header"))?);
+    let mut stored_checksum = [0u8; 32];
+    file.read_exact_at(&mut stored_checksum, len - 32)
+        .map_err(io_err)?;
+    if checksum_of(&file, len - 32).map_err(io_err)? != stored_checksum {
+        return Err(invalid("checksum mismatch"));
+    }
     if version != FORMAT_VERSION {
         return Err(SnapshotFileError::Incompatible {
             path: path.to_path_buf(),
@@ -189,38 +330,61 @@ fn read(path: &Path) -> Result<Snapshot, SnapshotFileError> {
             reads: FORMAT_VERSION,
         });
     }
-    let mut at: usize = 12;
-    let mut take = |len: usize| -> Result<&[u8], SnapshotFileError> {
-        let end = at
-            .checked_add(len)
-            .filter(|end| *end <= body.len())
-            .ok_or_else(|| invalid("truncated"))?;
-        let slice = &body[at..end];
-        at = end;
-        Ok(slice)
-    };
-    let meta_len =
-        u64::from_be_bytes(take(8)?.try_into().map_err(|_| invalid("meta length"))?) as usize;
+    let meta_len = u64::from_be_bytes(head[12..20].try_into().map_err(|_| invalid("header"))?);
+    if meta_len > len - fixed {
+        return Err(invalid("truncated meta"));
+    }
+    let mut meta_bytes = vec![0; meta_len as usize];
+    file.read_exact_at(&mut meta_bytes, 20).map_err(io_err)?;
     let meta: SnapshotMeta =
-        rmp_serde::from_slice(take(meta_len)?).map_err(|e| invalid(&format!("meta: {e}")))?;
-    let data_len =
-        u64::from_be_bytes(take(8)?.try_into().map_err(|_| invalid("data length"))?) as usize;
-    let data = take(data_len)?.to_vec();
-    Ok(Snapshot {
+        rmp_serde::from_slice(&meta_bytes).map_err(|e| invalid(&format!("meta: {e}")))?;
+    let mut tail = [0u8; 40];
+    file.read_exact_at(&mut tail, 20 + meta_len)
+        .map_err(io_err)?;
+    let digest: [u8; 32] = tail[..32].try_into().map_err(|_| invalid("digest"))?;
+    let data_len = u64::from_be_bytes(tail[32..].try_into().map_err(|_| invalid("length"))?);
+    let data_offset = 20 + meta_len + 40;
+    if data_offset
+        .checked_add(data_len)
+        .and_then(|end| end.checked_add(32))
+        != Some(len)
+    {
+        return Err(invalid("data length does not match the file"));
+    }
+    Ok((
         meta,
-        snapshot: data,
-    })
+        SnapshotFile {
+            file: Arc::new(file),
+            data_offset,
+            data_len,
+            digest,
+        },
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn snapshot(data: &[u8]) -> Snapshot {
-        Snapshot {
-            meta: SnapshotMeta::default(),
-            snapshot: data.to_vec(),
+    fn save(snapshots: &SnapshotDir, index: u64, data: &[u8]) -> SnapshotFile {
+        let mut meta = SnapshotMeta::default();
+        if index > 0 {
+            meta.last_log_id = Some(openraft::testing::log_id::<crate::raft::types::TypeConfig>(
+                1, 1, index,
+            ));
         }
+        snapshots
+            .save_with(&meta, |out| {
+                out.write_all(data)?;
+                Ok([index as u8; 32])
+            })
+            .unwrap_or_else(|error| panic!("save of {index} failed: {error}"))
+    }
+
+    fn data_of(file: &SnapshotFile) -> Vec<u8> {
+        let mut data = Vec::new();
+        file.reader().read_to_end(&mut data).expect("read");
+        data
     }
 
     /// Rewrites the file's version field and checksum, as another release would have.
@@ -231,14 +395,6 @@ mod tests {
         let checksum = Sha256::digest(&bytes[..body_len]);
         bytes[body_len..].copy_from_slice(&checksum);
         fs::write(path, bytes).expect("write");
-    }
-
-    fn snapshot_at(index: u64, data: &[u8]) -> Snapshot {
-        let mut snapshot = snapshot(data);
-        snapshot.meta.last_log_id = Some(
-            openraft::testing::log_id::<crate::raft::types::TypeConfig>(1, 1, index),
-        );
-        snapshot
     }
 
     /// The snapshot builder and an install from the leader may save at the same time, and
@@ -252,10 +408,7 @@ mod tests {
                 let snapshots = snapshots.clone();
                 std::thread::spawn(move || {
                     for round in 0..40u64 {
-                        let index = round * 4 + writer + 1;
-                        snapshots
-                            .save(&snapshot_at(index, &[7; 4096]))
-                            .unwrap_or_else(|error| panic!("save of {index} failed: {error}"));
+                        save(&snapshots, round * 4 + writer + 1, &[7; 4096]);
                     }
                 })
             })
@@ -265,17 +418,45 @@ mod tests {
         }
         let files = snapshots.files().expect("lists");
         assert_eq!(files.len(), KEEP, "{files:?}");
-        let newest = snapshots.load_latest().expect("loads").expect("a file");
-        assert_eq!(newest.meta.last_log_id.map(|id| id.index), Some(160));
+        let (meta, newest) = snapshots.load_latest().expect("loads").expect("a file");
+        assert_eq!(meta.last_log_id.map(|id| id.index), Some(160));
+        assert_eq!(newest.digest(), [160; 32]);
+        assert_eq!(data_of(&newest), vec![7; 4096]);
+    }
+
+    #[test]
+    fn data_streams_back_in_chunks_and_survives_pruning_of_its_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let snapshots = SnapshotDir::open(dir.path()).expect("open");
+        let data: Vec<u8> = (0..3 * IO_BUFFER_BYTES + 5)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let first = save(&snapshots, 1, &data);
+        assert_eq!(first.len(), data.len() as u64);
+        assert_eq!(first.read_chunk(0, 10).expect("chunk"), data[..10]);
+        let tail_at = data.len() as u64 - 3;
+        assert_eq!(
+            first.read_chunk(tail_at, 100).expect("chunk"),
+            data[data.len() - 3..]
+        );
+        // Two newer saves prune the first file; the open handle still reads it.
+        save(&snapshots, 2, b"two");
+        save(&snapshots, 3, b"three");
+        assert_eq!(data_of(&first), data);
+        let copied = snapshots
+            .save_copy(&SnapshotMeta::default(), &first)
+            .expect("copy");
+        assert_eq!((data_of(&copied), copied.digest()), (data, [1; 32]));
     }
 
     #[test]
     fn a_torn_file_is_skipped_and_another_version_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let snapshots = SnapshotDir::open(dir.path()).expect("open");
-        let path = snapshots.save(&snapshot(b"state")).expect("save");
-        let loaded = snapshots.load_latest().expect("loads").expect("one file");
-        assert_eq!(loaded.snapshot, b"state");
+        save(&snapshots, 0, b"state");
+        let path = snapshots.files().expect("lists").remove(0);
+        let (_, loaded) = snapshots.load_latest().expect("loads").expect("one file");
+        assert_eq!(data_of(&loaded), b"state");
 
         set_version(&path, FORMAT_VERSION - 1);
         let refused = snapshots.load_latest().expect_err("another version");

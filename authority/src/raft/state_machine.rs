@@ -1,6 +1,7 @@
-//! openraft's `RaftStateMachine` over the family router. The state lives in memory; snapshots
-//! are on disk. Restart = newest valid snapshot + replay of the committed log after it
-//! (openraft drives both, from `get_current_snapshot` and the persisted committed id).
+//! openraft's `RaftStateMachine` over the family router. Live families are in memory,
+//! passivated ones in the family store on disk (a spill area); snapshots are on disk.
+//! Restart = newest valid snapshot + replay of the committed log after it (openraft drives
+//! both, from `get_current_snapshot` and the persisted committed id).
 
 use std::io;
 use std::sync::Arc;
@@ -11,13 +12,14 @@ use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload as RaftPayload, OptionalSend, RaftSnapshotBuilder};
 use tokio::sync::{watch, Mutex};
 
-use super::snapshot_file::SnapshotDir;
+use super::snapshot_file::{SnapshotDir, SnapshotFile};
 use super::types::{
     log_position, LogId, Membership, ProposalReply, Snapshot, SnapshotMeta, TypeConfig,
     PROPOSAL_VERSION,
 };
+use crate::families::snapshot_stream;
 use crate::families::{
-    EntryInput, EntryPayload, FamilyRouter, RouterConfig, RouterCut, RouterSnapshot,
+    EntryInput, EntryPayload, FamilyRouter, FamilyStoreDir, RouterConfig, RouterCut,
 };
 
 /// The router behind a lock: openraft's apply task and the read path share it.
@@ -26,6 +28,8 @@ pub type SharedRouter = Arc<Mutex<FamilyRouter>>;
 pub struct TallyStateMachine {
     router: SharedRouter,
     router_config: RouterConfig,
+    /// Where each router's family store goes (a restore builds a new one).
+    family_stores: FamilyStoreDir,
     applied: Option<LogId>,
     membership: Membership,
     snapshots: SnapshotDir,
@@ -36,14 +40,17 @@ pub struct TallyStateMachine {
 impl TallyStateMachine {
     pub fn new(
         router_config: RouterConfig,
+        family_stores: FamilyStoreDir,
         snapshots: SnapshotDir,
     ) -> Result<(Self, SharedRouter, watch::Receiver<Option<LogId>>), io::Error> {
-        let router = FamilyRouter::new(router_config).map_err(io::Error::other)?;
+        let store = family_stores.create().map_err(io::Error::other)?;
+        let router = FamilyRouter::with_store(router_config, store).map_err(io::Error::other)?;
         let router = Arc::new(Mutex::new(router));
         let (applied_tx, applied_rx) = watch::channel(None);
         let machine = Self {
             router: router.clone(),
             router_config,
+            family_stores,
             applied: None,
             membership: Membership::default(),
             snapshots,
@@ -54,7 +61,7 @@ impl TallyStateMachine {
 }
 
 impl RaftStateMachine<TypeConfig> for TallyStateMachine {
-    type SnapshotData = Vec<u8>;
+    type SnapshotData = SnapshotFile;
     type SnapshotBuilder = SnapshotCut;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, Membership), io::Error> {
@@ -169,14 +176,32 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
         }
     }
 
+    /// Streams the snapshot's families into a new family store and checks the state's
+    /// digest against the sender's before the new router replaces the old one; then keeps a
+    /// copy of the snapshot in the snapshot directory (both on a blocking thread).
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        snapshot: Vec<u8>,
+        snapshot: SnapshotFile,
     ) -> Result<(), io::Error> {
-        let router_snapshot = RouterSnapshot::from_bytes(&snapshot).map_err(io::Error::other)?;
-        let restored =
-            FamilyRouter::restore(self.router_config, router_snapshot).map_err(io::Error::other)?;
+        let (config, stores) = (self.router_config, self.family_stores.clone());
+        let (snapshots, saved_meta) = (self.snapshots.clone(), meta.clone());
+        let restored = tokio::task::spawn_blocking(move || {
+            let (router, digest) =
+                snapshot_stream::restore_from(config, &mut snapshot.reader(), stores.create()?)?;
+            if digest != snapshot.digest() {
+                return Err(crate::families::RouterError::Snapshot(
+                    "the snapshot's state does not match the digest its sender gave".into(),
+                ));
+            }
+            snapshots
+                .save_copy(&saved_meta, &snapshot)
+                .map_err(|error| crate::families::RouterError::Snapshot(error.to_string()))?;
+            Ok(router)
+        })
+        .await
+        .map_err(io::Error::other)?
+        .map_err(io::Error::other)?;
         let old = std::mem::replace(&mut *self.router.lock().await, restored);
         old.shutdown().await;
         // Every restored family starts passivated and uncounted in the hold index: count them
@@ -188,10 +213,6 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
                 Err(error) => tracing::warn!(%error, "hold index not rebuilt after a snapshot"),
             }
         });
-        self.snapshots.save(&Snapshot {
-            meta: meta.clone(),
-            snapshot,
-        })?;
         self.applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         self.applied_tx.send_replace(self.applied);
@@ -200,7 +221,11 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
-        Ok(self.snapshots.load_latest()?)
+        let snapshots = self.snapshots.clone();
+        let latest = tokio::task::spawn_blocking(move || snapshots.load_latest())
+            .await
+            .map_err(io::Error::other)??;
+        Ok(latest.map(|(meta, snapshot)| Snapshot { meta, snapshot }))
     }
 }
 
@@ -212,7 +237,7 @@ pub struct SnapshotCut {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotCut {
-    type SnapshotData = Vec<u8>;
+    type SnapshotData = SnapshotFile;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         let router_cut = self
@@ -221,19 +246,20 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotCut {
             .ok_or_else(|| io::Error::other("the state machine could not cut a snapshot"))?;
         let meta = self.meta.clone();
         let dir = self.snapshots.clone();
-        // Encoding every family is CPU-heavy: a blocking thread, not an async worker.
-        let (path, snapshot) = tokio::task::spawn_blocking(move || {
-            let bytes = router_cut.encode().to_bytes().map_err(io::Error::other)?;
-            let snapshot = Snapshot {
-                meta,
-                snapshot: bytes,
-            };
-            let path = dir.save(&snapshot)?;
-            Ok::<_, io::Error>((path, snapshot))
+        // Encoding every family is CPU-heavy and reading passivated ones is disk I/O: a
+        // blocking thread, not an async worker. The families stream to the file one by one.
+        let saved_meta = meta.clone();
+        let file = tokio::task::spawn_blocking(move || {
+            dir.save_with(&saved_meta, |out| {
+                snapshot_stream::write_cut(router_cut, out).map_err(io::Error::other)
+            })
         })
         .await
         .map_err(io::Error::other)??;
-        tracing::info!(path = %path.display(), bytes = snapshot.snapshot.len(), "wrote snapshot");
-        Ok(snapshot)
+        tracing::info!(bytes = file.len(), last_log_id = ?meta.last_log_id, "wrote snapshot");
+        Ok(Snapshot {
+            meta,
+            snapshot: file,
+        })
     }
 }

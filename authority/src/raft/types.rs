@@ -184,7 +184,8 @@ openraft::declare_raft_types!(
 pub type LogId = openraft::type_config::alias::LogIdOf<TypeConfig>;
 pub type Membership = openraft::type_config::alias::StoredMembershipOf<TypeConfig>;
 pub type SnapshotMeta = openraft::type_config::alias::SnapshotMetaOf<TypeConfig>;
-pub type Snapshot = openraft::type_config::alias::SnapshotOf<TypeConfig, Vec<u8>>;
+pub type Snapshot =
+    openraft::type_config::alias::SnapshotOf<TypeConfig, super::snapshot_file::SnapshotFile>;
 pub type Raft = openraft::Raft<TypeConfig, super::state_machine::TallyStateMachine>;
 
 /// A Raft log id as the ledger records it.

@@ -16,9 +16,11 @@ use tonic::{Request, Response, Status, Streaming};
 use super::peer_auth::PeerAuth;
 use super::read_gate::ReadGate;
 use super::snapshot_inbox::SnapshotInbox;
+use crate::families::snapshot_stream::digest_of;
 use crate::families::AlarmChange;
 use crate::node::proposer::{ForwardReply, Proposer};
 use crate::node::write_error::WriteError;
+use crate::raft::snapshot_file::SnapshotFile;
 use crate::raft::types::{Raft, Snapshot, SnapshotMeta, TypeConfig};
 
 type Vote = openraft::type_config::alias::VoteOf<TypeConfig>;
@@ -110,21 +112,32 @@ impl RaftRpc for RaftService {
         let received = self
             .snapshots
             .receive(request.into_inner(), |header| {
-                let (vote, meta): (Vote, SnapshotMeta) = decode(header)?;
+                let (vote, meta, digest): (Vote, SnapshotMeta, [u8; 32]) = decode(header)?;
                 PeerAuth::claims(caller, vote.leader_id().node_id, "snapshot")?;
-                Ok((vote, meta))
+                Ok((vote, meta, digest))
             })
             .await?;
-        let (vote, meta) = received.header;
+        let (vote, meta, digest) = received.header;
+        let snapshot = SnapshotFile::received(received.file, received.len, digest);
+        // Read through once before openraft sees it: a stream that does not decode or does
+        // not hold the state its sender's digest names is refused here, and the leader sends
+        // again, instead of failing the install (which openraft treats as fatal).
+        let checked = snapshot.clone();
+        let read = tokio::task::spawn_blocking(move || digest_of(&mut checked.reader()))
+            .await
+            .map_err(|error| Status::internal(error.to_string()))?;
+        match read {
+            Ok(read) if read == digest => {}
+            Ok(_) => {
+                return Err(Status::data_loss(
+                    "the snapshot's state does not match the digest its sender gave",
+                ))
+            }
+            Err(error) => return Err(Status::invalid_argument(error.to_string())),
+        }
         let answer = self
             .raft
-            .install_full_snapshot(
-                vote,
-                Snapshot {
-                    meta,
-                    snapshot: received.data,
-                },
-            )
+            .install_full_snapshot(vote, Snapshot { meta, snapshot })
             .await
             .map_err(fatal)?;
         reply(&answer)

@@ -4,10 +4,10 @@
 //! for at most that long, never a growing buffer, and never the node's attention: only one
 //! install streams at a time, a second is refused at once with UNAVAILABLE.
 //!
-//! The finished file is read back whole for openraft's `install_full_snapshot`, whose
-//! snapshot data is a `Vec<u8>` today; hence the total-size cap below. Streaming the install
-//! itself into the state store (no whole copy in memory, no cap) belongs to the on-disk state
-//! store.
+//! The finished file is handed on open (openraft's snapshot data is a file handle,
+//! `SnapshotFile`), so the install streams it into a family store: no copy of it is ever
+//! whole in memory, and there is no size cap beyond the disk's (the disk watcher's `NoSpace`
+//! alarm, docs/spec.md §5.6).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,17 +20,16 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::Semaphore;
 use tonic::Status;
 
-/// The largest snapshot this node accepts, while an install still ends in one buffer.
-pub const MAX_SNAPSHOT_BYTES: u64 = 8 << 30;
-
 /// Where incoming snapshots are written, under the node's data dir. Files left by a node
 /// that stopped mid-install are removed when the node starts.
 pub const INCOMING_DIR: &str = "snapshots-incoming";
 
-/// One snapshot stream received completely: its decoded header and its data.
+/// One snapshot stream received completely: its decoded header and its data, in a file
+/// that is already unlinked (it lives as long as the handle).
 pub struct Received<H> {
     pub header: H,
-    pub data: Vec<u8>,
+    pub file: std::fs::File,
+    pub len: u64,
 }
 
 pub struct SnapshotInbox {
@@ -129,11 +128,6 @@ impl SnapshotInbox {
                 )));
             }
             let size = chunk.data.len() as u64;
-            if written + size > MAX_SNAPSHOT_BYTES {
-                return Err(Status::resource_exhausted(format!(
-                    "snapshot larger than the {MAX_SNAPSHOT_BYTES} bytes this node accepts"
-                )));
-            }
             file.write_all(&chunk.data)
                 .await
                 .map_err(|e| disk_error(path, e))?;
@@ -144,17 +138,20 @@ impl SnapshotInbox {
         }
         file.flush().await.map_err(|e| disk_error(path, e))?;
         drop(file);
-        let data = tokio::fs::read(path)
+        let file = tokio::fs::File::open(path)
             .await
-            .map_err(|e| disk_error(path, e))?;
+            .map_err(|e| disk_error(path, e))?
+            .into_std()
+            .await;
+        let len = file.metadata().map_err(|e| disk_error(path, e))?.len();
         assert_eq!(
-            data.len() as u64,
-            written,
+            len, written,
             "the snapshot file holds exactly the chunks written to it"
         );
         Ok(Received {
             header: header.expect("a stream that ended with its last chunk had a first chunk"),
-            data,
+            file,
+            len,
         })
     }
 }
@@ -179,6 +176,13 @@ mod tests {
         })
     }
 
+    fn contents(mut file: std::fs::File) -> Vec<u8> {
+        use std::io::Read;
+        let mut data = Vec::new();
+        file.read_to_end(&mut data).expect("read");
+        data
+    }
+
     fn inbox(dir: &Path, timeout_ms: u64) -> SnapshotInbox {
         SnapshotInbox::open(dir, Duration::from_millis(timeout_ms)).expect("inbox")
     }
@@ -196,7 +200,8 @@ mod tests {
             .receive(stream, |header| Ok(header.to_vec()))
             .await
             .expect("received");
-        assert_eq!(received.data, b"abcde");
+        assert_eq!(contents(received.file), b"abcde");
+        assert_eq!(received.len, 5);
         assert_eq!(received.header, b"hdr");
         let left = std::fs::read_dir(dir.path().join(INCOMING_DIR))
             .expect("dir")
@@ -221,7 +226,7 @@ mod tests {
             .receive(next, |_| Ok(()))
             .await
             .expect("slot free again");
-        assert_eq!(received.data, b"x");
+        assert_eq!(contents(received.file), b"x");
     }
 
     #[tokio::test]
@@ -233,7 +238,7 @@ mod tests {
             let inbox = inbox.clone();
             tokio::spawn(async move {
                 let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
-                inbox.receive(stream, |_| Ok(())).await.map(|r| r.data)
+                inbox.receive(stream, |_| Ok(())).await.map(|r| r.len)
             })
         };
         tx.send(chunk(0, b"a", false)).await.expect("send");
@@ -251,7 +256,7 @@ mod tests {
             .expect("refused while another streams");
         assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
         tx.send(chunk(1, b"b", true)).await.expect("send");
-        assert_eq!(first.await.expect("task").expect("first"), b"ab");
+        assert_eq!(first.await.expect("task").expect("first"), 2);
     }
 
     #[tokio::test]

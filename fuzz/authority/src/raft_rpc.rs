@@ -36,7 +36,7 @@ pub const PAYLOADS: &[&str] = &[
     "AppendEntriesResponse",
     "TransferLeaderRequest",
     "TransferLeaderResponse",
-    "InstallSnapshot header (Vote, SnapshotMeta)",
+    "InstallSnapshot header (Vote, SnapshotMeta, digest)",
     "SnapshotResponse",
     "Forward reply",
     "ReadIndex reply",
@@ -122,8 +122,8 @@ pub fn run(data: &[u8]) {
             bytes,
         )),
         6 => {
-            if let Some((vote, meta)) =
-                exact::<(Vote, SnapshotMeta)>("InstallSnapshot header", bytes)
+            if let Some((vote, meta, _digest)) =
+                exact::<(Vote, SnapshotMeta, [u8; 32])>("InstallSnapshot header", bytes)
             {
                 let _ = vote.to_string();
                 let _ = meta.to_string();
@@ -271,7 +271,7 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
     };
     add(
         "snapshot-header",
-        "InstallSnapshot header (Vote, SnapshotMeta)",
+        "InstallSnapshot header (Vote, SnapshotMeta, digest)",
         enc(&(vote, meta)),
     );
     add(

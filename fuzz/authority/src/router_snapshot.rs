@@ -8,10 +8,15 @@
 //! snapshot equals the one it was restored from, in the current format version (restore,
 //! then snapshot, is the identity but for upgrading an older format);
 //! every family's bytes that decode pass the `family_snapshot` checks of the wire package
-//! (canonical round trip, same digest).
+//! (canonical round trip, same digest). The streaming reader (`snapshot_stream`, what an
+//! install runs) never accepts what `from_bytes` refuses, and where it accepts, its digest is
+//! the snapshot's and the router it restores streams back the same bytes.
 
+use tally_authority::families::snapshot_stream::{digest_of, restore_from, write_cut};
 use tally_authority::families::SNAPSHOT_FORMAT_VERSION;
-use tally_authority::families::{FamilyRouter, RouterConfig, RouterSnapshot, RouterState};
+use tally_authority::families::{
+    FamilyRouter, FamilyStore, RouterConfig, RouterSnapshot, RouterState,
+};
 use tally_fuzz_common::harness::sample_commands;
 use tally_ledger::{Family, FamilyId, IdMap, LogPosition};
 
@@ -24,7 +29,12 @@ pub fn run(data: &[u8]) {
 /// The checks on one snapshot payload; `snapshot_file` runs them on the data of the files it
 /// loads.
 pub fn check(data: &[u8]) {
+    let streamed = digest_of(&mut &data[..]);
     let Ok(snapshot) = RouterSnapshot::from_bytes(data) else {
+        assert!(
+            streamed.is_err(),
+            "the stream reader accepted a snapshot from_bytes refuses"
+        );
         return;
     };
     let bytes = snapshot
@@ -50,28 +60,37 @@ pub fn check(data: &[u8]) {
         assert_eq!(again, family, "family {family_id}: round trip");
         assert_eq!(again.to_snapshot_bytes(), encoded);
     }
-    let Ok(router) = FamilyRouter::restore(RouterConfig::default(), snapshot.clone()) else {
+    let restored = FamilyRouter::restore(RouterConfig::default(), snapshot.clone());
+    let Ok(streamed) = streamed else {
         return;
     };
-    if let Some(restored) = ready(router.digest()) {
-        let restored = restored.unwrap_or_else(|e| panic!("digest of a restored router: {e}"));
-        assert_eq!(
-            restored, digest,
-            "a restored router's digest is not the snapshot's"
-        );
-    }
-    if let Some(again) = ready(router.snapshot()) {
-        let again = again.unwrap_or_else(|e| panic!("snapshot of a restored router: {e}"));
-        // An older format a node still reads is written back in the current one.
-        let expected = RouterSnapshot {
-            format_version: SNAPSHOT_FORMAT_VERSION,
-            ..snapshot
-        };
-        assert_eq!(
-            again, expected,
-            "restore then snapshot changed the snapshot"
-        );
-    }
+    assert_eq!(streamed, digest, "the stream reader's digest is not the snapshot's");
+    assert!(
+        restored.is_ok(),
+        "the stream reader accepted a snapshot restore refuses"
+    );
+    let store = FamilyStore::in_memory().expect("an in-memory store");
+    let (router, read) = restore_from(RouterConfig::default(), &mut &data[..], store)
+        .unwrap_or_else(|e| panic!("a stream that reads through does not restore: {e}"));
+    assert_eq!(read, digest);
+    // Every family starts in the store, so the cut needs no actor: it is ready at once.
+    let cut = ready(router.cut())
+        .expect("a cut of a router without live families is immediate")
+        .unwrap_or_else(|e| panic!("cut of a restored router: {e}"));
+    let mut again = Vec::new();
+    let written = write_cut(cut, &mut again)
+        .unwrap_or_else(|e| panic!("a restored router does not stream: {e}"));
+    assert_eq!(written, digest, "a restored router's digest is not the snapshot's");
+    // An older format a node still reads is written back in the current one.
+    let expected = RouterSnapshot {
+        format_version: SNAPSHOT_FORMAT_VERSION,
+        ..snapshot
+    };
+    assert_eq!(
+        again,
+        expected.to_bytes().expect("encodes"),
+        "restore then snapshot changed the snapshot"
+    );
 }
 
 /// Snapshots of routers that applied the sample commands over one and two families.

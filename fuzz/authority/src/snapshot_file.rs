@@ -1,5 +1,5 @@
 //! Snapshot files (`*.tsnap`, authority/src/raft/snapshot_file.rs): magic, format version,
-//! meta, data and a SHA-256 trailer, read on start by `SnapshotDir::load_latest`. The file
+//! meta, state digest, data and a SHA-256 trailer, read on start by `SnapshotDir::load_latest`. The file
 //! reader (`read`) is private, so this target writes each input as a file and loads it through
 //! the public `SnapshotDir`, in `$TMPDIR` (scripts/fuzz points it at tmpfs, where fsync is
 //! free).
@@ -9,19 +9,20 @@
 //! odd one the file is taken as is (truncation, checksum mismatch).
 //!
 //! Asserts: loading never panics, and an invalid file is skipped (`Ok(None)`), never
-//! returned; a loaded snapshot saved again (`SnapshotDir::save`) loads back equal, and saving
-//! that writes the same bytes (the file format round-trips); and its data passes the
+//! returned; a loaded snapshot saved again (`SnapshotDir::save_copy`) loads back equal, and
+//! saving that writes the same bytes (the file format round-trips); and its data passes the
 //! `router_snapshot` checks.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use sha2::{Digest, Sha256};
-use tally_authority::raft::snapshot_file::{SnapshotDir, SnapshotFileError};
-use tally_authority::raft::types::{Snapshot, SnapshotMeta, TypeConfig};
+use tally_authority::raft::snapshot_file::{SnapshotDir, SnapshotFile, SnapshotFileError};
+use tally_authority::raft::types::{SnapshotMeta, TypeConfig};
 use tally_fuzz_common::seeds::selected;
 
-/// The name `SnapshotDir::save` gives a snapshot without a last log id.
+/// The name `SnapshotDir::save_with` gives a snapshot without a last log id.
 const FILE: &str = "snapshot-00000000000000000000-00000000000000000000.tsnap";
 
 fn scratch() -> &'static (PathBuf, PathBuf) {
@@ -56,7 +57,7 @@ pub fn run(data: &[u8]) {
     clear(input);
     std::fs::write(input.join(FILE), &file).expect("write the input file");
     let dir = SnapshotDir::open(input).expect("open");
-    let loaded = match dir.load_latest() {
+    let (meta, loaded) = match dir.load_latest() {
         Ok(Some(snapshot)) => snapshot,
         Ok(None) | Err(SnapshotFileError::Incompatible { .. }) => return,
         Err(other) => panic!("loading a snapshot file failed with {other}"),
@@ -64,32 +65,50 @@ pub fn run(data: &[u8]) {
     clear(output);
     let out = SnapshotDir::open(output).expect("open");
     let saved = out
-        .save(&loaded)
+        .save_copy(&meta, &loaded)
         .unwrap_or_else(|e| panic!("a loaded snapshot does not save: {e}"));
-    let first = std::fs::read(&saved).expect("read back");
-    let again = out
+    let first = read_dir_file(output);
+    let (again_meta, again) = out
         .load_latest()
         .unwrap_or_else(|e| panic!("a saved snapshot does not load: {e}"))
         .expect("the saved snapshot is valid");
+    assert_eq!(again_meta, meta, "snapshot meta changed through a file");
     assert_eq!(
-        again.meta, loaded.meta,
-        "snapshot meta changed through a file"
-    );
-    assert_eq!(
-        again.snapshot, loaded.snapshot,
+        (data_of(&again), again.digest()),
+        (data_of(&loaded), loaded.digest()),
         "snapshot data changed through a file"
     );
     clear(output);
-    let saved = out.save(&again).expect("saves");
+    drop(saved);
+    out.save_copy(&again_meta, &again).expect("saves");
     assert_eq!(
-        std::fs::read(&saved).expect("read back"),
+        read_dir_file(output),
         first,
         "saving the same snapshot twice wrote different files"
     );
-    crate::router_snapshot::check(&loaded.snapshot);
+    crate::router_snapshot::check(&data_of(&loaded));
 }
 
-/// Files as `SnapshotDir::save` writes them (without the checksum, which the target adds).
+fn data_of(file: &SnapshotFile) -> Vec<u8> {
+    let mut data = Vec::new();
+    file.reader()
+        .read_to_end(&mut data)
+        .expect("a loaded snapshot reads");
+    data
+}
+
+/// The one snapshot file in `dir`.
+fn read_dir_file(dir: &Path) -> Vec<u8> {
+    let entry = std::fs::read_dir(dir)
+        .expect("read scratch")
+        .next()
+        .expect("one file")
+        .expect("entry");
+    std::fs::read(entry.path()).expect("read back")
+}
+
+/// Files as `SnapshotDir::save_with` writes them (without the checksum, which the target
+/// adds).
 pub fn seeds() -> Vec<(String, Vec<u8>)> {
     let (_, output) = scratch();
     let mut seeds = Vec::new();
@@ -116,13 +135,14 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         ] {
             clear(output);
             let dir = SnapshotDir::open(output).expect("open");
-            let path = dir
-                .save(&Snapshot {
-                    meta,
-                    snapshot: router.to_bytes().expect("encodes"),
-                })
-                .expect("saves");
-            let mut file = std::fs::read(path).expect("read");
+            let digest = router.digest();
+            let bytes = router.to_bytes().expect("encodes");
+            dir.save_with(&meta, |out| {
+                std::io::Write::write_all(out, &bytes)?;
+                Ok(digest)
+            })
+            .expect("saves");
+            let mut file = read_dir_file(output);
             file.truncate(file.len() - 32);
             seeds.push((format!("{name}-{meta_name}"), selected(0, &file)));
         }

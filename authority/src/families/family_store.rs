@@ -1,0 +1,364 @@
+//! Where passivated families live: a node-local redb file of each family's canonical
+//! encoding, so a family the router lets go of costs disk, not memory (docs/spec.md §5.5).
+//!
+//! The file is a spill area, not a source of truth. The replicated state is the newest
+//! snapshot plus the Raft log; a node rebuilds this file from them whenever it restores, so
+//! the file is created empty at start and commits without waiting for the disk
+//! (`Durability::None`): a crash loses nothing the node needs. Every `SYNC_EVERY_BYTES` one
+//! commit is durable anyway, because redb reuses the pages freed by non-durable commits only
+//! after a durable one, and the file would otherwise only grow.
+//!
+//! All methods block on disk I/O: the router calls them from blocking threads
+//! (`tokio::task::spawn_blocking`), never from an async worker.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use redb::backends::InMemoryBackend;
+use redb::{Database, Durability, ReadOnlyTable, ReadableDatabase, TableDefinition};
+use tally_ledger::FamilyId;
+
+use super::error::RouterError;
+
+/// Family id → the family's canonical encoding (`Family::to_snapshot_bytes`).
+const FAMILIES: TableDefinition<&str, &[u8]> = TableDefinition::new("families");
+
+/// Bytes written between two durable commits (see the module docs).
+const SYNC_EVERY_BYTES: u64 = 64 << 20;
+
+/// The smallest page cache the store is given, whatever the memory budget says.
+pub const MIN_STORE_CACHE_BYTES: usize = 4 << 20;
+
+/// Where a node's family stores go: a directory (one file per router: a snapshot install
+/// builds a new router beside the old one), or memory.
+#[derive(Clone, Debug)]
+pub struct FamilyStoreDir {
+    dir: Option<PathBuf>,
+    cache_bytes: usize,
+    next: Arc<AtomicU64>,
+}
+
+impl FamilyStoreDir {
+    /// `dir` emptied of the stores a previous run left (they are spill areas, rebuilt from
+    /// the snapshot and the log).
+    pub fn open(dir: &Path, cache_bytes: usize) -> Result<Self, RouterError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| store_error("create the family store directory", e))?;
+        let entries =
+            std::fs::read_dir(dir).map_err(|e| store_error("list the family stores", e))?;
+        for entry in entries {
+            let path = entry
+                .map_err(|e| store_error("list the family stores", e))?
+                .path();
+            if path.extension().is_some_and(|ext| ext == "redb") {
+                std::fs::remove_file(&path)
+                    .map_err(|e| store_error("remove an old family store", e))?;
+            }
+        }
+        Ok(Self {
+            dir: Some(dir.to_path_buf()),
+            cache_bytes,
+            next: Arc::default(),
+        })
+    }
+
+    /// Stores kept in memory (tests, tools).
+    pub fn in_memory() -> Self {
+        Self {
+            dir: None,
+            cache_bytes: MIN_STORE_CACHE_BYTES,
+            next: Arc::default(),
+        }
+    }
+
+    /// A new, empty store.
+    pub fn create(&self) -> Result<FamilyStore, RouterError> {
+        match &self.dir {
+            None => FamilyStore::in_memory(),
+            Some(dir) => {
+                let number = self.next.fetch_add(1, Ordering::Relaxed);
+                FamilyStore::create(
+                    &dir.join(format!("families-{number:06}.redb")),
+                    self.cache_bytes,
+                )
+            }
+        }
+    }
+}
+
+/// The store of passivated families. Cheap to clone; the file is removed when the last clone
+/// (and the last view taken from it) goes away.
+#[derive(Clone)]
+pub struct FamilyStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Database,
+    /// `None` for a store in memory (tests and tools).
+    path: Option<PathBuf>,
+    written_since_sync: AtomicU64,
+    /// Reads that went to the store (misses of the actor table), for metrics.
+    reads: AtomicU64,
+    /// The view of the last commit, handed to readers until the next write.
+    view: Mutex<Option<StoreView>>,
+    cache_bytes: AtomicUsize,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(path) = &self.path {
+            // The database is closed right after this; on Linux the open file goes on
+            // existing until then. Nothing is lost: the file is a spill area.
+            if let Err(error) = std::fs::remove_file(path) {
+                tracing::warn!(path = %path.display(), %error, "could not remove a family store");
+            }
+        }
+    }
+}
+
+impl FamilyStore {
+    /// A new, empty store at `path`, replacing any file there (one a previous run left).
+    pub fn create(path: &Path, cache_bytes: usize) -> Result<Self, RouterError> {
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(store_error("remove the old family store", error)),
+        }
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| store_error("create its directory", e))?;
+        }
+        let cache_bytes = cache_bytes.max(MIN_STORE_CACHE_BYTES);
+        let db = Database::builder()
+            .set_cache_size(cache_bytes)
+            .create(path)
+            .map_err(|e| store_error("create the family store", e))?;
+        Self::from_db(db, Some(path.to_path_buf()), cache_bytes)
+    }
+
+    /// A store held in memory: for tests and tools that run a router without a data dir.
+    pub fn in_memory() -> Result<Self, RouterError> {
+        let db = Database::builder()
+            .set_cache_size(MIN_STORE_CACHE_BYTES)
+            .create_with_backend(InMemoryBackend::new())
+            .map_err(|e| store_error("create an in-memory family store", e))?;
+        Self::from_db(db, None, MIN_STORE_CACHE_BYTES)
+    }
+
+    fn from_db(
+        db: Database,
+        path: Option<PathBuf>,
+        cache_bytes: usize,
+    ) -> Result<Self, RouterError> {
+        let txn = db.begin_write().map_err(|e| store_error("begin", e))?;
+        txn.open_table(FAMILIES)
+            .map_err(|e| store_error("create the families table", e))?;
+        txn.commit().map_err(|e| store_error("commit", e))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                db,
+                path,
+                written_since_sync: AtomicU64::new(0),
+                reads: AtomicU64::new(0),
+                view: Mutex::new(None),
+                cache_bytes: AtomicUsize::new(cache_bytes),
+            }),
+        })
+    }
+
+    /// Writes `put` and removes `remove` in one commit. Blocking.
+    pub fn write(
+        &self,
+        put: &[(FamilyId, Arc<Vec<u8>>)],
+        remove: &[FamilyId],
+    ) -> Result<(), RouterError> {
+        if put.is_empty() && remove.is_empty() {
+            return Ok(());
+        }
+        let written: u64 = put.iter().map(|(_, bytes)| bytes.len() as u64).sum();
+        let before = self
+            .inner
+            .written_since_sync
+            .fetch_add(written, Ordering::Relaxed);
+        let durable = before + written >= SYNC_EVERY_BYTES;
+        let mut txn = self
+            .inner
+            .db
+            .begin_write()
+            .map_err(|e| store_error("begin", e))?;
+        let durability = if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        };
+        txn.set_durability(durability)
+            .map_err(|e| store_error("set durability", e))?;
+        {
+            let mut table = txn
+                .open_table(FAMILIES)
+                .map_err(|e| store_error("open the families table", e))?;
+            for (family_id, bytes) in put {
+                table
+                    .insert(family_id.as_str(), bytes.as_slice())
+                    .map_err(|e| store_error("write a family", e))?;
+            }
+            for family_id in remove {
+                table
+                    .remove(family_id.as_str())
+                    .map_err(|e| store_error("remove a family", e))?;
+            }
+        }
+        txn.commit().map_err(|e| store_error("commit", e))?;
+        if durable {
+            self.inner.written_since_sync.store(0, Ordering::Relaxed);
+        }
+        *self
+            .inner
+            .view
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        Ok(())
+    }
+
+    /// A consistent view of the last commit: later writes do not change what it reads.
+    /// Cheap (one view is shared until the next write); the pages it reads stay on disk for
+    /// as long as it lives, so readers drop it when done.
+    pub fn view(&self) -> Result<StoreView, RouterError> {
+        let mut cached = self
+            .inner
+            .view
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(view) = cached.as_ref() {
+            return Ok(view.clone());
+        }
+        let txn = self
+            .inner
+            .db
+            .begin_read()
+            .map_err(|e| store_error("begin a read", e))?;
+        let table = txn
+            .open_table(FAMILIES)
+            .map_err(|e| store_error("open the families table", e))?;
+        let view = StoreView {
+            table: Arc::new(table),
+            store: Arc::clone(&self.inner),
+        };
+        *cached = Some(view.clone());
+        Ok(view)
+    }
+
+    /// The store file's size on disk, if it is a file.
+    pub fn file_bytes(&self) -> Option<u64> {
+        let path = self.inner.path.as_ref()?;
+        std::fs::metadata(path).ok().map(|meta| meta.len())
+    }
+
+    /// Reads of a family from the store so far.
+    pub fn reads(&self) -> u64 {
+        self.inner.reads.load(Ordering::Relaxed)
+    }
+
+    /// The page cache the store was given, counted against the memory budget.
+    pub fn cache_bytes(&self) -> usize {
+        self.inner.cache_bytes.load(Ordering::Relaxed)
+    }
+}
+
+/// A read-only view of the store at one commit (see `FamilyStore::view`).
+#[derive(Clone)]
+pub struct StoreView {
+    table: Arc<ReadOnlyTable<&'static str, &'static [u8]>>,
+    /// Keeps the database (and its file) alive while the view is read.
+    store: Arc<Inner>,
+}
+
+impl StoreView {
+    /// The family's encoding. A family the router says is stored but the view lacks is a
+    /// fault of this node (fatal): its state cannot be found.
+    pub fn get(&self, family_id: &FamilyId) -> Result<Vec<u8>, RouterError> {
+        self.store.reads.fetch_add(1, Ordering::Relaxed);
+        let found = self
+            .table
+            .get(family_id.as_str())
+            .map_err(|e| store_error("read a family", e))?;
+        match found {
+            Some(bytes) => Ok(bytes.value().to_vec()),
+            None => Err(RouterError::FamilyFailed {
+                family_id: family_id.clone(),
+                reason: "passivated, but missing from the family store".into(),
+            }),
+        }
+    }
+}
+
+fn store_error(what: &str, error: impl std::fmt::Display) -> RouterError {
+    RouterError::Store(format!("could not {what}: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(text: &str) -> Arc<Vec<u8>> {
+        Arc::new(text.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_view_keeps_reading_the_commit_it_was_taken_at() {
+        let store = FamilyStore::in_memory().expect("store");
+        let fam = FamilyId::from("fam");
+        store
+            .write(&[(fam.clone(), bytes("one"))], &[])
+            .expect("write");
+        let before = store.view().expect("view");
+        store
+            .write(&[(fam.clone(), bytes("two"))], &[])
+            .expect("write");
+        assert_eq!(before.get(&fam).expect("read"), b"one");
+        assert_eq!(store.view().expect("view").get(&fam).expect("read"), b"two");
+        store
+            .write(&[], std::slice::from_ref(&fam))
+            .expect("remove");
+        assert!(matches!(
+            store.view().expect("view").get(&fam),
+            Err(RouterError::FamilyFailed { .. })
+        ));
+        assert_eq!(store.reads(), 3);
+    }
+
+    #[test]
+    fn a_store_dir_starts_empty_and_names_each_store_anew() {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(dir.path().join("families-000000.redb"), b"old").expect("write");
+        std::fs::write(dir.path().join("notes.txt"), b"kept").expect("write");
+        let stores = FamilyStoreDir::open(dir.path(), 0).expect("open");
+        assert!(!dir.path().join("families-000000.redb").exists());
+        assert!(dir.path().join("notes.txt").exists());
+        let (first, second) = (stores.create().expect("one"), stores.create().expect("two"));
+        assert!(dir.path().join("families-000000.redb").exists());
+        assert!(dir.path().join("families-000001.redb").exists());
+        drop((first, second));
+        assert!(!dir.path().join("families-000001.redb").exists());
+    }
+
+    #[test]
+    fn a_file_store_starts_empty_and_is_removed_when_dropped() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("families.redb");
+        let fam = FamilyId::from("fam");
+        {
+            let store = FamilyStore::create(&path, 0).expect("create");
+            store
+                .write(&[(fam.clone(), bytes("state"))], &[])
+                .expect("write");
+            assert!(store.file_bytes().expect("a file") > 0);
+            assert_eq!(store.cache_bytes(), MIN_STORE_CACHE_BYTES);
+        }
+        assert!(!path.exists(), "the spill file outlived its store");
+        std::fs::write(&path, b"left over by a crash").expect("write");
+        let store = FamilyStore::create(&path, 0).expect("create over a leftover");
+        assert!(store.view().expect("view").get(&fam).is_err());
+    }
+}
