@@ -198,14 +198,17 @@ pub async fn start(
     let timeout = Duration::from_millis(config.propose_timeout_ms);
     let metrics = Arc::new(NodeMetrics::default());
     let clock = Arc::new(NodeClock::new(config.clock_offset_ms));
-    let proposer = Arc::new(Proposer::new(
-        raft.clone(),
-        config.node_id,
-        timeout,
-        metrics.clone(),
-        clock.clone(),
-        transport.clone(),
-    ));
+    let proposer = Arc::new(
+        Proposer::new(
+            raft.clone(),
+            config.node_id,
+            timeout,
+            metrics.clone(),
+            clock.clone(),
+            transport.clone(),
+        )
+        .with_shed_after_ms(config.shed_after_ms),
+    );
     let reads = Arc::new(ReadGate::new(
         raft.clone(),
         proposer.clone(),
@@ -427,6 +430,8 @@ pub async fn start(
         disk_quota_bytes = config.disk_quota_bytes,
         disk_reserve_bytes = config.disk_reserve_bytes,
         disk_check_interval_ms = config.disk_check_interval_ms,
+        shed_after_ms = config.shed_after_ms,
+        memory_budget_bytes = config.memory_budget_bytes,
         "node started"
     );
     Ok(NodeHandle {

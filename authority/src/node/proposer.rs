@@ -1,8 +1,16 @@
 //! The write path: propose commands on the leader, forward them from a follower, and say
 //! exactly what is known when something fails. A decision is returned only after its entry is
 //! committed by a quorum and applied (docs/spec.md §6).
+//!
+//! Load shedding before proposing (docs/spec.md §5.6): the leader remembers when each of its
+//! proposals went to Raft until it is answered ([`PendingProposals`]). While the oldest has
+//! waited longer than `shed_after_ms`, new client commands are refused with UNAVAILABLE,
+//! definite, before anything is proposed: a leader that cannot commit would only queue them
+//! to answer UNKNOWN at their deadline, and every UNKNOWN sends a client into retries and
+//! `ResolveEvent`.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,7 +24,7 @@ use tally_ledger::{Command, ParamsChange};
 use tally_tls::Transport;
 use tonic::transport::Channel;
 
-use super::clock::NodeClock;
+use super::clock::{wall_clock_ms, NodeClock};
 use super::metrics::NodeMetrics;
 use super::write_error::WriteError;
 use crate::families::AlarmChange;
@@ -41,6 +49,10 @@ pub struct Proposer {
     raft: Raft,
     node_id: NodeId,
     timeout: Duration,
+    /// New client commands are refused while the oldest pending proposal is older than this;
+    /// `None`: never.
+    shed_after: Option<Duration>,
+    pending: Arc<PendingProposals>,
     peers: Mutex<BTreeMap<String, RaftClient<Channel>>>,
     metrics: Arc<NodeMetrics>,
     clock: Arc<NodeClock>,
@@ -63,9 +75,68 @@ impl Proposer {
             raft,
             node_id,
             timeout,
+            shed_after: shed_after(super::config::DEFAULT_SHED_AFTER_MS),
+            pending: Arc::new(PendingProposals::new(Arc::clone(&metrics))),
             peers: Mutex::new(BTreeMap::new()),
             metrics,
         }
+    }
+
+    /// Sheds new client commands once the oldest pending proposal is older than
+    /// `shed_after_ms` (`NodeConfig::shed_after_ms`; 0 = never). Without this call the default,
+    /// `DEFAULT_SHED_AFTER_MS`, applies.
+    pub fn with_shed_after_ms(mut self, shed_after_ms: u64) -> Self {
+        self.shed_after = shed_after(shed_after_ms);
+        self
+    }
+
+    /// Whether new writes are being shed here, and why: what `Admin.Status` shows.
+    pub fn load_shedding(&self) -> LoadShedding {
+        let (awaiting_commit, oldest_age) = self.pending.snapshot();
+        LoadShedding {
+            shedding: self.is_leader() && self.refusal(awaiting_commit, oldest_age).is_some(),
+            oldest_age,
+            awaiting_commit,
+            shed_after: self.shed_after,
+            shed_writes: self.metrics.commit_age_sheds(),
+        }
+    }
+
+    /// Why a new client command would be shed now, with `awaiting` proposals pending, the
+    /// oldest for `oldest_age`; `None` if it would be proposed.
+    fn refusal(&self, awaiting: usize, oldest_age: Option<Duration>) -> Option<String> {
+        let limit = self.shed_after?;
+        let age = oldest_age?;
+        if age > limit {
+            Some(format!(
+                "overloaded: the oldest proposal on this node has waited {} ms for commit \
+                 (shed_after_ms = {}); nothing was proposed, retry after a backoff",
+                age.as_millis(),
+                limit.as_millis()
+            ))
+        } else if awaiting >= MAX_PENDING_PROPOSALS {
+            Some(format!(
+                "overloaded: {awaiting} proposals on this node await commit; nothing was \
+                 proposed, retry after a backoff"
+            ))
+        } else {
+            None
+        }
+    }
+
+    /// Refuses, definite, while the oldest proposal on this node has waited past
+    /// `shed_after_ms` (or too many wait): nothing is proposed, so a retry is safe.
+    fn shed_if_stalled(&self) -> Result<(), WriteError> {
+        let (awaiting, oldest_age) = self.pending.snapshot();
+        let Some(reason) = self.refusal(awaiting, oldest_age) else {
+            return Ok(());
+        };
+        self.metrics.observe_commit_age_shed();
+        tracing::debug!(%reason, "write shed before proposing");
+        Err(WriteError::Unavailable {
+            leader: self.leader(),
+            reason,
+        })
     }
 
     /// This node's clock: what it stamps entries with.
@@ -126,6 +197,7 @@ impl Proposer {
                 reason: "this node no longer leads".to_owned(),
             });
         }
+        self.shed_if_stalled()?;
         let count = commands.len();
         let reply = self
             .write_local(Proposal::commands(self.clock.now_ms(), commands))
@@ -210,9 +282,20 @@ impl Proposer {
     /// Writes on this node, believed to lead. Anything but a reply is indefinite: the entry
     /// may have been appended before leadership was lost (openraft reports a discarded entry
     /// as `ForwardToLeader`, which is why that is `Unknown` here, never `Unavailable`).
+    ///
+    /// The proposal counts as pending until Raft answers it. When the wait times out while
+    /// shedding is on, a task goes on awaiting the answer, so the entry keeps its age: a
+    /// leader whose writes all time out must not look idle and take more.
     async fn write_local(&self, proposal: Proposal) -> Result<ProposalReply, WriteError> {
         let started = Instant::now();
-        match tokio::time::timeout(self.timeout, self.raft.client_write(proposal)).await {
+        let pending = self.pending.enter();
+        let raft = self.raft.clone();
+        let mut write = Box::pin(async move { raft.client_write(proposal).await });
+        let answer = tokio::time::timeout(self.timeout, &mut write).await;
+        if answer.is_err() && self.shed_after.is_some() {
+            watch_until_answered(pending, write);
+        }
+        match answer {
             Ok(Ok(response)) => {
                 self.metrics.observe_commit(started.elapsed());
                 for decision in response.data.results.iter().flatten() {
@@ -334,5 +417,146 @@ impl Proposer {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(address);
+    }
+}
+
+/// `shed_after_ms` as the proposer holds it: 0 turns shedding off.
+fn shed_after(shed_after_ms: u64) -> Option<Duration> {
+    (shed_after_ms > 0).then(|| Duration::from_millis(shed_after_ms))
+}
+
+/// Past this many proposals awaiting commit on this node, new client commands are shed too
+/// (while shedding is on). Each holds a task and a few hundred bytes, and they can outlive
+/// their requests (see `write_local`), so their number has a bound of its own; a healthy
+/// leader has at most the callers' in-flight requests pending, a few thousand.
+pub const MAX_PENDING_PROPOSALS: usize = 65_536;
+
+/// Awaits `write` after its caller gave up, keeping `pending` (its age) until Raft answers:
+/// committed, discarded, or the node stops.
+fn watch_until_answered<W>(pending: PendingProposal, write: W)
+where
+    W: Future + Send + 'static,
+{
+    tokio::spawn(async move {
+        let _pending = pending;
+        let _ = write.await;
+    });
+}
+
+/// What `Admin.Status` shows of load shedding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadShedding {
+    /// This node leads and refuses new client commands now.
+    pub shedding: bool,
+    /// How long the oldest proposal on this node has waited for its answer.
+    pub oldest_age: Option<Duration>,
+    pub awaiting_commit: usize,
+    pub shed_after: Option<Duration>,
+    /// Writes refused by this rule since the node started.
+    pub shed_writes: u64,
+}
+
+/// The proposals this node has handed to Raft and not yet seen answered, by when each went.
+/// Sequence numbers are taken under the lock with the time, so the first is the oldest.
+struct PendingProposals {
+    state: Mutex<PendingState>,
+    /// Mirrors the count and the oldest's start for `/metrics`.
+    metrics: Arc<NodeMetrics>,
+}
+
+#[derive(Default)]
+struct PendingState {
+    next: u64,
+    /// Sequence number → (when proposed, wall clock ms of it for `/metrics`).
+    since: BTreeMap<u64, (Instant, u64)>,
+}
+
+impl PendingProposals {
+    fn new(metrics: Arc<NodeMetrics>) -> Self {
+        Self {
+            state: Mutex::new(PendingState::default()),
+            metrics,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PendingState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A proposal handed to Raft now; pending until the guard drops.
+    fn enter(self: &Arc<Self>) -> PendingProposal {
+        let mut state = self.lock();
+        let seq = state.next;
+        state.next += 1;
+        state.since.insert(seq, (Instant::now(), wall_clock_ms()));
+        self.publish(&state);
+        PendingProposal {
+            proposals: Arc::clone(self),
+            seq,
+        }
+    }
+
+    fn leave(&self, seq: u64) {
+        let mut state = self.lock();
+        let removed = state.since.remove(&seq);
+        assert!(removed.is_some(), "pending proposal {seq} left twice");
+        self.publish(&state);
+    }
+
+    fn publish(&self, state: &PendingState) {
+        let oldest_ms = state.since.values().next().map_or(0, |(_, ms)| *ms);
+        self.metrics
+            .track_pending_proposals(state.since.len() as u64, oldest_ms);
+    }
+
+    /// How many are pending, and how long the oldest has waited.
+    fn snapshot(&self) -> (usize, Option<Duration>) {
+        let state = self.lock();
+        let oldest = state.since.values().next().map(|(at, _)| at.elapsed());
+        (state.since.len(), oldest)
+    }
+}
+
+/// One proposal awaiting its answer from Raft.
+struct PendingProposal {
+    proposals: Arc<PendingProposals>,
+    seq: u64,
+}
+
+impl Drop for PendingProposal {
+    fn drop(&mut self) {
+        self.proposals.leave(self.seq);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oldest_pending_proposal_is_the_first_still_waiting() {
+        let metrics = Arc::new(NodeMetrics::default());
+        let proposals = Arc::new(PendingProposals::new(Arc::clone(&metrics)));
+        assert_eq!(proposals.snapshot(), (0, None));
+        let first = proposals.enter();
+        std::thread::sleep(Duration::from_millis(20));
+        let second = proposals.enter();
+        let (count, oldest) = proposals.snapshot();
+        assert_eq!(count, 2);
+        assert!(oldest.expect("pending") >= Duration::from_millis(20));
+        assert_eq!(metrics.pending_proposals(), 2);
+        drop(first);
+        let (count, oldest) = proposals.snapshot();
+        assert_eq!(count, 1);
+        assert!(oldest.expect("pending") < Duration::from_millis(20));
+        drop(second);
+        assert_eq!(proposals.snapshot(), (0, None));
+        assert_eq!(metrics.pending_proposals(), 0);
+    }
+
+    #[test]
+    fn zero_turns_shedding_off() {
+        assert_eq!(shed_after(0), None);
+        assert_eq!(shed_after(2_000), Some(Duration::from_secs(2)));
     }
 }

@@ -20,10 +20,11 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use super::identity_cache::IdentityCache;
 use super::{take_ready, HttpFuture};
 use tally_api::pb::ErrorDetail;
 use tally_ledger::FamilyId;
-use tally_tls::identity::{self, CertIdentity, Namespace, Role};
+use tally_tls::identity::{CertIdentity, Namespace, Role};
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::codegen::Service;
@@ -154,8 +155,12 @@ fn allowed(kind: Kind, caller: &Caller) -> bool {
     }
 }
 
-/// The caller of a request from its connection's certificate.
-fn authenticate(request: &http::Request<Body>) -> Result<Caller, Status> {
+/// The caller of a request from its connection's certificate, parsed once per certificate
+/// (`identities`); what the caller may do is decided afresh for every request.
+fn authenticate(
+    request: &http::Request<Body>,
+    identities: &IdentityCache,
+) -> Result<Caller, Status> {
     let certs = request
         .extensions()
         .get::<TlsConnectInfo<TcpConnectInfo>>()
@@ -166,7 +171,7 @@ fn authenticate(request: &http::Request<Body>) -> Result<Caller, Status> {
              `tally-node certs client` issues one",
         )));
     };
-    match identity::parse(der.as_ref()) {
+    match identities.identity(der.as_ref()) {
         Ok(CertIdentity::Node { id }) => Ok(Caller::Node(id)),
         Ok(CertIdentity::Client {
             name,
@@ -187,16 +192,21 @@ fn authenticate(request: &http::Request<Body>) -> Result<Caller, Status> {
 pub struct AccessPolicy {
     /// False when the node runs `--insecure`.
     enforced: bool,
+    /// The identities of the client port's certificates, parsed once each.
+    identities: IdentityCache,
 }
 
 impl AccessPolicy {
     pub fn new(enforced: bool) -> Arc<Self> {
-        Arc::new(Self { enforced })
+        Arc::new(Self {
+            enforced,
+            identities: IdentityCache::default(),
+        })
     }
 
     fn check(&self, request: &http::Request<Body>) -> Result<Caller, Status> {
         let caller = if self.enforced {
-            authenticate(request)?
+            authenticate(request, &self.identities)?
         } else {
             Caller::Unchecked
         };

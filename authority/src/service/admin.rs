@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 use super::outcome::{definite, failure_status, Failure};
 use crate::families::{AlarmChange, AlarmKind, Alarms};
 use crate::node::health::Health;
-use crate::node::proposer::Proposer;
+use crate::node::proposer::{LoadShedding, Proposer};
 use crate::node::write_error::WriteError;
 use crate::raft::state_machine::SharedRouter;
 use crate::raft::types::{NodeId, Raft, TallyNode};
@@ -318,6 +318,7 @@ impl Admin for AdminService {
             cluster_id: self.cluster_id.clone(),
             params: Some(params.into()),
             alarms,
+            load_shedding: Some(load_shedding_message(&self.proposer.load_shedding())),
         }))
     }
 
@@ -421,5 +422,17 @@ impl Admin for AdminService {
             node_id: self.node_id,
             wall_clock_ms: self.health.clock().now_ms(),
         }))
+    }
+}
+
+/// Durations in whole ms, as the status message counts them.
+fn load_shedding_message(state: &LoadShedding) -> pb::LoadShedding {
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    pb::LoadShedding {
+        shedding: state.shedding,
+        oldest_proposal_age_ms: state.oldest_age.map(ms),
+        proposals_pending: state.awaiting_commit as u64,
+        shed_after_ms: state.shed_after.map_or(0, ms),
+        shed_writes: state.shed_writes,
     }
 }

@@ -4,6 +4,7 @@
 pub mod access;
 pub mod admin;
 pub mod budget;
+pub mod identity_cache;
 pub mod limits;
 pub mod outcome;
 pub mod peer_auth;

@@ -3,11 +3,15 @@
 //! which is a current member, and a vote, an append or a snapshot must come from the node the
 //! request claims as its candidate or leader. tonic's server takes no custom certificate
 //! verifier, so the chain is checked by rustls at the handshake and the name here, on every
-//! rpc, from `peer_certs()`.
+//! rpc, from `peer_certs()`. The certificate is parsed once ([`IdentityCache`]); the
+//! membership check runs on every rpc, since membership changes.
 
-use tally_tls::identity::{self, CertIdentity};
+use std::sync::Arc;
+
+use tally_tls::identity::CertIdentity;
 use tonic::{Request, Status};
 
+use super::identity_cache::IdentityCache;
 use crate::raft::types::{NodeId, Raft};
 
 /// Checks callers of the peer port; `None` when the node runs `--insecure`.
@@ -15,11 +19,17 @@ use crate::raft::types::{NodeId, Raft};
 pub struct PeerAuth {
     raft: Raft,
     enforced: bool,
+    /// The identities of the peer port's certificates, parsed once each.
+    identities: Arc<IdentityCache>,
 }
 
 impl PeerAuth {
     pub fn new(raft: Raft, enforced: bool) -> Self {
-        Self { raft, enforced }
+        Self {
+            raft,
+            enforced,
+            identities: Arc::default(),
+        }
     }
 
     /// The calling node's id, once its certificate is checked against the membership. `None`
@@ -37,7 +47,7 @@ impl PeerAuth {
         let der = certs
             .first()
             .ok_or_else(|| refused(true, "no certificate presented"))?;
-        let id = match identity::parse(der.as_ref()) {
+        let id = match self.identities.identity(der.as_ref()) {
             Ok(CertIdentity::Node { id }) => id,
             Ok(other) => {
                 return Err(refused(

@@ -216,6 +216,7 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
             alarms: Vec::new(),
             cluster_time_ms: 1_700_000_000_000,
             healthy: true,
+            load_shedding: None,
             clock_offset_ms: -3,
             cluster_id: "tally-dev".into(),
             params: Some(ClusterParams::default().into()),
