@@ -6,7 +6,7 @@
 use crate::family::Family;
 use crate::hold::HoldSlot;
 use crate::limits::MAX_COMPACTIONS_PER_COMMAND;
-use crate::tables::compaction_queue::{CompactionItem, DueItem};
+use crate::tables::compaction_queue::{CompactionItem, CompactionWork, DueItem};
 
 impl Family {
     /// Runs due compaction steps, at most `MAX_COMPACTIONS_PER_COMMAND`, in due order.
@@ -18,6 +18,13 @@ impl Family {
             };
             self.compact(due, now_ms);
         }
+    }
+
+    /// What compaction has done on this node since the family was created or restored
+    /// (node-local, never replicated): each command adds at most `MAX_COMPACTIONS_PER_COMMAND`
+    /// compactions and, per item it queues, at most `MAX_QUEUE_MOVES_PER_PUSH` moves.
+    pub fn compaction_work(&self) -> CompactionWork {
+        self.compaction_queue.work()
     }
 
     fn compact(&mut self, due: DueItem, now_ms: u64) {

@@ -20,6 +20,8 @@ use crate::tables::compaction_queue::{CompactionItem, CompactionQueue};
 use crate::tables::dedupe_table::{AppliedRow, DedupeRow, DedupeTable};
 use crate::tables::id_table::{IdTable, RowHash};
 
+pub use crate::tables::compaction_queue::CompactionWork;
+
 /// Where and when a command applies: its log position and the clamped cluster time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ApplyCtx {

@@ -22,6 +22,10 @@ pub const MAX_EVENTS_PER_COMMAND: usize = 256;
 pub const MAX_EXPIRED_PER_COMMAND: usize = 256;
 /// Compaction steps done before one command, so a backlog never stalls an apply.
 pub const MAX_COMPACTIONS_PER_COMMAND: usize = 1_024;
+/// Compaction queue items one push moves from a sorted lane to the queue's tree: however many
+/// items a lowered retention leaves due far later than new ones, one push stays a few dozen
+/// tree inserts (`tables/compaction_queue.rs`).
+pub const MAX_QUEUE_MOVES_PER_PUSH: usize = 64;
 /// Open (non-archived) holds per family; beyond it authorize is refused, not denied.
 pub const MAX_LIVE_HOLDS_PER_FAMILY: usize = 1 << 20;
 /// Rows returned by one list read.

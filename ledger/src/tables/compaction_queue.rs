@@ -14,6 +14,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::commit_index::BudgetCommitIndex;
 use crate::ids::{EventId, HoldId, NonceId};
+use crate::limits::MAX_QUEUE_MOVES_PER_PUSH;
 use crate::tables::chunked_deque::ChunkedDeque;
 use crate::tables::identity_fields::FieldHashes;
 use crate::tables::spare_capacity::release_spare;
@@ -67,8 +68,11 @@ enum Side {
 /// tree. Deadlines of ordinary commands differ by seconds; this keeps them all in lanes.
 const MAX_IN_ORDER_GAP_MS: u64 = 60_000;
 
-/// Sorted lanes at most: each pop compares every lane's front.
+/// Open lanes (ones that take pushes) at most: each pop compares every lane's front.
 const MAX_LANES: usize = 4;
+
+/// Sealed lanes at most: runs closed to pushes (see `CompactionQueue::make_room`).
+const MAX_SEALED_LANES: usize = 4;
 
 /// A sorted run of items: the keys, the items and what they retain in three deques, so
 /// finding the smallest front reads a dense array of keys, and popping an item leaves its
@@ -80,6 +84,8 @@ struct Lane {
     items: VecDeque<CompactionItem>,
     /// The bulk of a lane's bytes, in chunks that never move (see `chunked_deque.rs`).
     retained: ChunkedDeque<Option<Retained>>,
+    /// Closed to pushes: only popped from until it is empty.
+    sealed: bool,
 }
 
 impl Lane {
@@ -122,6 +128,11 @@ impl Lane {
         self.keys.len()
     }
 
+    /// How many items at the back fall due after `limit_ms` (a binary search).
+    fn far_tail(&self, limit_ms: u64) -> usize {
+        self.len() - self.keys.partition_point(|key| key.due_ms <= limit_ms)
+    }
+
     fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
@@ -159,18 +170,36 @@ impl DueItem {
 /// retention`), expiry events. Each stream is appended to a lane, a deque sorted by
 /// construction, so a push and a pop cost no tree search and no allocation. A push goes to
 /// the lane whose last item is due latest but not after it (patience sorting); an item that
-/// fits no lane opens a new one, up to `MAX_LANES`, and past that waits in a tree. A pop takes
-/// the smallest of the fronts, so the order is exactly the key order either way.
+/// fits no lane opens a new one, up to `MAX_LANES`, and past that waits in a tree (see
+/// `make_room`). A pop takes the smallest of the fronts, so the order is exactly the key order
+/// either way.
+///
+/// Every push and pop does bounded work, whatever the queue holds: a push moves at most
+/// `MAX_QUEUE_MOVES_PER_PUSH` items and otherwise does a few binary searches, and a pop
+/// compares at most `MAX_LANES + MAX_SEALED_LANES` fronts and the tree's first key.
 ///
 /// Encoded, compared and restored as one map in key order: how items are split between the
 /// lanes and the tree depends on the order they were pushed in, never on the state.
 #[derive(Clone, Default)]
 pub(crate) struct CompactionQueue {
-    /// No lane is empty.
+    /// No lane is empty. At most `MAX_LANES` open and `MAX_SEALED_LANES` sealed ones.
     lanes: Vec<Lane>,
     out_of_order: BTreeMap<QueueKey, Queued>,
     /// The sequence number of the next item pushed.
     next_seq: u64,
+    /// Node-local counters, not replicated state: left out of equality and the encoding.
+    work: CompactionWork,
+}
+
+/// What compaction has done on this node since the family was loaded: not replicated state
+/// (a restored family starts from zero), so it is never encoded or compared. It lets tests and
+/// metrics check that no single command does unbounded work.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CompactionWork {
+    /// Items taken from the queue because they fell due (one compaction step each).
+    pub compacted: u64,
+    /// Items moved from a lane to the tree to make room for a push.
+    pub moved: u64,
 }
 
 impl CompactionQueue {
@@ -191,41 +220,102 @@ impl CompactionQueue {
             .expect("compaction sequence numbers are 64-bit and never run out");
         let queued = Queued { item, retained };
         // `seq` only grows, so a key due no earlier than a lane's last is above it.
-        if let Some(lane) = self.lane_for(due_ms) {
-            self.lanes[lane].push_back(key, queued);
-            return key;
-        }
-        if self.lanes.len() < MAX_LANES {
-            let mut lane = Lane::default();
-            lane.push_back(key, queued);
-            self.lanes.push(lane);
-            return key;
-        }
-        // An item due far later than this one (a command with a deadline hours away) leaves
-        // its lane for the tree: kept at the back, it would send every item of its stream to
-        // the tree until it falls due. Each item moves at most once.
-        let limit = due_ms.saturating_add(MAX_IN_ORDER_GAP_MS);
-        for lane in &mut self.lanes {
-            while lane.len() > 1 && lane.keys.back().is_some_and(|last| last.due_ms > limit) {
-                let (last, outlier) = lane.pop_back().expect("the lane has a back");
-                self.out_of_order.insert(last, outlier);
-            }
-        }
-        match self.lane_for(due_ms) {
-            Some(lane) => self.lanes[lane].push_back(key, queued),
+        let lane = self.lane_for(due_ms).or_else(|| self.make_room(due_ms));
+        match lane {
+            Some(at) => self.lanes[at].push_back(key, queued),
             None => {
                 let previous = self.out_of_order.insert(key, queued);
                 assert!(previous.is_none(), "compaction key {key:?} used twice");
             }
         }
+        assert!(
+            self.open_lanes() <= MAX_LANES && self.lanes.len() <= MAX_LANES + MAX_SEALED_LANES,
+            "compaction queue grew to {} lanes, {} open",
+            self.lanes.len(),
+            self.open_lanes()
+        );
         key
     }
 
-    /// The lane whose last item is due latest but no later than `due_ms`.
+    /// No open lane takes an item due at `due_ms`: finds or makes one, or `None` (the item
+    /// waits in the tree). Bounded work: at most `MAX_QUEUE_MOVES_PER_PUSH` items move.
+    ///
+    /// A lane blocks an item when its back is due later. A few items due far later (commands
+    /// with deadlines hours away) leave their lane for the tree: kept at the back, they would
+    /// send every item of their stream to the tree until they fall due. A long run due far
+    /// later (everything queued under a longer retention, once the retention is lowered) is
+    /// not moved: that would cost one tree insert per item in this one push (900,000 items
+    /// of a loaded family took 2.8 s, and a node missed heartbeats). Its lane is sealed
+    /// instead, whole and in order, and drains by pops like any other; a new lane takes the
+    /// stream.
+    fn make_room(&mut self, due_ms: u64) -> Option<usize> {
+        if self.open_lanes() < MAX_LANES {
+            self.lanes.push(Lane::default());
+            return Some(self.lanes.len() - 1);
+        }
+        let limit = due_ms.saturating_add(MAX_IN_ORDER_GAP_MS);
+        let mut budget = MAX_QUEUE_MOVES_PER_PUSH;
+        for at in 0..self.lanes.len() {
+            let lane = &self.lanes[at];
+            let far = lane.far_tail(limit);
+            if !lane.sealed && far > 0 && far < lane.len() && far <= budget {
+                self.move_back_to_tree(at, far);
+                budget -= far;
+            }
+        }
+        if let Some(at) = self.lane_for(due_ms) {
+            return Some(at);
+        }
+        if self.lanes.len() - self.open_lanes() < MAX_SEALED_LANES {
+            // The open lane whose back is due latest: the one least likely to take a push.
+            let blocked = self
+                .lanes
+                .iter()
+                .enumerate()
+                .filter(|(_, lane)| !lane.sealed && lane.far_tail(limit) > 0)
+                .max_by_key(|(_, lane)| lane.keys.back().copied())
+                .map(|(at, _)| at);
+            if let Some(at) = blocked {
+                self.lanes[at].sealed = true;
+                self.lanes.push(Lane::default());
+                return Some(self.lanes.len() - 1);
+            }
+        }
+        // Every sealed slot is taken: far tails leave for the tree a budget at a time, so a
+        // stream that keeps missing frees its lane over later pushes.
+        for at in 0..self.lanes.len() {
+            let lane = &self.lanes[at];
+            if lane.sealed || budget == 0 {
+                continue;
+            }
+            let far = lane.far_tail(limit).min(lane.len() - 1).min(budget);
+            self.move_back_to_tree(at, far);
+            budget -= far;
+        }
+        self.lane_for(due_ms)
+    }
+
+    /// Moves the last `count` items of lane `at` to the tree; the lane keeps at least one.
+    fn move_back_to_tree(&mut self, at: usize, count: usize) {
+        let lane = &mut self.lanes[at];
+        assert!(count < lane.len(), "a lane keeps at least one item");
+        for _ in 0..count {
+            let (key, queued) = lane.pop_back().expect("the lane has a back");
+            let previous = self.out_of_order.insert(key, queued);
+            assert!(previous.is_none(), "compaction key {key:?} used twice");
+        }
+        self.work.moved += count as u64;
+    }
+
+    fn open_lanes(&self) -> usize {
+        self.lanes.iter().filter(|lane| !lane.sealed).count()
+    }
+
+    /// The open lane whose last item is due latest but no later than `due_ms`.
     fn lane_for(&self, due_ms: u64) -> Option<usize> {
         let mut best: Option<(u64, usize)> = None;
         for (at, lane) in self.lanes.iter().enumerate() {
-            let Some(last) = lane.keys.back() else {
+            let Some(last) = lane.keys.back().filter(|_| !lane.sealed) else {
                 continue;
             };
             if last.due_ms <= due_ms
@@ -255,6 +345,7 @@ impl CompactionQueue {
         if first.due_ms >= now_ms {
             return None;
         }
+        self.work.compacted += 1;
         match side {
             Side::Lane(at) => {
                 let lane = &mut self.lanes[at];
@@ -294,6 +385,10 @@ impl CompactionQueue {
 
     pub fn len(&self) -> usize {
         self.lanes.iter().map(Lane::len).sum::<usize>() + self.out_of_order.len()
+    }
+
+    pub fn work(&self) -> CompactionWork {
+        self.work
     }
 
     /// Every item in key order (a merge of the lanes and the tree).
@@ -403,6 +498,7 @@ impl<'de> Deserialize<'de> for CompactionQueue {
             },
             out_of_order: BTreeMap::new(),
             next_seq: encoded.next_seq,
+            work: CompactionWork::default(),
         })
     }
 }
@@ -472,12 +568,17 @@ mod tests {
                     proptest::prop_assert_eq!(popped.is_some(), expected.is_some());
                 } else {
                     let item = nonce(&format!("n{n}"));
+                    let moved = queue.work().moved;
                     let key = queue.push(due_ms, item.clone(), None);
+                    proptest::prop_assert!(
+                        queue.work().moved - moved <= MAX_QUEUE_MOVES_PER_PUSH as u64
+                    );
                     model.insert(key, item);
                     keys.push(key);
                 }
                 proptest::prop_assert_eq!(queue.len(), model.len());
-                proptest::prop_assert!(queue.lanes.len() <= MAX_LANES);
+                proptest::prop_assert!(queue.open_lanes() <= MAX_LANES);
+                proptest::prop_assert!(queue.lanes.len() <= MAX_LANES + MAX_SEALED_LANES);
                 proptest::prop_assert!(queue.lanes.iter().all(|lane| !lane.is_empty()));
                 proptest::prop_assert_eq!(
                     queue.first_due_ms(),
@@ -601,5 +702,75 @@ mod tests {
             .collect();
         let names = ["n5", "n7", "n8", "n9", "a", "m0", "m1", "m2", "far"];
         assert_eq!(popped, names.map(nonce));
+    }
+
+    /// Pushes `count` items from two interleaved streams, as a loaded family queues them:
+    /// commands due at `now + 60 s + retention` (their deadline out of order by up to 5 s) and
+    /// holds due at `now + retention`. Each push may move at most the budget.
+    fn load(queue: &mut CompactionQueue, start_ms: u64, retention_ms: u64, count: u64) {
+        for n in 0..count {
+            let now_ms = start_ms + n;
+            let jitter = (n * 7_919) % 5_000;
+            for due_ms in [
+                now_ms + 60_000 + retention_ms - jitter,
+                now_ms + retention_ms,
+            ] {
+                let moved = queue.work().moved;
+                queue.push(due_ms, nonce(&format!("{start_ms}:{n}")), None);
+                let moved = queue.work().moved - moved;
+                assert!(
+                    moved <= MAX_QUEUE_MOVES_PER_PUSH as u64,
+                    "{moved} items moved by one push"
+                );
+            }
+        }
+    }
+
+    fn drain_in_key_order(queue: &mut CompactionQueue) {
+        let mut last = None;
+        while let Some((key, _)) = queue.first() {
+            assert!(queue.pop_due(u64::MAX).is_some());
+            assert!(last < Some(key), "{key:?} popped after {last:?}");
+            last = Some(key);
+        }
+        assert_eq!(queue.len(), 0);
+    }
+
+    #[test]
+    fn a_lowered_retention_seals_the_long_runs_and_moves_nothing() {
+        let mut queue = CompactionQueue::default();
+        load(&mut queue, 0, 24 * 3_600_000, 20_000);
+        assert_eq!(
+            queue.open_lanes(),
+            MAX_LANES,
+            "jittered streams fill the lanes"
+        );
+        let moved = queue.work().moved;
+        load(&mut queue, 20_000, 10_000, 20_000);
+        assert_eq!(queue.work().moved, moved, "no item moved to the tree");
+        assert!(queue.lanes.len() > queue.open_lanes(), "a run was sealed");
+        drain_in_key_order(&mut queue);
+        assert!(queue.lanes.is_empty(), "drained sealed lanes are dropped");
+    }
+
+    #[test]
+    fn once_every_sealed_slot_is_taken_far_tails_move_a_budget_at_a_time() {
+        // Every phase lowers the retention again: each leaves long runs due far later than
+        // the next phase's items, more than the sealed slots can hold.
+        let mut queue = CompactionQueue::default();
+        let mut retention_ms = 24 * 3_600_000;
+        for phase in 0..8 {
+            load(&mut queue, phase * 3_000, retention_ms, 3_000);
+            retention_ms /= 4;
+            assert!(queue.open_lanes() <= MAX_LANES);
+            assert!(queue.lanes.len() <= MAX_LANES + MAX_SEALED_LANES);
+        }
+        assert_eq!(queue.lanes.len(), MAX_LANES + MAX_SEALED_LANES);
+        assert!(
+            queue.work().moved > 0,
+            "far tails moved once no slot was left"
+        );
+        assert_eq!(queue.len(), 8 * 3_000 * 2);
+        drain_in_key_order(&mut queue);
     }
 }
