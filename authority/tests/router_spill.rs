@@ -69,6 +69,7 @@ fn roomy() -> FamilyRouter {
 fn tiny(store: FamilyStore) -> FamilyRouter {
     let config = RouterConfig {
         max_live_bytes: TINY_BUDGET_BYTES,
+        min_idle_entries_to_spill: 0,
         ..RouterConfig::default()
     };
     FamilyRouter::with_store(config, store).expect("config")
@@ -145,6 +146,7 @@ async fn a_tiny_budget_spills_to_disk_and_answers_like_a_roomy_router() -> anyho
 async fn one_family_larger_than_the_budget_stays_live_alone() -> anyhow::Result<()> {
     let config = RouterConfig {
         max_live_bytes: 1,
+        min_idle_entries_to_spill: 0,
         ..RouterConfig::default()
     };
     let mut router = FamilyRouter::new(config)?;
@@ -257,6 +259,48 @@ async fn a_streamed_snapshot_restores_the_same_state_and_a_changed_one_is_caught
     assert!(
         digest_of(&mut longer.as_slice()).is_err(),
         "bytes after the end"
+    );
+    Ok(())
+}
+
+/// A family used in the last `min_idle_entries_to_spill` entries stays in memory whatever the
+/// budget says (spilling one in use costs more than it saves); once idle longer, it goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn families_in_recent_use_are_not_spilled_for_bytes() -> anyhow::Result<()> {
+    let config = RouterConfig {
+        max_live_bytes: 1,
+        min_idle_entries_to_spill: 10,
+        ..RouterConfig::default()
+    };
+    let mut router = FamilyRouter::new(config)?;
+    for index in 1..=10u64 {
+        let now = T0 + index;
+        let fam = family(index as usize % 3);
+        router
+            .apply(vec![entry(
+                index,
+                now,
+                vec![authorize(&fam, &format!("h-{index}"), 5, now, None)],
+            )])
+            .await?;
+    }
+    assert_eq!(
+        (router.live_actors(), router.passivated_families()),
+        (3, 0),
+        "all three families were used in the last 10 entries"
+    );
+    let now = T0 + 30;
+    router
+        .apply(vec![entry(
+            30,
+            now,
+            vec![authorize(&family(7), "h-30", 5, now, None)],
+        )])
+        .await?;
+    assert_eq!(
+        (router.live_actors(), router.passivated_families()),
+        (1, 3),
+        "idle for 20 entries, the three are spilled; the one in use stays"
     );
     Ok(())
 }

@@ -41,6 +41,10 @@ pub struct DevArgs {
     /// `--nodes` times this much state.
     #[arg(long, default_value_t = 1 << 30)]
     pub memory_budget_bytes: u64,
+    /// Each node's `spill_idle_entries`: families used in the last this many log entries are
+    /// not spilled for the budget (0: spill any family not in the current round).
+    #[arg(long, default_value_t = 1_000)]
+    pub spill_idle_entries: u64,
 }
 
 /// Where a dev cluster's CA and certificates live.
@@ -65,6 +69,7 @@ pub fn node_config(args: &DevArgs, id: u64) -> NodeConfig {
         insecure: args.insecure,
         reflection: true,
         memory_budget_bytes: args.memory_budget_bytes,
+        spill_idle_entries: args.spill_idle_entries,
         ..NodeConfig::default()
     }
 }

@@ -236,14 +236,16 @@ impl ActorTable {
     }
 
     /// The live families to passivate, least recently used first: those beyond `max_live`,
-    /// then more while the live footprint exceeds `max_live_bytes`. A family used at
-    /// `current_index` (the round just applied) stays: passivating it would only bring it
-    /// back on its next command, so one family larger than the budget stays live alone.
+    /// then more while the live footprint exceeds `max_live_bytes`, but only families last
+    /// used before `spill_before` (the round just applied, or earlier: see
+    /// `RouterConfig::min_idle_entries_to_spill`). A family in use stays: passivating it would
+    /// only bring it back on its next command, so one family larger than the budget stays
+    /// live alone.
     pub fn over_limit(
         &self,
         max_live: usize,
         max_live_bytes: usize,
-        current_index: u64,
+        spill_before: u64,
     ) -> Vec<FamilyId> {
         let excess = self.live.len().saturating_sub(max_live);
         let mut footprint = self.live_footprint_bytes;
@@ -252,7 +254,7 @@ impl ActorTable {
             if chosen.len() >= excess && footprint <= max_live_bytes {
                 break;
             }
-            if *used >= current_index && chosen.len() >= excess {
+            if *used >= spill_before && chosen.len() >= excess {
                 break;
             }
             let live = self.live.get(family.id()).unwrap_or_else(|| {

@@ -136,10 +136,11 @@ impl FamilyRouter {
             }
         }
         self.actors.forget(&pristine).await;
+        let spill_before = round_first_index.saturating_sub(self.config.min_idle_entries_to_spill);
         let over = self.actors.over_limit(
             self.config.max_live_actors,
             self.config.max_live_bytes,
-            round_first_index,
+            spill_before,
         );
         self.actors.passivate(&over).await?;
         Ok(outputs.into_iter().map(PendingOutput::finish).collect())

@@ -63,6 +63,11 @@ pub struct NodeConfig {
     /// the Raft log's cache, buffers and indexes. At least 64 MiB.
     #[serde(default = "default_memory_budget_bytes")]
     pub memory_budget_bytes: u64,
+    /// A family used in the last this many log entries is not spilled for the memory budget
+    /// (families are spilled whole, and spilling one in use costs more than it saves). 0 makes
+    /// the budget hard, at the cost of reading families in use back from disk.
+    #[serde(default = "default_spill_idle_entries")]
+    pub spill_idle_entries: u64,
     /// Connections served at once, peers' included (they share the listener): one more is
     /// closed as soon as it is accepted, before anything is read from it.
     pub max_connections: usize,
@@ -147,6 +152,7 @@ impl Default for NodeConfig {
             expiry_interval_ms: 1_000,
             max_live_families: 10_000,
             memory_budget_bytes: default_memory_budget_bytes(),
+            spill_idle_entries: default_spill_idle_entries(),
             max_connections: 1_024,
             max_concurrent_streams: 2_048,
             max_in_flight_requests: 2_048,
@@ -175,6 +181,10 @@ pub struct MemorySplit {
 
 fn default_memory_budget_bytes() -> u64 {
     1 << 30
+}
+
+fn default_spill_idle_entries() -> u64 {
+    1_000
 }
 
 /// The smallest `memory_budget_bytes`: below it the node's fixed costs alone exceed it.
@@ -390,6 +400,11 @@ impl NodeConfig {
             "memory_budget_bytes",
             self.memory_budget_bytes,
             MIN_MEMORY_BUDGET_BYTES..=u64::MAX,
+        )?;
+        within(
+            "spill_idle_entries",
+            self.spill_idle_entries,
+            0..=tally_ledger::limits::MAX_LOG_INDEX,
         )?;
         if self.disk_quota_bytes != 0 {
             within(

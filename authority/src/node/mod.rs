@@ -162,6 +162,7 @@ pub async fn start(
     let router_config = RouterConfig {
         max_live_actors: config.max_live_families,
         max_live_bytes: memory.live_families_bytes,
+        min_idle_entries_to_spill: config.spill_idle_entries,
         ..RouterConfig::default()
     };
     let family_stores =

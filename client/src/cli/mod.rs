@@ -270,6 +270,11 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
                         "kind": alarm::kind_name(a.kind), "node_id": a.node_id, "reason": a.reason,
                         "raised_at_index": a.raised_at_index,
                     })).collect::<Vec<_>>(),
+                    "load_shedding": r.load_shedding.as_ref().map(|l| serde_json::json!({
+                        "shedding": l.shedding, "oldest_proposal_age_ms": l.oldest_proposal_age_ms,
+                        "proposals_pending": l.proposals_pending, "shed_after_ms": l.shed_after_ms,
+                        "shed_writes": l.shed_writes,
+                    })),
                 }),
                 None => serde_json::json!({ "endpoint": endpoint, "error": "unreachable" }),
             })
@@ -320,6 +325,20 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
                  until `tally alarm clear`"
             );
             alarm::print_alarms(&alarms);
+        }
+        for (endpoint, reply) in &replies {
+            let Some(shedding) = reply.as_ref().and_then(|r| r.load_shedding.as_ref()) else {
+                continue;
+            };
+            if shedding.shedding {
+                println!(
+                    "\n{endpoint} SHEDS WRITES (UNAVAILABLE, definite): its oldest proposal has \
+                     waited {} ms for commit (shed_after_ms {}), {} proposals pending",
+                    opt(shedding.oldest_proposal_age_ms),
+                    shedding.shed_after_ms,
+                    shedding.proposals_pending
+                );
+            }
         }
     }
     Ok(if failures == replies.len() { 1 } else { 0 })
