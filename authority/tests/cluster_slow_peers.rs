@@ -175,3 +175,55 @@ async fn a_flood_of_idle_streams_leaves_the_node_serving_others() {
     }
     cluster.shutdown().await;
 }
+
+/// spec §5.5: a snapshot is verified against its sender's digest before it replaces
+/// anything. A stream that decodes but holds another state is refused with DATA_LOSS, one
+/// that does not decode with INVALID_ARGUMENT; openraft never sees either, and the follower
+/// goes on serving the cluster's state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_that_does_not_match_its_digest_is_refused_before_install() {
+    use tally_authority::families::{RouterSnapshot, RouterState, SNAPSHOT_FORMAT_VERSION};
+    init_logs();
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.wait_leader().await;
+    let follower = a_follower(&cluster, leader);
+    writes_commit_everywhere(&cluster, leader, "digest-a").await;
+    let empty = RouterSnapshot {
+        format_version: SNAPSHOT_FORMAT_VERSION,
+        state: RouterState::default(),
+        maintenance_due: Default::default(),
+        families: Default::default(),
+    };
+    assert_ne!(
+        empty.digest(),
+        [0u8; 32],
+        "the header's digest names another state"
+    );
+    let mut client =
+        RaftClient::new(peer_channel(&cluster, &format!("node-{leader}"), follower).await);
+    for (data, code) in [
+        (empty.to_bytes().expect("encodes"), Code::DataLoss),
+        (vec![0xc1; 64], Code::InvalidArgument),
+    ] {
+        let chunk = pb::SnapshotChunk {
+            data: data.into(),
+            done: true,
+            ..snapshot_header(&cluster, leader)
+        };
+        let status = client
+            .install_snapshot(futures_util::stream::iter(vec![chunk]))
+            .await
+            .expect_err("a stream that does not match its digest is refused");
+        assert_eq!(status.code(), code, "{status:?}");
+    }
+    writes_commit_everywhere(&cluster, leader, "digest-b").await;
+    let digests = cluster.converged_digests().await;
+    assert_eq!(
+        digests
+            .values()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        1,
+        "nothing was installed: every replica holds the same state"
+    );
+}

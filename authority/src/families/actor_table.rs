@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 
 use super::error::RouterError;
 use super::family_actor::{FamilyActor, FamilyStart};
-use super::family_store::{FamilyStore, StoreView};
+use super::family_store::{on_blocking_thread, FamilyStore, StoreView};
 use super::messages::FamilyMsg;
 
 pub(crate) struct LiveActor {
@@ -156,17 +156,11 @@ impl ActorTable {
             return Ok(BTreeMap::new());
         }
         let view = self.view()?;
-        tokio::task::spawn_blocking(move || {
-            families
-                .into_iter()
-                .map(|family_id| {
-                    let bytes = view.get(&family_id)?;
-                    Ok((family_id, bytes))
-                })
-                .collect()
+        let fetched = on_blocking_thread("a family fetch", move || {
+            view.read_each(families, |bytes| bytes)
         })
-        .await
-        .map_err(|error| RouterError::Store(format!("a family fetch stopped: {error}")))?
+        .await?;
+        Ok(fetched.into_iter().collect())
     }
 
     /// Records a live family's footprint after a batch.
@@ -303,12 +297,10 @@ impl ActorTable {
             stopping.push(actor);
         }
         let store = self.store.clone();
-        let written =
-            tokio::task::spawn_blocking(move || store.write(&written, &[]).map(|()| written))
-                .await
-                .map_err(|error| {
-                    RouterError::Store(format!("a family write stopped: {error}"))
-                })??;
+        let written = on_blocking_thread("a family write", move || {
+            store.write(&written, &[]).map(|()| written)
+        })
+        .await?;
         for (family_id, bytes) in written {
             self.stored_bytes += bytes.len();
             self.stored.insert(family_id, StoredRow::new(bytes.len()));

@@ -275,6 +275,21 @@ pub struct StoreView {
 }
 
 impl StoreView {
+    /// Each family's encoding passed through `each`, in the order given. Blocking.
+    pub fn read_each<T>(
+        &self,
+        families: Vec<FamilyId>,
+        each: impl Fn(Vec<u8>) -> T,
+    ) -> Result<Vec<(FamilyId, T)>, RouterError> {
+        families
+            .into_iter()
+            .map(|family_id| {
+                let bytes = self.get(&family_id)?;
+                Ok((family_id, each(bytes)))
+            })
+            .collect()
+    }
+
     /// The family's encoding. A family the router says is stored but the view lacks is a
     /// fault of this node (fatal): its state cannot be found.
     pub fn get(&self, family_id: &FamilyId) -> Result<Vec<u8>, RouterError> {
@@ -291,6 +306,17 @@ impl StoreView {
             }),
         }
     }
+}
+
+/// Runs store I/O (and the encoding or decoding that goes with it) on a blocking thread,
+/// never on an async worker; a task that could not finish is a store fault.
+pub(super) async fn on_blocking_thread<T: Send + 'static>(
+    what: &'static str,
+    work: impl FnOnce() -> Result<T, RouterError> + Send + 'static,
+) -> Result<T, RouterError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|error| RouterError::Store(format!("{what} stopped: {error}")))?
 }
 
 fn store_error(what: &str, error: impl std::fmt::Display) -> RouterError {

@@ -18,7 +18,7 @@ use super::actor_table::ActorTable;
 use super::config::RouterConfig;
 use super::error::RouterError;
 use super::expiry_index::ExpiryIndex;
-use super::family_store::{FamilyStore, StoreView};
+use super::family_store::{on_blocking_thread, FamilyStore, StoreView};
 use super::router::FamilyRouter;
 use super::router_state::RouterState;
 
@@ -93,9 +93,7 @@ impl FamilyRouter {
     /// A consistent cut at the last applied index, encoded (on a blocking thread).
     pub async fn snapshot(&self) -> Result<RouterSnapshot, RouterError> {
         let cut = self.cut().await?;
-        tokio::task::spawn_blocking(move || cut.encode())
-            .await
-            .map_err(|error| RouterError::Store(format!("a snapshot encode stopped: {error}")))?
+        on_blocking_thread("a snapshot encode", move || cut.encode()).await
     }
 
     /// A consistent cut at the last applied index, to encode later (see `RouterCut`).
@@ -152,17 +150,10 @@ impl FamilyRouter {
         let mut families = self.read_live(Family::digest).await?;
         let stored: Vec<FamilyId> = self.actors.stored().keys().cloned().collect();
         let view = self.actors.view()?;
-        let stored = tokio::task::spawn_blocking(move || {
-            stored
-                .into_iter()
-                .map(|family_id| {
-                    let digest = digest_bytes(&view.get(&family_id)?);
-                    Ok((family_id, digest))
-                })
-                .collect::<Result<Vec<_>, RouterError>>()
+        let stored = on_blocking_thread("a digest read", move || {
+            view.read_each(stored, |bytes| digest_bytes(&bytes))
         })
-        .await
-        .map_err(|error| RouterError::Store(format!("a digest read stopped: {error}")))??;
+        .await?;
         for (family_id, digest) in stored {
             let previous = families.insert(family_id.clone(), digest);
             assert!(
