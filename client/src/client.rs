@@ -257,8 +257,32 @@ impl TallyClient {
         (backoff * 2).min(self.config.backoff_max)
     }
 
-    /// Calls `read` on the believed leader, then on every other node, until one answers.
+    /// Calls `read` on the believed leader, then on every other node, until one answers. When
+    /// none does (an election is under way, a node restarts), the round is tried again with
+    /// backoff for `retry_for`: a read issued just as a leader steps down waits for the next one
+    /// instead of failing, as a command would.
     pub(crate) async fn read<T, F, Fut>(&self, read: F) -> Result<T, ClientError>
+    where
+        F: Fn(tally_api::pb::budget_client::BudgetClient<tonic::transport::Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let start = Instant::now();
+        let mut backoff = self.config.backoff_min;
+        loop {
+            let last = match self.read_round(&read).await {
+                Ok(reply) => return Ok(reply),
+                Err(RoundFailure::Definite(error)) => return Err(error),
+                Err(RoundFailure::NoAnswer(last)) => last,
+            };
+            if start.elapsed() >= self.config.retry_for {
+                return Err(ClientError::Unreachable(last));
+            }
+            backoff = self.pause(backoff).await;
+        }
+    }
+
+    /// One pass of [`Self::read`] over the believed leader and every endpoint.
+    async fn read_round<T, F, Fut>(&self, read: &F) -> Result<T, RoundFailure>
     where
         F: Fn(tally_api::pb::budget_client::BudgetClient<tonic::transport::Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
@@ -267,13 +291,13 @@ impl TallyClient {
         targets.extend(self.nodes.endpoints());
         let mut last = String::from("no endpoint");
         for target in targets {
-            let client = self.nodes.budget(&target)?;
+            let client = self.nodes.budget(&target).map_err(RoundFailure::Definite)?;
             match tokio::time::timeout(self.config.attempt_timeout, read(client)).await {
                 Ok(Ok(reply)) => return Ok(reply.into_inner()),
                 Ok(Err(status)) => {
                     let remote = RemoteError::from(&status);
                     if matches!(remote, RemoteError::Ledger(_) | RemoteError::Refused { .. }) {
-                        return Err(remote.into());
+                        return Err(RoundFailure::Definite(remote.into()));
                     }
                     self.nodes.note_leader(leader_hint(&status));
                     last = format!("{target}: {remote}");
@@ -281,6 +305,14 @@ impl TallyClient {
                 Err(_) => last = format!("{target}: no reply in time"),
             }
         }
-        Err(ClientError::Unreachable(last))
+        Err(RoundFailure::NoAnswer(last))
     }
+}
+
+/// Why one round of reads ended without a reply.
+enum RoundFailure {
+    /// An answer that another node would give too (a refusal, a bad argument, a bad endpoint).
+    Definite(ClientError),
+    /// No node answered; the last reason seen.
+    NoAnswer(String),
 }

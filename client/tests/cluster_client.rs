@@ -181,6 +181,31 @@ async fn a_leader_killed_between_proposal_and_reply_gets_an_answer_that_matches_
     cluster.shutdown().await;
 }
 
+/// A read sent the moment the leader dies meets only followers that name a dead leader or
+/// none: the client waits for the election instead of failing (CI once failed a test on this).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_sent_while_the_leader_dies_waits_for_the_next_leader() {
+    let mut cluster = TestCluster::start(3).await;
+    let client = client_for(&cluster, Duration::from_secs(20));
+    let Outcome::Decided(_) = client.submit(authorize("fam", "r1", 10)).await else {
+        panic!("the first write must commit")
+    };
+    let leader = cluster.wait_leader().await;
+    cluster.kill(leader).await;
+    let lookup = committed(&client, "fam", "r1:authorize").await;
+    assert!(
+        matches!(lookup, EventLookup::Applied { .. }),
+        "the committed write is read back after the failover: {lookup:?}"
+    );
+    let usage = client
+        .get_usage(&FamilyId::from("fam"), &AccountKey::new("cap", 0))
+        .await
+        .expect("usage read after the failover");
+    assert!(usage.is_some(), "the account row survives the failover");
+    assert_ne!(cluster.wait_leader().await, leader);
+    cluster.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_partitioned_into_a_minority_never_contradicts_the_log() {
     let cluster = TestCluster::start(3).await;
