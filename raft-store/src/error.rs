@@ -7,7 +7,7 @@
 use std::io;
 use std::path::PathBuf;
 
-/// Everything that can go wrong opening, reading or writing the Raft log file.
+/// Everything that can go wrong opening, reading or writing the Raft log.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The file (or its directory) could not be read or written at the OS level.
@@ -19,17 +19,9 @@ pub enum StoreError {
         source: io::Error,
     },
 
-    /// The file is not a redb database at all (wrong magic, random bytes, empty).
-    #[error("raft log {path}: not a redb database: {detail}")]
-    NotADatabase {
-        /// The file.
-        path: PathBuf,
-        /// What redb said.
-        detail: String,
-    },
-
-    /// The file is a redb database but was not written by this crate (no Tally format marker).
-    #[error("raft log {path}: a redb database, but not a Tally raft log ({detail})")]
+    /// A file or directory that was not written by this crate (no Tally segment header where
+    /// one must be).
+    #[error("raft log {path}: not a Tally raft log ({detail})")]
     NotARaftLog {
         /// The file.
         path: PathBuf,
@@ -50,8 +42,8 @@ pub enum StoreError {
         supported: u32,
     },
 
-    /// The file is damaged: truncated, overwritten, failing a checksum, or breaking an
-    /// invariant of the log (a hole, an entry stored under the wrong index).
+    /// The log is damaged: a frame failing its checksum with valid data after it, a missing
+    /// segment, or an invariant of the log broken (a hole, an entry under the wrong index).
     #[error("raft log {path}: corrupt: {detail}")]
     Corrupt {
         /// The file.
@@ -60,7 +52,7 @@ pub enum StoreError {
         detail: String,
     },
 
-    /// Another process (or another store in this one) holds the file open.
+    /// Another process (or another store in this one) holds the log open.
     #[error("raft log {path}: already open elsewhere")]
     AlreadyOpen {
         /// The file.
@@ -108,11 +100,7 @@ pub enum StoreError {
         source: rmp_serde::decode::Error,
     },
 
-    /// Any other redb failure (I/O during a transaction, a failed commit, ...).
-    #[error("redb: {0}")]
-    Redb(#[from] redb::Error),
-
-    /// The blocking thread that runs a transaction did not report back (it panicked).
+    /// The writer thread did not report back (it panicked or stopped after a failed write).
     #[error("storage thread failed: {0}")]
     Thread(String),
 }
@@ -125,15 +113,12 @@ impl StoreError {
             StoreError::EntryTooLarge { .. } | StoreError::NotContiguous { .. } => {
                 io::ErrorKind::InvalidInput
             }
-            StoreError::NotADatabase { .. }
-            | StoreError::NotARaftLog { .. }
+            StoreError::NotARaftLog { .. }
             | StoreError::UnsupportedVersion { .. }
             | StoreError::Corrupt { .. }
             | StoreError::Decode { .. } => io::ErrorKind::InvalidData,
             StoreError::AlreadyOpen { .. } => io::ErrorKind::WouldBlock,
-            StoreError::Encode { .. } | StoreError::Redb(_) | StoreError::Thread(_) => {
-                io::ErrorKind::Other
-            }
+            StoreError::Encode { .. } | StoreError::Thread(_) => io::ErrorKind::Other,
         }
     }
 }
@@ -143,21 +128,3 @@ impl From<StoreError> for io::Error {
         io::Error::new(e.kind(), e)
     }
 }
-
-macro_rules! from_redb {
-    ($($t:ty),*) => {$(
-        impl From<$t> for StoreError {
-            fn from(e: $t) -> StoreError {
-                StoreError::Redb(redb::Error::from(e))
-            }
-        }
-    )*};
-}
-
-from_redb!(
-    redb::StorageError,
-    redb::TransactionError,
-    redb::TableError,
-    redb::CommitError,
-    redb::SetDurabilityError
-);

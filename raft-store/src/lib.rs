@@ -1,40 +1,48 @@
-//! The durable Raft log of a Tally node: openraft's [`RaftLogStorage`] on one redb file.
+//! The durable Raft log of a Tally node: openraft's [`RaftLogStorage`] on a directory of
+//! append-only segment files (`wal.rs`, framing in `frame.rs`).
 //!
-//! The file holds the log entries (keyed by index), the vote, the last committed log id, the
-//! last purged log id, and a format marker. Values are rmp-serde bytes, so the store works for
-//! any [`RaftTypeConfig`] whose entry, vote and log id are serde types (openraft's `serde`
-//! feature).
+//! The segments hold the log entries, the vote, the committed-id hint, the last purged id and
+//! truncations, as checksummed frames; values are rmp-serde bytes, so the store works for any
+//! [`RaftTypeConfig`] whose entry, vote and log id are serde types (openraft's `serde`
+//! feature). An in-memory index says where each live entry's bytes are.
+//!
+//! Why not a B-tree file: an append here is one sequential write and one `fdatasync`, which
+//! measured about the disk's bare `fdatasync` cost, where the redb file of earlier builds
+//! wrote and synced several scattered pages per commit (2-3x the `fdatasync`, on the critical
+//! path of every command, on the leader and on each follower). A log needs no B-tree: it is
+//! appended at the end, cut at the end (truncate) and dropped at the front (purge).
+//! `import_redb_log` moves a node written by an earlier build.
 //!
 //! The decoded tail of the log stays in memory (bounded by [`CacheLimits`]), so replication
 //! and apply read what was just appended without decoding it again; see `entry_cache.rs` for
-//! why that never returns anything the file does not hold.
+//! why that never returns anything the files do not hold.
 //!
 //! # Crash contract
 //!
-//! Every write is one redb write transaction, run by one writer thread in the order openraft
-//! issued the calls and committed with [`redb::Durability::Immediate`]
-//! (but the committed-id hint, below): the commit returns only after redb's fsync, and redb's
-//! commit is atomic, so a crash at any point leaves the file at the last completed commit,
-//! never part of one.
+//! Every write is one frame appended to the newest segment by one writer thread, in the order
+//! openraft issued the calls, and synced with `fdatasync` before the next frame is written.
+//! A frame carries one checksum over all of it. So a crash leaves every frame before the last
+//! intact and the last one whole, missing, or torn; a torn last frame (its `fdatasync` never
+//! returned, so nothing in it was reported durable) is cut off at open.
 //!
 //! | call | durable when |
 //! |------|--------------|
-//! | [`RaftLogStorage::append`] | when the `IOFlushed` callback is called with `Ok`: `append` returns as soon as the entries are readable, the log's writer thread commits them (with any appends queued behind them: one transaction, one fsync) and then calls the callback |
+//! | [`RaftLogStorage::append`] | when the `IOFlushed` callback is called with `Ok`: `append` returns as soon as the entries are readable, the log's writer thread writes them (with any appends queued behind them: one frame, one `fdatasync`) and then calls the callback |
 //! | [`RaftLogStorage::save_vote`] | when it returns `Ok` |
-//! | [`RaftLogStorage::save_committed`] | with the next durable write (queued, not waited for, no fsync of its own: it is only a restart hint, and every entry it names is already durable; losing it makes a restarted node replay less and learn the rest from the leader) |
-//! | [`RaftLogStorage::truncate_after`] | when it returns `Ok` |
-//! | [`RaftLogStorage::purge`] | when it returns `Ok` (entries removed and the purged id recorded in the same transaction) |
+//! | [`RaftLogStorage::save_committed`] | with the next frame (queued, not waited for, no write of its own: it is only a restart hint, and every entry it names is already durable; losing it makes a restarted node replay less and learn the rest from the leader) |
+//! | [`RaftLogStorage::truncate_after`] | when it returns `Ok` (a truncation record; nothing is rewritten) |
+//! | [`RaftLogStorage::purge`] | when it returns `Ok` (a purge record; segments no live entry is in are then deleted) |
 //!
 //! After a crash the log is whatever the last returned call left: an `append` whose callback
 //! never fired is either wholly present or wholly absent. A crash can never leave a hole, a
 //! half-written entry, or a purge without its purged id.
 //!
-//! Opening checks the checksums of the whole file (redb's integrity check) and then this
-//! crate's own invariants (format marker, no hole in the log). A file that is truncated,
-//! overwritten, not a redb database, or of an unknown format is a typed [`StoreError`] at open;
-//! the store never silently starts empty or with fewer entries than were committed. redb may
-//! repair its allocator state after an unclean shutdown; that repair only restores the last
-//! commit.
+//! Opening replays every segment and checks every frame's checksum and this crate's own
+//! invariants (segment header and format version, consecutive segments, no hole in the log).
+//! Damage with a valid frame after it, a missing segment, a foreign file or an unknown format
+//! is a typed [`StoreError`] at open; the store never silently starts empty. What open cannot
+//! tell from a torn write is a segment cut short *inside its last frame* by something other
+//! than a crash: those entries are dropped with a warning, as a torn write's would be.
 //!
 //! [`RaftLogStorage`]: openraft::storage::RaftLogStorage
 //! [`RaftLogStorage::append`]: openraft::storage::RaftLogStorage::append
@@ -49,17 +57,18 @@ mod entry_cache;
 mod error;
 #[cfg(feature = "failpoints")]
 pub mod failpoint;
+mod frame;
+mod legacy;
 mod metrics;
-mod open;
 mod reader;
-mod schema;
 mod store;
-mod txn;
+mod wal;
 mod writer;
 
 pub use entry_cache::CacheLimits;
 pub use error::StoreError;
+pub use legacy::{import_redb_log, Imported};
 pub use metrics::{MetricsSnapshot, StoreMetrics};
-pub use reader::RedbLogReader;
-pub use schema::FORMAT_VERSION;
-pub use store::{RedbLogStore, StoreConfig, DEFAULT_MAX_ENTRY_BYTES};
+pub use reader::LogReader;
+pub use store::{LogStore, StoreConfig, DEFAULT_MAX_ENTRY_BYTES};
+pub use wal::{WalConfig, FORMAT_VERSION};

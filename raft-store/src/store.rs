@@ -1,10 +1,10 @@
-//! [`RedbLogStore`]: openraft's `RaftLogStorage` on the redb file.
+//! [`LogStore`]: openraft's `RaftLogStorage` on the segment files of `wal.rs`.
 //!
 //! The async methods are a thin shell: encode and check on the calling task, then hand the
-//! redb transaction (and its fsync) to the log's writer thread (`writer.rs`), which runs them
+//! write (and its `fdatasync`) to the log's writer thread (`writer.rs`), which runs them
 //! in the order openraft issued them, as its storage contract requires. `append` returns once
 //! its entries are readable (in the entry cache) and reports durability through openraft's
-//! callback; the other writes return when their transaction has committed.
+//! callback; the other writes return when they are durable.
 
 use std::io;
 use std::marker::PhantomData;
@@ -20,14 +20,12 @@ use crate::codec::encode;
 use crate::entry_cache::{CacheLimits, EntryCache};
 use crate::error::StoreError;
 use crate::metrics::{MetricsSnapshot, StoreMetrics};
-use crate::open::open_database;
-use crate::reader::{RedbLogReader, Shared};
-use crate::schema::{KEY_COMMITTED, KEY_PURGED, KEY_VOTE};
-use crate::txn::{self, Encoded};
+use crate::reader::LogReader;
+use crate::wal::{Encoded, Wal, WalConfig};
 use crate::writer::{FileOp, LogWriter, WriteOp};
 
 /// Default [`StoreConfig::max_entry_bytes`]: 64 MiB, far above any Tally command batch and far
-/// below redb's 3 GiB value limit.
+/// below the 4 GiB a record's length field can say.
 pub const DEFAULT_MAX_ENTRY_BYTES: usize = 64 << 20;
 
 /// Limits of the store.
@@ -40,6 +38,8 @@ pub struct StoreConfig {
     /// How much of the log's tail stays in memory, decoded, for replication and apply to read
     /// (see `entry_cache.rs`).
     pub cache: CacheLimits,
+    /// The segment files' size.
+    pub wal: WalConfig,
 }
 
 impl Default for StoreConfig {
@@ -47,18 +47,19 @@ impl Default for StoreConfig {
         Self {
             max_entry_bytes: DEFAULT_MAX_ENTRY_BYTES,
             cache: CacheLimits::default(),
+            wal: WalConfig::default(),
         }
     }
 }
 
-/// The Raft log, vote and committed id of one node, in one redb file.
+/// The Raft log, vote and committed id of one node, in one directory of segment files.
 ///
 /// Generic over any [`RaftTypeConfig`]: with openraft's `serde` feature (always on for this
 /// crate) its entry, vote and log id types are serde types, which is all the store needs.
 /// Not `Clone`: exactly one writer, owned by openraft; readers come from
-/// [`RaftLogStorage::get_log_reader`] or [`RedbLogStore::reader`].
-pub struct RedbLogStore<C: RaftTypeConfig> {
-    pub(crate) shared: Arc<Shared>,
+/// [`RaftLogStorage::get_log_reader`] or [`LogStore::reader`].
+pub struct LogStore<C: RaftTypeConfig> {
+    pub(crate) wal: Arc<Wal>,
     cache: Arc<Mutex<EntryCache<C::Entry>>>,
     metrics: Arc<StoreMetrics>,
     config: StoreConfig,
@@ -70,24 +71,25 @@ pub struct RedbLogStore<C: RaftTypeConfig> {
     _types: PhantomData<fn() -> C>,
 }
 
-impl<C: RaftTypeConfig> RedbLogStore<C>
+impl<C: RaftTypeConfig> LogStore<C>
 where
     C::Entry: Clone,
 {
-    /// Opens the log at `path` with [`StoreConfig::default`], creating it if no file exists.
+    /// Opens the log in the directory `path` with [`StoreConfig::default`], creating it if it
+    /// does not exist.
     ///
-    /// See [`RedbLogStore::open_with`].
+    /// See [`LogStore::open_with`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         Self::open_with(path, StoreConfig::default())
     }
 
-    /// Opens the log at `path`, creating it if no file exists there.
+    /// Opens the log in the directory `path`, creating the directory if it does not exist.
     ///
-    /// A new file is created under a temporary name and renamed into place once initialised,
-    /// so an existing file must be a complete Tally raft log: a file that fails redb's checksum
-    /// check, is cut short, is not redb, lacks the format marker, has another format version,
-    /// or has a hole in its log is an error, never an empty store. Opening reads the whole
-    /// file once. The parent directory must exist.
+    /// Every segment is read once and each frame's checksum checked. A torn last frame (a
+    /// write a crash interrupted, never reported durable) is cut off; anything else that is
+    /// damaged, foreign, of another format version, or leaves a hole in the log is an error,
+    /// never an empty or shorter store. Another store holding the directory open is
+    /// [`StoreError::AlreadyOpen`].
     ///
     /// Blocking: call it before handing the store to openraft, or from a blocking thread.
     pub fn open_with(path: impl AsRef<Path>, config: StoreConfig) -> Result<Self, StoreError> {
@@ -96,16 +98,14 @@ where
             "StoreConfig::max_entry_bytes must be positive"
         );
         let path = path.as_ref().to_path_buf();
-        let db = open_database(&path)?;
-        let shared = Arc::new(Shared { db, path });
-        shared.verify_log::<C>()?;
+        let wal = Arc::new(Wal::open(&path, config.wal)?);
         let cache = Arc::new(Mutex::new(EntryCache::new(config.cache)));
         let metrics = Arc::new(StoreMetrics::default());
-        let issued = shared.stored_range()?;
-        let writer = LogWriter::start(shared.clone(), cache.clone(), metrics.clone())?;
+        let issued = wal.stored_range();
+        let writer = LogWriter::start(wal.clone(), cache.clone(), metrics.clone())?;
         Ok(Self {
             issued,
-            shared,
+            wal,
             cache,
             metrics,
             config,
@@ -114,9 +114,15 @@ where
         })
     }
 
-    /// The file this store writes.
+    /// The directory this store writes.
     pub fn path(&self) -> &Path {
-        &self.shared.path
+        &self.wal.dir
+    }
+
+    /// How many segment files the log has now (they roll at [`WalConfig::segment_bytes`] and
+    /// go once purged).
+    pub fn segment_count(&self) -> usize {
+        self.wal.segment_count()
     }
 
     /// The limits this store was opened with.
@@ -134,13 +140,9 @@ where
         self.metrics.clone()
     }
 
-    /// A read handle that shares this store's file.
-    pub fn reader(&self) -> RedbLogReader<C> {
-        RedbLogReader::new(
-            self.shared.clone(),
-            self.cache.clone(),
-            self.metrics.clone(),
-        )
+    /// A read handle that shares this store's files.
+    pub fn reader(&self) -> LogReader<C> {
+        LogReader::new(self.wal.clone(), self.cache.clone(), self.metrics.clone())
     }
 
     /// Encodes a batch, asserting it is contiguous and rejecting an entry over the limit.
@@ -169,10 +171,10 @@ where
         Ok((out, bytes))
     }
 
-    /// Runs one durable write transaction in its turn on the writer thread and waits for it.
+    /// Runs one durable write in its turn on the writer thread and waits for it.
     async fn write_durable<F>(&self, op: F) -> Result<(), StoreError>
     where
-        F: FnOnce(&Shared) -> Result<(), StoreError> + Send + 'static,
+        F: FnOnce(&Wal) -> Result<(), StoreError> + Send + 'static,
     {
         self.writer.write(Box::new(op) as FileOp, true).await
     }
@@ -187,15 +189,15 @@ fn report_failure<C: RaftTypeConfig>(callback: IOFlushed<C>, e: StoreError) -> i
     err
 }
 
-impl<C: RaftTypeConfig> RaftLogStorage<C> for RedbLogStore<C>
+impl<C: RaftTypeConfig> RaftLogStorage<C> for LogStore<C>
 where
     C::Entry: Clone,
 {
-    type LogReader = RedbLogReader<C>;
+    type LogReader = LogReader<C>;
 
-    /// Last purged id and last log id, read from one snapshot of the file.
+    /// Last purged id and last log id.
     async fn get_log_state(&mut self) -> Result<LogState<C>, io::Error> {
-        let mut state = self.shared.read_log_state::<C>()?;
+        let mut state = self.wal.read_log_state::<C>()?;
         // Entries issued but not yet written are the log's tail too.
         let stored_end = state.last_log_id.as_ref().map_or(0, |id| id.index + 1);
         if self.issued.is_some_and(|(_, end)| end > stored_end) {
@@ -211,12 +213,10 @@ where
         self.reader()
     }
 
-    /// Durable when it returns `Ok`: one transaction, one fsync.
+    /// Durable when it returns `Ok`: one frame, one `fdatasync`.
     async fn save_vote(&mut self, vote: &VoteOf<C>) -> Result<(), io::Error> {
         let bytes = encode(vote, || "vote".to_string())?;
-        Ok(self
-            .write_durable(move |s| txn::put_record(s, KEY_VOTE, &bytes))
-            .await?)
+        Ok(self.write_durable(move |wal| wal.put_vote(&bytes)).await?)
     }
 
     /// The committed id is a restart hint (how far to replay before the leader says more), so
@@ -227,7 +227,10 @@ where
     /// is written after every append queued before it.
     async fn save_committed(&mut self, committed: Option<LogIdOf<C>>) -> Result<(), io::Error> {
         let bytes = encode(&committed, || "committed log id".to_string())?;
-        let op: FileOp = Box::new(move |s| txn::put_hint(s, KEY_COMMITTED, &bytes));
+        let op: FileOp = Box::new(move |wal| {
+            wal.put_committed_hint(&bytes);
+            Ok(())
+        });
         self.writer
             .submit(WriteOp::Other {
                 op,
@@ -239,13 +242,13 @@ where
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogIdOf<C>>, io::Error> {
-        let stored: Option<Option<LogIdOf<C>>> = self.shared.read_record(KEY_COMMITTED)?;
+        let stored: Option<Option<LogIdOf<C>>> = self.wal.committed()?;
         Ok(stored.flatten())
     }
 
-    /// All entries of the call go into one transaction: one fsync, the group commit. The
-    /// callback is called after the commit (so after the fsync) and before this returns; a
-    /// crash before that leaves all or none of the batch. A batch that does not continue the
+    /// All entries of the call go into one frame: one `fdatasync`, the group commit. The
+    /// callback is called after the `fdatasync`; a crash before that leaves all or none of
+    /// the batch (a torn frame is cut off at open). A batch that does not continue the
     /// stored log, or holds an entry over [`StoreConfig::max_entry_bytes`], fails whole with
     /// nothing written.
     async fn append<I>(&mut self, entries: I, callback: IOFlushed<C>) -> Result<(), io::Error>
@@ -314,16 +317,16 @@ where
             Some((first, end)) => Some((first, end.min(from))),
             None => None,
         };
-        self.write_durable(move |s| txn::truncate_from(s, from))
+        self.write_durable(move |wal| wal.truncate_from(from))
             .await?;
         Ok(())
     }
 
     /// Deletes entries up to and including `log_id` and records it as the last purged id, in
-    /// one transaction; durable when it returns. A purge below the recorded one is a no-op:
+    /// one frame; durable when it returns. Segments no live entry is in are deleted. A purge below the recorded one is a no-op:
     /// purging never moves backwards.
     async fn purge(&mut self, log_id: LogIdOf<C>) -> Result<(), io::Error> {
-        let current: Option<LogIdOf<C>> = self.shared.read_record(KEY_PURGED)?;
+        let current: Option<LogIdOf<C>> = self.wal.purged()?;
         if let Some(current) = current {
             if current.index > log_id.index {
                 tracing::warn!(%current, requested = %log_id, "purge below the last purged id ignored");
@@ -341,16 +344,16 @@ where
             Some((first, end)) => Some((first.max(upto + 1), end)),
             None => None,
         };
-        self.write_durable(move |s| txn::purge(s, upto, &bytes))
+        self.write_durable(move |wal| wal.purge(upto, &bytes))
             .await?;
         Ok(())
     }
 }
 
-impl<C: RaftTypeConfig> std::fmt::Debug for RedbLogStore<C> {
+impl<C: RaftTypeConfig> std::fmt::Debug for LogStore<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedbLogStore")
-            .field("path", &self.shared.path)
+        f.debug_struct("LogStore")
+            .field("path", &self.wal.dir)
             .field("config", &self.config)
             .finish_non_exhaustive()
     }

@@ -7,14 +7,14 @@
 //! other (the leader's, then a follower's) instead of side by side. So the store hands every
 //! write to this thread, in the order openraft issued them, and returns:
 //!
-//! - an append is reported through its callback once its transaction has committed;
-//! - appends that queued up while a transaction ran are written together in the next one (one
+//! - an append is reported through its callback once its frame is durable (`fdatasync` returned);
+//! - appends that queued up while a write ran are written together in the next frame (one
 //!   fsync for all, the group commit), each callback still called after that commit;
 //! - every other write (vote, truncate, purge, the committed-id hint) takes its turn in the
 //!   same queue, so it never overtakes an append issued before it; the store awaits those that
 //!   must be durable when the call returns.
 //!
-//! After a failed transaction the thread refuses every later write: a log that lost one batch
+//! After a failed write the thread refuses every later write: a log that lost one batch
 //! must not go on with the next (it would have a hole), and openraft stops on the first error.
 
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -29,18 +29,17 @@ use openraft::RaftTypeConfig;
 use crate::entry_cache::EntryCache;
 use crate::error::StoreError;
 use crate::metrics::StoreMetrics;
-use crate::reader::Shared;
-use crate::txn::{self, Encoded};
+use crate::wal::{Encoded, Wal};
 
 /// Writes waiting for the thread. When it is full, the store waits on a blocking thread for
 /// room, so a slow disk holds openraft back instead of queueing without bound.
 pub(crate) const MAX_QUEUED_WRITES: usize = 1_024;
 
-/// Most entries written in one transaction when appends have queued up.
+/// Most entries written in one frame when appends have queued up.
 const MAX_ENTRIES_PER_COMMIT: usize = 4_096;
 
-/// A write other than an append: one transaction on the file.
-pub(crate) type FileOp = Box<dyn FnOnce(&Shared) -> Result<(), StoreError> + Send>;
+/// A write other than an append: one frame on the log.
+pub(crate) type FileOp = Box<dyn FnOnce(&Wal) -> Result<(), StoreError> + Send>;
 
 pub(crate) enum WriteOp<C: RaftTypeConfig> {
     Append {
@@ -52,7 +51,7 @@ pub(crate) enum WriteOp<C: RaftTypeConfig> {
     },
     Other {
         op: FileOp,
-        /// Whether the transaction fsyncs (counted in the metrics).
+        /// Whether the write syncs (counted in the metrics).
         durable: bool,
         /// Told the outcome; `None` when nobody waits (the committed-id hint).
         done: Option<OneshotSenderOf<C, Result<(), StoreError>>>,
@@ -83,14 +82,14 @@ impl<C: RaftTypeConfig> LogWriter<C> {
     /// Starts the writer thread for `shared`. It ends when the store (the queue's only
     /// sender) is dropped, after writing what was queued.
     pub(crate) fn start<E: Clone + Send + 'static>(
-        shared: Arc<Shared>,
+        wal: Arc<Wal>,
         cache: Arc<Mutex<EntryCache<E>>>,
         metrics: Arc<StoreMetrics>,
     ) -> Result<Self, StoreError> {
         let (queue, receiver) = sync_channel(MAX_QUEUED_WRITES);
         let thread = std::thread::Builder::new()
             .name("raft-log-writer".to_owned())
-            .spawn(move || run(&shared, &cache, &metrics, &receiver))
+            .spawn(move || run(&wal, &cache, &metrics, &receiver))
             .map_err(|e| StoreError::Thread(e.to_string()))?;
         Ok(Self {
             queue: Some(queue),
@@ -160,7 +159,7 @@ impl FirstFailure {
     }
 }
 
-/// Appends written in one transaction: their entries, and per append its end, cache
+/// Appends written in one frame: their entries, and per append its end, cache
 /// generation and callback.
 struct Group<C: RaftTypeConfig> {
     batch: Vec<Encoded>,
@@ -204,7 +203,7 @@ impl<C: RaftTypeConfig> Group<C> {
 }
 
 fn run<C: RaftTypeConfig, E: Clone>(
-    shared: &Shared,
+    wal: &Wal,
     cache: &Mutex<EntryCache<E>>,
     metrics: &StoreMetrics,
     receiver: &Receiver<WriteOp<C>>,
@@ -216,7 +215,13 @@ fn run<C: RaftTypeConfig, E: Clone>(
             Some(op) => op,
             None => match receiver.recv() {
                 Ok(op) => op,
-                Err(_) => return, // the store is gone and the queue is empty
+                Err(_) => {
+                    // The store is gone and the queue is empty: write the last hint.
+                    if let Err(e) = failure.attempt(|| wal.flush_hint()) {
+                        tracing::warn!(error = %e, "the last committed-id hint was not written");
+                    }
+                    return;
+                }
             },
         };
         match op {
@@ -228,7 +233,7 @@ fn run<C: RaftTypeConfig, E: Clone>(
             } => {
                 let mut group = Group::new(batch, bytes, generation, callback);
                 next = group.take_queued(receiver);
-                match failure.attempt(|| txn::append(shared, &group.batch)) {
+                match failure.attempt(|| wal.append(&group.batch)) {
                     Ok(()) => {
                         let mut cache = cache.lock().expect("entry cache lock");
                         for (end, generation) in group.written {
@@ -250,7 +255,7 @@ fn run<C: RaftTypeConfig, E: Clone>(
                 }
             }
             WriteOp::Other { op, durable, done } => {
-                let outcome = failure.attempt(|| op(shared));
+                let outcome = failure.attempt(|| op(wal));
                 if outcome.is_ok() && durable {
                     metrics.record_other_commit();
                 }
@@ -271,7 +276,7 @@ mod tests {
     use openraft::storage::{IOFlushed, RaftLogReader, RaftLogStorage};
     use openraft::type_config::TypeConfigExt;
 
-    use crate::RedbLogStore;
+    use crate::LogStore;
 
     openraft::declare_raft_types!(
         TestConfig:
@@ -294,14 +299,17 @@ mod tests {
 
     /// The point of the writer thread: openraft's core gets `append` back while the write is
     /// still waiting for the disk, with the entries already readable, and hears of
-    /// durability only once the transaction has committed. Appends that queue up meanwhile
-    /// share the next transaction.
+    /// durability only once the frame is durable. Appends that queue up meanwhile
+    /// share the next frame.
     #[tokio::test]
+    #[allow(clippy::await_holding_lock)] // the lock is held on purpose, against another thread
     async fn append_returns_before_its_write_and_queued_appends_share_one_commit() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut store = RedbLogStore::<C>::open(dir.path().join("raft.redb")).expect("open");
-        // An open write transaction holds the writer thread at its next `begin_write`.
-        let blocker = store.shared.db.begin_write().expect("write transaction");
+        let mut store = LogStore::<C>::open(dir.path().join("raft-log")).expect("open");
+        // Holding the active segment holds the writer thread (an OS thread, not this task) at
+        // its next write.
+        let wal = store.wal.clone();
+        let blocker = wal.active.lock().expect("active segment");
         let mut flushed = Vec::new();
         for index in 0..3 {
             let (tx, rx) = C::oneshot();

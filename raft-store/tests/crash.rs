@@ -1,5 +1,5 @@
-//! What survives a restart, and what a damaged file does at open: a typed error, never an
-//! empty or shorter log.
+//! What survives a restart, what a crash leaves (at most the write in flight, cut off at
+//! open), and what damage does at open: a typed error, never an empty or shorter log.
 
 mod support;
 
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use openraft::storage::{RaftLogReader, RaftLogStorage};
 use openraft::type_config::alias::VoteOf;
 use support::{append_durable, entry, log_id, Entry, C};
-use tally_raft_store::{RedbLogStore, StoreError};
+use tally_raft_store::{LogStore, StoreConfig, StoreError, WalConfig};
 use tempfile::TempDir;
 
 const ENTRIES: u64 = 200;
@@ -33,7 +33,7 @@ fn entries(range: std::ops::Range<u64>) -> Vec<Entry> {
 
 /// Writes `ENTRIES` entries in batches of 20, a vote and a committed id; closes the store.
 async fn write_log(path: &Path) -> anyhow::Result<VoteOf<C>> {
-    let mut store = RedbLogStore::<C>::open(path)?;
+    let mut store = LogStore::<C>::open(path)?;
     for start in (0..ENTRIES).step_by(20) {
         append_durable(&mut store, entries(start..start + 20)).await?;
     }
@@ -43,21 +43,45 @@ async fn write_log(path: &Path) -> anyhow::Result<VoteOf<C>> {
     Ok(vote)
 }
 
-fn db_path(dir: &TempDir) -> PathBuf {
-    dir.path().join("raft.redb")
+fn log_dir(dir: &TempDir) -> PathBuf {
+    dir.path().join("raft-log")
+}
+
+/// The segment files, oldest first.
+fn segments(path: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out: Vec<PathBuf> = fs::read_dir(path)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    out.retain(|p| p.extension().is_some_and(|e| e == "wal"));
+    out.sort();
+    Ok(out)
+}
+
+fn newest_segment(path: &Path) -> anyhow::Result<PathBuf> {
+    segments(path)?
+        .pop()
+        .ok_or_else(|| anyhow::anyhow!("no segment in {}", path.display()))
+}
+
+async fn all_entries(store: &mut LogStore<C>) -> anyhow::Result<Vec<Entry>> {
+    Ok(store
+        .get_log_reader()
+        .await
+        .try_get_log_entries(0..)
+        .await?)
 }
 
 #[tokio::test]
 async fn reopen_after_drop_keeps_entries_vote_committed_and_purge() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let path = db_path(&dir);
+    let path = log_dir(&dir);
     let vote = write_log(&path).await?;
     {
-        let mut store = RedbLogStore::<C>::open(&path)?;
+        let mut store = LogStore::<C>::open(&path)?;
         store.purge(log_id(1, 9)).await?;
     }
 
-    let mut store = RedbLogStore::<C>::open(&path)?;
+    let mut store = LogStore::<C>::open(&path)?;
     let state = store.get_log_state().await?;
     assert_eq!(state.last_purged_log_id, Some(log_id(1, 9)));
     assert_eq!(state.last_log_id, Some(log_id(1, ENTRIES - 1)));
@@ -70,125 +94,181 @@ async fn reopen_after_drop_keeps_entries_vote_committed_and_purge() -> anyhow::R
     Ok(())
 }
 
+/// The crash contract: a crash loses at most the write whose `fdatasync` had not returned,
+/// and its blocks may reach the disk in any order or not at all. Every way the last frame can
+/// be left (cut at any length, its first block or its last lost) must reopen to exactly the
+/// entries whose durability was reported, and the log must go on from there.
 #[tokio::test]
-async fn file_cut_to_half_is_an_error_at_open() -> anyhow::Result<()> {
+async fn an_unsynced_last_write_in_any_state_is_cut_off_and_nothing_else() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let path = db_path(&dir);
+    let path = log_dir(&dir);
     write_log(&path).await?;
+    let segment = newest_segment(&path)?;
+    let synced = fs::read(&segment)?;
+    // The bytes the next append would write: made by a scratch log, taken from its end.
+    let in_flight = {
+        let scratch = tempfile::tempdir()?;
+        let scratch_path = log_dir(&scratch);
+        let mut store = LogStore::<C>::open(&scratch_path)?;
+        append_durable(&mut store, entries(ENTRIES..ENTRIES + 3)).await?;
+        drop(store);
+        let bytes = fs::read(newest_segment(&scratch_path)?)?;
+        let before = {
+            let empty = tempfile::tempdir()?;
+            drop(LogStore::<C>::open(log_dir(&empty))?);
+            fs::read(newest_segment(&log_dir(&empty))?)?.len()
+        };
+        bytes[before..].to_vec()
+    };
+    assert!(in_flight.len() > 3 * PAYLOAD, "three entries in one frame");
 
-    let len = fs::metadata(&path)?.len();
-    OpenOptions::new()
-        .write(true)
-        .open(&path)?
-        .set_len(len / 2)?;
+    let mut partial: Vec<(String, Vec<u8>)> =
+        [1, 7, 16, 100, in_flight.len() / 2, in_flight.len() - 1]
+            .into_iter()
+            .map(|cut| (format!("cut at {cut}"), in_flight[..cut].to_vec()))
+            .collect();
+    let mut first_block_lost = in_flight.clone();
+    first_block_lost[..4096].fill(0);
+    partial.push(("first block lost".into(), first_block_lost));
+    let mut last_block_lost = in_flight.clone();
+    let len = last_block_lost.len();
+    last_block_lost[len - 4096..].fill(0);
+    partial.push(("last block lost".into(), last_block_lost));
+    partial.push(("zeroes only".into(), vec![0; 8192]));
 
-    let err = RedbLogStore::<C>::open(&path).expect_err("a truncated log must not open");
-    assert!(
-        matches!(err, StoreError::Corrupt { .. }),
-        "expected Corrupt, got {err:?}"
-    );
+    for (case, tail) in partial {
+        let mut bytes = synced.clone();
+        bytes.extend(&tail);
+        fs::write(&segment, &bytes)?;
+        let mut store = LogStore::<C>::open(&path)?;
+        assert_eq!(
+            all_entries(&mut store).await?,
+            entries(0..ENTRIES),
+            "{case}: exactly the durable entries"
+        );
+        assert_eq!(
+            fs::metadata(&segment)?.len(),
+            synced.len() as u64,
+            "{case}: the torn tail is cut off"
+        );
+        append_durable(&mut store, entries(ENTRIES..ENTRIES + 1)).await?;
+        drop(store);
+        let mut store = LogStore::<C>::open(&path)?;
+        assert_eq!(
+            all_entries(&mut store).await?,
+            entries(0..ENTRIES + 1),
+            "{case}: the log goes on after the cut"
+        );
+        drop(store);
+        fs::write(&segment, &synced)?;
+    }
     Ok(())
 }
 
+/// Damage with valid frames after it is not a torn write: it must stop the open.
 #[tokio::test]
 async fn garbage_over_a_live_entry_is_an_error_at_open() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let path = db_path(&dir);
+    let path = log_dir(&dir);
     write_log(&path).await?;
 
-    // Overwrite every copy of entry 100's payload (the live page and any stale copy), so the
-    // live tree is certainly damaged.
-    let bytes = fs::read(&path)?;
+    let segment = newest_segment(&path)?;
+    let bytes = fs::read(&segment)?;
     let mark = b"TALLY-ENTRY-000100|";
-    let hits: Vec<usize> = bytes
+    let at = bytes
         .windows(mark.len())
-        .enumerate()
-        .filter(|(_, w)| w == mark)
-        .map(|(i, _)| i)
-        .collect();
-    assert!(!hits.is_empty(), "entry 100 not found in the file");
-    let mut f = OpenOptions::new().write(true).open(&path)?;
-    for at in hits {
-        f.seek(SeekFrom::Start(at as u64))?;
-        f.write_all(&[0xA5; 19])?;
-    }
-    f.sync_all()?;
-    drop(f);
+        .position(|w| w == mark)
+        .ok_or_else(|| anyhow::anyhow!("entry 100 not found in the file"))?;
+    overwrite(&segment, at as u64, &[0xA5; 19])?;
+    assert_corrupt_at_open(&path);
+    Ok(())
+}
 
-    let err = RedbLogStore::<C>::open(&path).expect_err("a damaged log must not open");
+fn overwrite(file: &Path, at: u64, bytes: &[u8]) -> anyhow::Result<()> {
+    let mut f = OpenOptions::new().write(true).open(file)?;
+    f.seek(SeekFrom::Start(at))?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    Ok(())
+}
+
+fn assert_corrupt_at_open(path: &Path) {
+    let err = LogStore::<C>::open(path).expect_err("a damaged log must not open");
     assert!(
         matches!(err, StoreError::Corrupt { .. }),
         "expected Corrupt, got {err:?}"
     );
-    Ok(())
 }
 
 #[tokio::test]
 async fn garbage_block_in_the_middle_is_an_error_at_open() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let path = db_path(&dir);
+    let path = log_dir(&dir);
     write_log(&path).await?;
 
-    let len = fs::metadata(&path)?.len();
-    let mut f = OpenOptions::new().write(true).open(&path)?;
-    f.seek(SeekFrom::Start(len / 2))?;
-    f.write_all(&vec![0x5A; 8192])?;
-    f.sync_all()?;
-    drop(f);
-
-    // With 200 entries of 4 KiB the middle of the file is live B-tree pages, so the block
-    // damages committed data and redb's checksums catch it at open. (Had it landed on free
-    // space, open would succeed with every entry intact; what must never happen is an open
-    // that succeeds with fewer or different entries.)
-    let err = RedbLogStore::<C>::open(&path).expect_err("a damaged log must not open");
-    assert!(
-        matches!(err, StoreError::Corrupt { .. }),
-        "expected Corrupt, got {err:?}"
-    );
+    let segment = newest_segment(&path)?;
+    let len = fs::metadata(&segment)?.len();
+    overwrite(&segment, len / 2, &[0x5A; 8192])?;
+    assert_corrupt_at_open(&path);
     Ok(())
 }
 
-#[test]
-fn a_file_that_is_not_redb_is_an_error() -> anyhow::Result<()> {
+/// Small segments: the log rolls, a purge deletes the segments no live entry is in, a reopen
+/// reads across segments, and a segment missing from the middle is an error.
+#[tokio::test]
+async fn segments_roll_are_deleted_once_purged_and_a_gap_is_an_error() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let path = db_path(&dir);
-    fs::write(
-        &path,
-        b"this is a text file, not a redb database\n".repeat(2000),
-    )?;
-    let err = RedbLogStore::<C>::open(&path).expect_err("a text file must not open");
-    assert!(
-        matches!(err, StoreError::NotADatabase { .. }),
-        "expected NotADatabase, got {err:?}"
-    );
-    Ok(())
-}
-
-#[test]
-fn an_empty_file_is_an_error_not_a_new_log() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let path = db_path(&dir);
-    fs::write(&path, b"")?;
-    let err = RedbLogStore::<C>::open(&path).expect_err("an empty file must not open as a new log");
-    assert!(
-        matches!(err, StoreError::NotADatabase { .. }),
-        "expected NotADatabase, got {err:?}"
-    );
-    Ok(())
-}
-
-#[test]
-fn another_redb_database_is_not_a_raft_log() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let path = db_path(&dir);
+    let path = log_dir(&dir);
+    let config = StoreConfig {
+        wal: WalConfig {
+            segment_bytes: 5 * PAYLOAD as u64,
+        },
+        ..StoreConfig::default()
+    };
     {
-        let db = redb::Database::create(&path)?;
-        let txn = db.begin_write()?;
-        txn.open_table(redb::TableDefinition::<u64, u64>::new("something_else"))?
-            .insert(1, 2)?;
-        txn.commit()?;
+        let mut store = LogStore::<C>::open_with(&path, config.clone())?;
+        for start in (0..60).step_by(4) {
+            append_durable(&mut store, entries(start..start + 4)).await?;
+        }
+        assert!(
+            store.segment_count() >= 7,
+            "{} segments",
+            store.segment_count()
+        );
+        store.save_vote(&VoteOf::<C>::new_committed(3, 1)).await?;
+        store.purge(log_id(1, 39)).await?;
+        assert!(
+            store.segment_count() <= 4,
+            "segments holding only purged entries are gone: {}",
+            store.segment_count()
+        );
+        assert_eq!(store.segment_count(), segments(&path)?.len());
     }
-    let err = RedbLogStore::<C>::open(&path).expect_err("a foreign redb file must not open");
+    let mut store = LogStore::<C>::open_with(&path, config.clone())?;
+    assert_eq!(all_entries(&mut store).await?, entries(40..60));
+    assert_eq!(
+        store.get_log_reader().await.read_vote().await?,
+        Some(VoteOf::<C>::new_committed(3, 1)),
+        "the vote survives the deletion of the segment it was written in"
+    );
+    drop(store);
+
+    let files = segments(&path)?;
+    fs::remove_file(&files[files.len() / 2])?;
+    assert_corrupt_at_open(&path);
+    Ok(())
+}
+
+#[test]
+fn a_segment_that_is_not_ours_is_an_error() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = log_dir(&dir);
+    drop(LogStore::<C>::open(&path)?);
+    fs::write(
+        newest_segment(&path)?,
+        b"this is not a raft log, just some text\n",
+    )?;
+    let err = LogStore::<C>::open(&path).expect_err("a text file must not open");
     assert!(
         matches!(err, StoreError::NotARaftLog { .. }),
         "expected NotARaftLog, got {err:?}"
@@ -196,29 +276,45 @@ fn another_redb_database_is_not_a_raft_log() -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn an_unknown_format_version_is_an_error() -> anyhow::Result<()> {
+#[test]
+fn an_empty_segment_is_an_error_not_a_new_log() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let path = db_path(&dir);
-    drop(RedbLogStore::<C>::open(&path)?);
-    {
-        let db = redb::Database::create(&path)?;
-        let txn = db.begin_write()?;
-        txn.open_table(redb::TableDefinition::<&str, &[u8]>::new("tally_meta"))?
-            .insert("format_version", 99u32.to_be_bytes().as_slice())?;
-        txn.commit()?;
-    }
-    let err = RedbLogStore::<C>::open(&path).expect_err("an unknown version must not open");
+    let path = log_dir(&dir);
+    drop(LogStore::<C>::open(&path)?);
+    fs::write(newest_segment(&path)?, b"")?;
+    let err = LogStore::<C>::open(&path).expect_err("an empty segment must not open");
     assert!(
-        matches!(
-            err,
-            StoreError::UnsupportedVersion {
-                found: 99,
-                supported: 1,
-                ..
-            }
-        ),
-        "expected UnsupportedVersion, got {err:?}"
+        matches!(err, StoreError::NotARaftLog { .. }),
+        "expected NotARaftLog, got {err:?}"
     );
+    Ok(())
+}
+
+/// The single file of earlier builds (or any file) where the log's directory should be.
+#[test]
+fn a_file_where_the_directory_should_be_is_an_error() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = log_dir(&dir);
+    fs::write(&path, b"redb bytes")?;
+    let err = LogStore::<C>::open(&path).expect_err("a file must not open as a log");
+    assert!(
+        matches!(err, StoreError::NotARaftLog { .. }),
+        "expected NotARaftLog, got {err:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_log_open_elsewhere_is_refused() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = log_dir(&dir);
+    let first = LogStore::<C>::open(&path)?;
+    let err = LogStore::<C>::open(&path).expect_err("one writer per log");
+    assert!(
+        matches!(err, StoreError::AlreadyOpen { .. }),
+        "expected AlreadyOpen, got {err:?}"
+    );
+    drop(first);
+    drop(LogStore::<C>::open(&path)?);
     Ok(())
 }

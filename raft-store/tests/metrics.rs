@@ -8,12 +8,12 @@ use openraft::storage::{IOFlushed, RaftLogReader, RaftLogStorage};
 use openraft::type_config::alias::VoteOf;
 use openraft::type_config::TypeConfigExt;
 use support::{append_durable, entry, log_id, Entry, C};
-use tally_raft_store::{RedbLogStore, StoreConfig, StoreError};
+use tally_raft_store::{LogStore, StoreConfig, StoreError};
 
 #[tokio::test]
 async fn three_appends_of_ten_are_three_fsyncs_of_thirty_entries() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut store = RedbLogStore::<C>::open(dir.path().join("raft.redb"))?;
+    let mut store = LogStore::<C>::open(dir.path().join("raft-log"))?;
     for batch in 0..3u64 {
         let entries = (batch * 10..batch * 10 + 10)
             .map(|i| entry(1, i, vec![i as u8; 16]))
@@ -44,7 +44,7 @@ async fn an_entry_over_the_limit_is_rejected_and_nothing_is_written() -> anyhow:
         max_entry_bytes: 1024,
         ..StoreConfig::default()
     };
-    let mut store = RedbLogStore::<C>::open_with(dir.path().join("raft.redb"), config)?;
+    let mut store = LogStore::<C>::open_with(dir.path().join("raft-log"), config)?;
 
     let batch = vec![entry(1, 0, vec![0; 10]), entry(1, 1, vec![0; 4096])];
     let (tx, rx) = C::oneshot();
@@ -80,7 +80,7 @@ async fn an_entry_over_the_limit_is_rejected_and_nothing_is_written() -> anyhow:
 #[tokio::test]
 async fn an_append_that_would_leave_a_hole_is_rejected() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut store = RedbLogStore::<C>::open(dir.path().join("raft.redb"))?;
+    let mut store = LogStore::<C>::open(dir.path().join("raft-log"))?;
     append_durable(&mut store, vec![entry(1, 0, vec![]), entry(1, 1, vec![])]).await?;
 
     let err = append_durable(&mut store, vec![entry(1, 5, vec![])])
@@ -113,16 +113,16 @@ async fn an_append_that_would_leave_a_hole_is_rejected() -> anyhow::Result<()> {
 #[tokio::test]
 async fn the_tail_is_read_from_memory_and_truncation_reaches_it() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let path = dir.path().join("raft.redb");
+    let path = dir.path().join("raft-log");
     {
-        let mut store = RedbLogStore::<C>::open(&path)?;
+        let mut store = LogStore::<C>::open(&path)?;
         append_durable(
             &mut store,
             (0..5).map(|i| entry(1, i, vec![i as u8])).collect(),
         )
         .await?;
     }
-    let mut store = RedbLogStore::<C>::open(&path)?;
+    let mut store = LogStore::<C>::open(&path)?;
     append_durable(
         &mut store,
         (5..8).map(|i| entry(1, i, vec![i as u8])).collect(),

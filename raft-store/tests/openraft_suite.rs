@@ -6,16 +6,16 @@ use openraft::testing::log::{StoreBuilder, Suite};
 use openraft::type_config::TypeConfigExt;
 use openraft::StorageError;
 use support::{MemStateMachine, C};
-use tally_raft_store::RedbLogStore;
+use tally_raft_store::LogStore;
 use tempfile::TempDir;
 
 /// Builds a store on a new file in its own temp dir; the dir is the guard, removed on drop.
-struct RedbBuilder;
+struct WalBuilder;
 
-impl StoreBuilder<C, RedbLogStore<C>, MemStateMachine, TempDir> for RedbBuilder {
-    async fn build(&self) -> Result<(TempDir, RedbLogStore<C>, MemStateMachine), StorageError<C>> {
+impl StoreBuilder<C, LogStore<C>, MemStateMachine, TempDir> for WalBuilder {
+    async fn build(&self) -> Result<(TempDir, LogStore<C>, MemStateMachine), StorageError<C>> {
         let dir = tempfile::tempdir().map_err(|e| StorageError::write(C::err_from_error(&e)))?;
-        let store = RedbLogStore::<C>::open(dir.path().join("raft.redb"))
+        let store = LogStore::<C>::open(dir.path().join("raft-log"))
             .map_err(|e| StorageError::write(C::err_from_error(&e)))?;
         Ok((dir, store, MemStateMachine::default()))
     }
@@ -23,6 +23,6 @@ impl StoreBuilder<C, RedbLogStore<C>, MemStateMachine, TempDir> for RedbBuilder 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openraft_log_suite_passes_on_redb() -> anyhow::Result<()> {
-    Suite::test_all(RedbBuilder).await?;
+    Suite::test_all(WalBuilder).await?;
     Ok(())
 }

@@ -76,7 +76,7 @@ pub fn node_config(args: &DevArgs, id: u64) -> NodeConfig {
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     super::logging::init(LogFormat::Pretty);
-    let fresh = !args.data_dir.join("node-1").join("raft-log.redb").exists();
+    let fresh = !crate::node::has_raft_log(&args.data_dir.join("node-1"));
     if !args.insecure
         && tally_tls::issue::ensure_dev_certs(&tls_dir(&args), "tally-dev", args.nodes)?
     {

@@ -20,7 +20,7 @@ use tally_api::pb::admin_server::AdminServer;
 use tally_api::pb::budget_server::BudgetServer;
 use tally_api::pb::raft_server::RaftServer;
 use tally_api::{FILE_DESCRIPTOR_SET, MAX_MESSAGE_BYTES};
-use tally_raft_store::{RedbLogStore, StoreMetrics};
+use tally_raft_store::{LogStore, StoreMetrics};
 use tally_tls::{CertIdentity, TlsMaterial, Transport};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -134,6 +134,19 @@ fn bound(
 
 /// Starts a node: opens its data dir, recovers Raft state (newest snapshot + committed log),
 /// and serves gRPC on `config.listen_addr`.
+/// The raft log's file in data dirs written by builds before the segment log.
+const LEGACY_RAFT_LOG_FILE: &str = "raft-log.redb";
+
+/// Where a node keeps its raft log (a directory of segment files) in `data_dir`.
+pub fn raft_log_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join("raft-log")
+}
+
+/// Whether `data_dir` holds a node's raft log (of this build or an earlier one).
+pub fn has_raft_log(data_dir: &std::path::Path) -> bool {
+    raft_log_dir(data_dir).exists() || data_dir.join(LEGACY_RAFT_LOG_FILE).exists()
+}
+
 pub async fn start(
     mut config: NodeConfig,
     faults: Arc<NetworkFaults>,
@@ -153,8 +166,21 @@ pub async fn start(
         }
     };
     std::fs::create_dir_all(&config.data_dir).map_err(|e| NodeError::Storage(e.to_string()))?;
-    let log_store = RedbLogStore::<TypeConfig>::open(config.data_dir.join("raft-log.redb"))
-        .map_err(|e| NodeError::Storage(e.to_string()))?;
+    let log_dir = raft_log_dir(&config.data_dir);
+    if let Some(imported) = tally_raft_store::import_redb_log::<TypeConfig>(
+        &config.data_dir.join(LEGACY_RAFT_LOG_FILE),
+        &log_dir,
+    )
+    .map_err(|e| NodeError::Storage(e.to_string()))?
+    {
+        tracing::info!(
+            entries = imported.entries,
+            "moved the raft log of an earlier build into {}",
+            log_dir.display()
+        );
+    }
+    let log_store =
+        LogStore::<TypeConfig>::open(&log_dir).map_err(|e| NodeError::Storage(e.to_string()))?;
     let store_metrics = log_store.metrics_handle();
     let snapshots = SnapshotDir::open(config.data_dir.join("snapshots"))
         .map_err(|e| NodeError::Storage(e.to_string()))?;
