@@ -218,3 +218,43 @@ async fn a_bad_preference_is_refused_whole_and_nothing_changes() {
     }
     cluster.shutdown().await;
 }
+
+/// A voter whose clock is off refuses to lead (docs/spec.md §6), so the leader never hands
+/// leadership to it, even in the best region: it goes to the next region and stays there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_whose_clock_is_off_is_never_made_leader() {
+    init_logs();
+    let cluster = TestCluster::start_with(3, |config| {
+        config.region = REGIONS[usize::try_from(config.node_id - 1).expect("small")].to_owned();
+        config.leader_placement_interval_ms = 500;
+        if config.node_id == 2 {
+            config.clock_offset_ms = 5_000;
+        }
+    })
+    .await;
+    let leader = cluster.wait_leader().await;
+    cluster
+        .admin(leader)
+        .await
+        .set_params(regions(&["us-east", "eu-west"]))
+        .await
+        .expect("valid");
+    wait_for_leader(&cluster, 1, "us-east's only voter has a bad clock").await;
+    let transfers = cluster.nodes[&1].metrics.leader_placement_transfers();
+    // Several placement checks pass; none hands leadership to node 2.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(3) {
+        assert_eq!(
+            cluster.leader_now(),
+            Some(1),
+            "leadership stayed in eu-west"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        cluster.nodes[&1].metrics.leader_placement_transfers(),
+        transfers,
+        "node 1 started no transfer"
+    );
+    cluster.shutdown().await;
+}

@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::health::Health;
 use super::metrics::NodeMetrics;
 use super::placement::{transfer_target, Member};
 use crate::raft::state_machine::SharedRouter;
@@ -37,6 +38,7 @@ pub async fn run(
     node_id: NodeId,
     raft: Raft,
     router: SharedRouter,
+    health: Arc<Health>,
     metrics: Arc<NodeMetrics>,
     pacing: PlacementPacing,
     mut shutdown: watch::Receiver<bool>,
@@ -60,7 +62,9 @@ pub async fn run(
             continue;
         }
         let choice = crate::raft::types::with_metrics(&raft, |m| {
-            choose(m, node_id, &preferred, pacing.fresh_ack)
+            choose(m, node_id, &preferred, pacing.fresh_ack, |address| {
+                health.peer_clock_agrees(address)
+            })
         });
         let Some((target, from_region, to_region)) = choice else {
             continue;
@@ -88,12 +92,15 @@ pub async fn run(
 }
 
 /// The target and both regions, from this leader's metrics; `None` while a membership change
-/// is in flight (the voters are about to change) or when no move is called for.
+/// is in flight (the voters are about to change) or when no move is called for. A voter whose
+/// clock the leader's probe finds off (`clock_agrees` by client address) is not healthy: it
+/// would refuse to lead and hand leadership straight back.
 fn choose(
     m: &Metrics,
     leader: NodeId,
     preferred: &[String],
     fresh_ack: Duration,
+    clock_agrees: impl Fn(&str) -> bool,
 ) -> Option<(NodeId, String, String)> {
     let membership = m.membership_config.membership();
     let changing = m.membership_config.log_id() != m.committed_membership_config.log_id()
@@ -102,7 +109,7 @@ fn choose(
         return None;
     }
     let last_index = m.last_log_index.unwrap_or(0);
-    let healthy = |id: &NodeId| {
+    let healthy = |id: &NodeId, address: &str| {
         if *id == leader {
             return true;
         }
@@ -116,7 +123,7 @@ fn choose(
             .as_ref()
             .and_then(|h| h.get(id).cloned().flatten())
             .is_some_and(|at| openraft::Instant::elapsed(&*at) <= fresh_ack);
-        acked && last_index.saturating_sub(matched) <= MAX_LAG_ENTRIES
+        acked && last_index.saturating_sub(matched) <= MAX_LAG_ENTRIES && clock_agrees(address)
     };
     let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
     let members: Vec<Member<'_>> = membership
@@ -125,7 +132,7 @@ fn choose(
             id: *id,
             region: &node.region,
             voter: voters.contains(id),
-            healthy: healthy(id),
+            healthy: healthy(id, &node.addr),
         })
         .collect();
     let target = transfer_target(preferred, leader, &members)?;

@@ -396,6 +396,7 @@ pub async fn start(
         config.node_id,
         raft.clone(),
         router.clone(),
+        health.clone(),
         metrics.clone(),
         leader_placement::PlacementPacing {
             min_between_transfers: Duration::from_millis(config.leader_placement_interval_ms),
