@@ -1142,6 +1142,7 @@ async fn set_params_refuses_out_of_range_and_empty_changes_and_proposes_nothing(
             pb::SetParamsRequest {
                 retention_ms: Some(u64::MAX),
                 max_clock_step_ms: None,
+                preferred_leader_regions: None,
             },
             "retention_ms must be within 1000..=31536000000 ms",
         ),
@@ -1149,6 +1150,7 @@ async fn set_params_refuses_out_of_range_and_empty_changes_and_proposes_nothing(
             pb::SetParamsRequest {
                 retention_ms: Some(999),
                 max_clock_step_ms: None,
+                preferred_leader_regions: None,
             },
             "retention_ms must be within 1000..=31536000000 ms",
         ),
@@ -1156,6 +1158,7 @@ async fn set_params_refuses_out_of_range_and_empty_changes_and_proposes_nothing(
             pb::SetParamsRequest {
                 retention_ms: Some(3_600_000),
                 max_clock_step_ms: Some(u64::MAX),
+                preferred_leader_regions: None,
             },
             "max_clock_step_ms must be within 1000..=600000 ms",
         ),
@@ -1163,6 +1166,7 @@ async fn set_params_refuses_out_of_range_and_empty_changes_and_proposes_nothing(
             pb::SetParamsRequest {
                 retention_ms: None,
                 max_clock_step_ms: Some(0),
+                preferred_leader_regions: None,
             },
             "max_clock_step_ms must be within 1000..=600000 ms",
         ),
@@ -1172,7 +1176,10 @@ async fn set_params_refuses_out_of_range_and_empty_changes_and_proposes_nothing(
         ),
     ];
     for (request, expected) in refusals {
-        let status = admin.set_params(request).await.expect_err("refused");
+        let status = admin
+            .set_params(request.clone())
+            .await
+            .expect_err("refused");
         assert_eq!(
             status.code(),
             tonic::Code::InvalidArgument,
@@ -1197,6 +1204,7 @@ async fn set_params_refuses_out_of_range_and_empty_changes_and_proposes_nothing(
         .set_params(pb::SetParamsRequest {
             retention_ms: Some(1_000),
             max_clock_step_ms: Some(600_000),
+            preferred_leader_regions: None,
         })
         .await
         .expect("in range")
@@ -1204,8 +1212,9 @@ async fn set_params_refuses_out_of_range_and_empty_changes_and_proposes_nothing(
     let expected = pb::ClusterParams {
         retention_ms: 1_000,
         max_clock_step_ms: 600_000,
+        preferred_leader_regions: Vec::new(),
     };
-    assert_eq!(reply.params, Some(expected));
+    assert_eq!(reply.params, Some(expected.clone()));
     assert_eq!(params_on(&cluster, leader).await, expected);
     cluster.shutdown().await;
 }
@@ -1235,6 +1244,7 @@ async fn concurrent_param_changes_of_different_fields_both_hold() {
             .set_params(pb::SetParamsRequest {
                 retention_ms: Some(3_600_000),
                 max_clock_step_ms: None,
+                preferred_leader_regions: None,
             })
             .await
     });
@@ -1243,6 +1253,7 @@ async fn concurrent_param_changes_of_different_fields_both_hold() {
             .set_params(pb::SetParamsRequest {
                 retention_ms: None,
                 max_clock_step_ms: Some(2_000),
+                preferred_leader_regions: None,
             })
             .await
     });
@@ -1264,6 +1275,7 @@ async fn concurrent_param_changes_of_different_fields_both_hold() {
     let expected = pb::ClusterParams {
         retention_ms: 3_600_000,
         max_clock_step_ms: 2_000,
+        preferred_leader_regions: Vec::new(),
     };
     cluster.converged_digests().await;
     for id in cluster.nodes.keys() {

@@ -86,6 +86,7 @@ async fn callers_without_the_right_certificate_are_refused_and_nothing_is_writte
         .set_params(pb::SetParamsRequest {
             retention_ms: Some(60_000),
             max_clock_step_ms: None,
+            preferred_leader_regions: None,
         })
         .await
         .expect_err("no certificate");
@@ -121,6 +122,7 @@ async fn callers_without_the_right_certificate_are_refused_and_nothing_is_writte
         .set_params(pb::SetParamsRequest {
             retention_ms: Some(60_000),
             max_clock_step_ms: None,
+            preferred_leader_regions: None,
         })
         .await
         .expect_err("kernel administers");

@@ -77,6 +77,7 @@ async fn send(client: Arc<TallyClient>, batch: Vec<Job>) {
         .iter()
         .map(|(command, _)| pb::Command::from(command))
         .collect();
+    client.learn_region().await;
     let target = client.nodes.target();
     let reply = match client.nodes.budget(&target) {
         Ok(mut budget) => {

@@ -17,12 +17,14 @@ use crate::config::ClientConfig;
 use crate::error::ClientError;
 use crate::nodes::Nodes;
 use crate::outcome::Outcome;
+use crate::region::RegionLookup;
 
 pub struct TallyClient {
     pub(crate) nodes: Nodes,
     pub(crate) config: ClientConfig,
     /// The cluster id the authority stamps on its decisions (docs/spec.md §6), once seen.
     cluster_id: std::sync::Mutex<Option<String>>,
+    pub(crate) region_lookup: RegionLookup,
 }
 
 /// One attempt's result, classified.
@@ -55,6 +57,7 @@ impl TallyClient {
             nodes,
             config,
             cluster_id: std::sync::Mutex::new(None),
+            region_lookup: RegionLookup::default(),
         })
     }
 
@@ -149,8 +152,10 @@ impl TallyClient {
         Outcome::Unknown { event_id, reason }
     }
 
-    /// Sends `command` once (as a one-command batch) to the believed leader.
+    /// Sends `command` once (as a one-command batch) to a node of this client's region, or
+    /// else the believed leader.
     async fn attempt(&self, command: &Command) -> Attempt {
+        self.learn_region().await;
         let target = self.nodes.target();
         let wire = match pb::Command::try_from(command) {
             Ok(wire) => wire,
@@ -257,7 +262,8 @@ impl TallyClient {
         (backoff * 2).min(self.config.backoff_max)
     }
 
-    /// Calls `read` on the believed leader, then on every other node, until one answers. When
+    /// Calls `read` on the nodes of this client's region, then the believed leader, then every
+    /// other node, until one answers (reads are linearizable on any node). When
     /// none does (an election is under way, a node restarts), the round is tried again with
     /// backoff for `retry_for`: a read issued just as a leader steps down waits for the next one
     /// instead of failing, as a command would.
@@ -287,8 +293,8 @@ impl TallyClient {
         F: Fn(tally_api::pb::budget_client::BudgetClient<tonic::transport::Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        let mut targets = vec![self.nodes.target()];
-        targets.extend(self.nodes.endpoints());
+        self.learn_region().await;
+        let targets = self.nodes.read_targets();
         let mut last = String::from("no endpoint");
         for target in targets {
             let client = self.nodes.budget(&target).map_err(RoundFailure::Definite)?;
@@ -299,10 +305,16 @@ impl TallyClient {
                     if matches!(remote, RemoteError::Ledger(_) | RemoteError::Refused { .. }) {
                         return Err(RoundFailure::Definite(remote.into()));
                     }
+                    if matches!(remote, RemoteError::Transport { .. }) {
+                        self.nodes.note_local_failure(&target);
+                    }
                     self.nodes.note_leader(leader_hint(&status));
                     last = format!("{target}: {remote}");
                 }
-                Err(_) => last = format!("{target}: no reply in time"),
+                Err(_) => {
+                    self.nodes.note_local_failure(&target);
+                    last = format!("{target}: no reply in time");
+                }
             }
         }
         Err(RoundFailure::NoAnswer(last))

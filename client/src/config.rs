@@ -20,6 +20,12 @@ pub struct ClientConfig {
     /// Backoff between attempts: doubles from `backoff_min` up to `backoff_max`, jittered.
     pub backoff_min: Duration,
     pub backoff_max: Duration,
+    /// The region this client runs in. When set, it sends reads and writes to the nodes of its
+    /// region (learned from `Budget.Members`): a follower there serves linearizable reads with
+    /// one round trip to the leader for its read index, and forwards writes to the leader
+    /// over its warm peer connection. Without it (or with no node there), it talks to the
+    /// leader directly.
+    pub region: Option<String>,
 }
 
 impl ClientConfig {
@@ -32,6 +38,7 @@ impl ClientConfig {
             resolve_for: Duration::from_secs(10),
             backoff_min: Duration::from_millis(20),
             backoff_max: Duration::from_millis(500),
+            region: None,
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod ids;
 pub mod nodes;
 pub mod outcome;
 pub mod reads;
+pub mod region;
 
 pub use batcher::BatchingClient;
 pub use client::TallyClient;

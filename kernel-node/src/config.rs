@@ -37,6 +37,8 @@ pub struct ServeFlags {
     /// Only ever turns `insecure` on: a flag left off keeps the file's setting.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub insecure: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,6 +74,10 @@ pub struct KernelNodeConfig {
     pub cluster_identity: String,
     /// Plaintext to a cluster started with `--insecure`.
     pub cluster_insecure: bool,
+    /// The region this kernel node runs in: it sends its commands and reads to a cluster node
+    /// of the same region, which forwards writes to the leader. None: straight to the leader.
+    #[serde(default)]
+    pub region: Option<String>,
     pub rail: RailSettings,
     pub tool_servers: Vec<ToolServerSettings>,
     pub dispatch_deadline_ms: u64,
@@ -146,6 +152,7 @@ impl Default for KernelNodeConfig {
             cluster_tls_dir: PathBuf::from(DEFAULT_TLS_DIR),
             cluster_identity: "kernel".to_owned(),
             cluster_insecure: false,
+            region: None,
             rail: RailSettings {
                 kind: "memory".to_owned(),
                 endpoint: None,
@@ -253,6 +260,11 @@ impl KernelNodeConfig {
         if self.cluster_endpoints.is_empty() {
             return invalid("cluster_endpoints must name at least one node");
         }
+        if let Some(region) = &self.region {
+            if let Err(error) = tally_ledger::region::validate_region("region", region) {
+                return invalid(error.to_string());
+            }
+        }
         if self.tool_servers.len() > MAX_TOOL_SERVERS {
             return invalid(format!("at most {MAX_TOOL_SERVERS} tool servers"));
         }
@@ -357,6 +369,7 @@ impl KernelNodeConfig {
         client.attempt_timeout = Duration::from_millis(self.client_attempt_timeout_ms);
         client.retry_for = Duration::from_millis(self.client_retry_for_ms);
         client.resolve_for = Duration::from_millis(self.client_resolve_for_ms);
+        client.region.clone_from(&self.region);
         Ok(client)
     }
 
@@ -488,11 +501,32 @@ mod tests {
                 tls_dir: Some(PathBuf::from("/from/flag")),
                 server_identity: Some("from-flag".to_owned()),
                 insecure: true,
+                region: Some("eu-west".to_owned()),
             };
             let config = KernelNodeConfig::load_with(file, &flags).map_err(|e| e.to_string())?;
             assert_eq!(config.tls_dir, PathBuf::from("/from/flag"));
             assert_eq!(config.server_identity, "from-flag");
             assert!(config.insecure);
+            assert_eq!(config.region.as_deref(), Some("eu-west"));
+            let plaintext = KernelNodeConfig {
+                cluster_insecure: true,
+                ..config
+            };
+            assert_eq!(
+                plaintext
+                    .client()
+                    .map_err(|e| e.to_string())?
+                    .region
+                    .as_deref(),
+                Some("eu-west"),
+                "the cluster client prefers the kernel's region"
+            );
+            let bad = ServeFlags {
+                region: Some("eu west".to_owned()),
+                ..flags
+            };
+            let refused = KernelNodeConfig::load_with(file, &bad).expect_err("bad region");
+            assert!(refused.to_string().contains("region must be"), "{refused}");
             Ok(())
         });
     }

@@ -24,6 +24,7 @@ mod journal;
 pub mod limits;
 pub mod list_position;
 pub mod reads;
+pub mod region;
 pub mod snapshot;
 pub mod tables;
 

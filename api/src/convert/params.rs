@@ -9,6 +9,8 @@ impl From<ClusterParams> for pb::ClusterParams {
         Self {
             retention_ms: params.retention_ms,
             max_clock_step_ms: params.max_clock_step_ms,
+            // Kept beside the budget parameters by the authority, which fills them in.
+            preferred_leader_regions: Vec::new(),
         }
     }
 }
@@ -30,6 +32,10 @@ impl From<&pb::SetParamsRequest> for ParamsChange {
         Self {
             retention_ms: request.retention_ms,
             max_clock_step_ms: request.max_clock_step_ms,
+            preferred_leader_regions: request
+                .preferred_leader_regions
+                .as_ref()
+                .map(|list| list.regions.clone()),
         }
     }
 }
@@ -39,6 +45,11 @@ impl From<&ParamsChange> for pb::SetParamsRequest {
         Self {
             retention_ms: change.retention_ms,
             max_clock_step_ms: change.max_clock_step_ms,
+            preferred_leader_regions: change.preferred_leader_regions.as_ref().map(|regions| {
+                pb::RegionList {
+                    regions: regions.clone(),
+                }
+            }),
         }
     }
 }

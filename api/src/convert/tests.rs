@@ -1174,8 +1174,15 @@ proptest! {
     fn a_params_request_carries_exactly_the_named_fields(
         retention_ms in proptest::option::of(any::<u64>()),
         max_clock_step_ms in proptest::option::of(any::<u64>()),
+        preferred_leader_regions in proptest::option::of(
+            proptest::collection::vec("[a-z-]{0,8}", 0..4)
+        ),
     ) {
-        let change = tally_ledger::ParamsChange { retention_ms, max_clock_step_ms };
+        let change = tally_ledger::ParamsChange {
+            retention_ms,
+            max_clock_step_ms,
+            preferred_leader_regions,
+        };
         let bytes = pb::SetParamsRequest::from(&change).encode_to_vec();
         let wire = pb::SetParamsRequest::decode(bytes.as_slice()).expect("decodes");
         prop_assert_eq!(tally_ledger::ParamsChange::from(&wire), change);

@@ -192,6 +192,11 @@ impl FamilyRouter {
         &self.state.alarms
     }
 
+    /// The regions the cluster prefers its leader in, best first (empty: no preference).
+    pub fn preferred_leader_regions(&self) -> &[String] {
+        &self.state.preferred_leader_regions
+    }
+
     pub fn config(&self) -> RouterConfig {
         self.config
     }

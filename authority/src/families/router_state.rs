@@ -1,8 +1,9 @@
 //! The router's own replicated scalars: the last applied log id, cluster time, the cluster
-//! parameters and the raised alarms. Every replica advances them identically from the log
-//! alone.
+//! parameters, the raised alarms and the preferred leader regions. Every replica advances
+//! them identically from the log alone.
 
-use serde::{Deserialize, Serialize};
+use serde::ser::SerializeStruct;
+use serde::{Deserialize, Serialize, Serializer};
 use tally_ledger::cluster_time::advance;
 use tally_ledger::{ClusterParams, LogPosition};
 
@@ -10,17 +11,50 @@ use super::alarms::Alarms;
 use super::entry::{EntryInput, EntryPayload};
 use super::error::RouterError;
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Encoded as a msgpack array (see the `Serialize` impl below for which trailing fields are
+/// left out).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 pub struct RouterState {
     pub last_applied: Option<LogPosition>,
     /// Milliseconds; 0 until the first entry bootstraps the clock.
     pub cluster_time_ms: u64,
     pub params: ClusterParams,
-    /// The raised alarms (docs/spec.md §5.6). Last, and left out of the encoding while none
-    /// is raised: a state without alarms encodes (and digests) exactly as before alarms
-    /// existed, and a snapshot written before them decodes with none.
-    #[serde(default, skip_serializing_if = "Alarms::is_empty")]
+    /// The raised alarms (docs/spec.md §5.6). Left out of the encoding while none is raised
+    /// and no leader region is preferred: such a state encodes (and digests) exactly as before
+    /// alarms existed, and a snapshot written before them decodes with none.
+    #[serde(default)]
     pub alarms: Alarms,
+    /// The regions the cluster prefers its leader in, best first; empty: no preference. Last,
+    /// and left out of the encoding while empty, so a state without a preference encodes as
+    /// before the preference existed.
+    #[serde(default)]
+    pub preferred_leader_regions: Vec<String>,
+}
+
+/// The fields in order, leaving out the trailing ones that hold nothing. In the array
+/// encoding a field can only be left out when every field after it is too, so the alarms are
+/// written (empty) whenever a preference follows them.
+impl Serialize for RouterState {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let with_regions = !self.preferred_leader_regions.is_empty();
+        let with_alarms = with_regions || !self.alarms.is_empty();
+        let len = 3 + usize::from(with_alarms) + usize::from(with_regions);
+        let mut state = serializer.serialize_struct("RouterState", len)?;
+        state.serialize_field("last_applied", &self.last_applied)?;
+        state.serialize_field("cluster_time_ms", &self.cluster_time_ms)?;
+        state.serialize_field("params", &self.params)?;
+        if with_alarms {
+            state.serialize_field("alarms", &self.alarms)?;
+        } else {
+            state.skip_field("alarms")?;
+        }
+        if with_regions {
+            state.serialize_field("preferred_leader_regions", &self.preferred_leader_regions)?;
+        } else {
+            state.skip_field("preferred_leader_regions")?;
+        }
+        state.end()
+    }
 }
 
 impl RouterState {
@@ -43,7 +77,12 @@ impl RouterState {
             self.params.max_clock_step_ms,
         );
         match &entry.payload {
-            EntryPayload::SetParams(change) => self.params = change.apply_to(self.params),
+            EntryPayload::SetParams(change) => {
+                self.params = change.apply_to(self.params);
+                if let Some(regions) = &change.preferred_leader_regions {
+                    self.preferred_leader_regions.clone_from(regions);
+                }
+            }
             EntryPayload::Alarm(change) => {
                 self.alarms
                     .apply(change, entry.log_id, self.cluster_time_ms)
@@ -61,7 +100,7 @@ impl RouterState {
 #[cfg(test)]
 mod tests {
     use serde::Serialize;
-    use tally_ledger::{ClusterParams, LogPosition};
+    use tally_ledger::{ClusterParams, LogPosition, ParamsChange};
 
     use super::RouterState;
     use crate::families::alarms::{AlarmChange, AlarmKind};
@@ -108,6 +147,63 @@ mod tests {
         let bytes = rmp_serde::to_vec(&state).expect("encodes");
         assert_ne!(bytes, old_bytes);
         let decoded: RouterState = rmp_serde::from_slice(&bytes).expect("decodes");
+        assert_eq!(decoded, state);
+    }
+
+    /// A preference set through the log is kept, survives the encoding with or without
+    /// alarms, and a later change of another field leaves it alone; clearing empties it and
+    /// the state encodes as before the preference existed.
+    #[test]
+    fn a_preference_applies_from_the_log_and_round_trips_with_or_without_alarms() {
+        let mut state = RouterState::default();
+        let mut index = 0;
+        let mut enter = |state: &mut RouterState, payload: EntryPayload| {
+            index += 1;
+            state
+                .enter(&EntryInput {
+                    log_id: LogPosition { term: 1, index },
+                    stamped_ms: 1_000 * index,
+                    payload,
+                })
+                .expect("in order");
+        };
+        let regions = |r: &[&str]| ParamsChange {
+            preferred_leader_regions: Some(r.iter().map(|r| (*r).to_owned()).collect()),
+            ..ParamsChange::default()
+        };
+        enter(&mut state, EntryPayload::Blank);
+        let without = rmp_serde::to_vec(&state).expect("encodes");
+        enter(
+            &mut state,
+            EntryPayload::SetParams(regions(&["eu-west", "us-east"])),
+        );
+        assert_eq!(state.preferred_leader_regions, ["eu-west", "us-east"]);
+        let retention = ParamsChange {
+            retention_ms: Some(3_600_000),
+            ..ParamsChange::default()
+        };
+        enter(&mut state, EntryPayload::SetParams(retention));
+        assert_eq!(state.preferred_leader_regions, ["eu-west", "us-east"]);
+        assert_eq!(state.params.retention_ms, 3_600_000);
+        let bytes = rmp_serde::to_vec(&state).expect("encodes");
+        let decoded: RouterState = rmp_serde::from_slice(&bytes).expect("decodes");
+        assert_eq!(decoded, state);
+
+        enter(
+            &mut state,
+            EntryPayload::Alarm(AlarmChange::raise(AlarmKind::NoSpace, 3, "full")),
+        );
+        let bytes = rmp_serde::to_vec(&state).expect("encodes");
+        let decoded: RouterState = rmp_serde::from_slice(&bytes).expect("decodes");
+        assert_eq!(decoded, state);
+
+        enter(&mut state, EntryPayload::SetParams(regions(&[])));
+        assert!(state.preferred_leader_regions.is_empty());
+        state.alarms = Default::default();
+        let cleared = rmp_serde::to_vec(&state).expect("encodes");
+        // A msgpack array of 3: the fields that existed before alarms and preferences.
+        assert_eq!((without[0], cleared[0]), (0x93, 0x93));
+        let decoded: RouterState = rmp_serde::from_slice(&cleared).expect("decodes");
         assert_eq!(decoded, state);
     }
 }

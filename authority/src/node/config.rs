@@ -112,6 +112,11 @@ pub struct NodeConfig {
     /// How often the disk watcher measures the data dir and the filesystem.
     #[serde(default = "default_disk_check_interval_ms")]
     pub disk_check_interval_ms: u64,
+    /// The least time between two leadership transfers the leader starts on its own to move
+    /// leadership into a preferred region (`tally params --preferred-leader-regions`): a
+    /// region that flaps cannot bounce leadership faster than this.
+    #[serde(default = "default_leader_placement_interval_ms")]
+    pub leader_placement_interval_ms: u64,
     /// `pretty` or `json`.
     pub log_format: LogFormat,
     /// Shifts this node's clock by this many ms. Always 0 in production; tests use it to make
@@ -165,6 +170,7 @@ impl Default for NodeConfig {
             disk_quota_bytes: 0,
             disk_reserve_bytes: default_disk_reserve_bytes(),
             disk_check_interval_ms: default_disk_check_interval_ms(),
+            leader_placement_interval_ms: default_leader_placement_interval_ms(),
             log_format: LogFormat::Pretty,
             clock_offset_ms: 0,
         }
@@ -196,6 +202,12 @@ fn default_disk_reserve_bytes() -> u64 {
 
 fn default_disk_check_interval_ms() -> u64 {
     1_000
+}
+
+/// 10 s: long enough that a region healing and failing again does not move leadership at
+/// every heartbeat, short enough that leadership is back where it belongs soon after healing.
+fn default_leader_placement_interval_ms() -> u64 {
+    10_000
 }
 
 /// 2 s: below the default `propose_timeout_ms` (5 s), so a leader that cannot commit refuses
@@ -313,17 +325,12 @@ impl NodeConfig {
             }
             _ => {}
         }
-        if self.region.is_empty()
-            || self.region.len() > 64
-            || !self
-                .region
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        {
-            return invalid(format!(
-                "region must be 1-64 letters, digits, '-' or '_', got {:?}",
-                self.region
-            ));
+        match tally_ledger::region::validate_region("region", &self.region) {
+            Ok(()) => {}
+            Err(tally_ledger::LedgerError::InvalidArgument { reason, .. }) => {
+                return invalid(reason)
+            }
+            Err(other) => return invalid(other.to_string()),
         }
         if self.peer_listen_addr == self.listen_addr && self.listen_addr.port() != 0 {
             return invalid(
@@ -395,6 +402,11 @@ impl NodeConfig {
             "disk_check_interval_ms",
             self.disk_check_interval_ms,
             10..=600_000,
+        )?;
+        within(
+            "leader_placement_interval_ms",
+            self.leader_placement_interval_ms,
+            100..=86_400_000,
         )?;
         within(
             "memory_budget_bytes",

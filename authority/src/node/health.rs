@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use openraft::ServerState;
@@ -22,6 +22,10 @@ pub struct Health {
     clock: Arc<NodeClock>,
     clock_ok: AtomicBool,
     clock_offset_ms: AtomicI64,
+    /// Whether each peer (by client address) answered the last probe with a clock within
+    /// `max_clock_offset_ms` of this node's; replaced whole at every probe round, so it holds
+    /// at most the current members.
+    peer_clocks_agree: Mutex<BTreeMap<String, bool>>,
     raft: Raft,
 }
 
@@ -31,8 +35,21 @@ impl Health {
             clock,
             clock_ok: AtomicBool::new(true),
             clock_offset_ms: AtomicI64::new(0),
+            peer_clocks_agree: Mutex::new(BTreeMap::new()),
             raft,
         }
+    }
+
+    /// Whether the peer at `address` (its client address) answered the last clock probe
+    /// within `max_clock_offset_ms` of this node. A peer not probed yet, or that did not
+    /// answer, does not: leadership is never handed to a node that would refuse to lead.
+    pub fn peer_clock_agrees(&self, address: &str) -> bool {
+        self.peer_clocks_agree
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(address)
+            .copied()
+            .unwrap_or(false)
     }
 
     /// This node's clock (wall clock plus its configured offset).
@@ -110,6 +127,18 @@ pub async fn monitor_clock(
             offsets.get(offsets.len() / 2).copied().unwrap_or(0),
             Ordering::Relaxed,
         );
+        let agree: BTreeMap<String, bool> = peers
+            .iter()
+            .zip(&samples)
+            .map(|(address, sample)| {
+                let agrees = sample.is_some_and(|s| s.offset_ms().unsigned_abs() <= max_offset_ms);
+                (address.clone(), agrees)
+            })
+            .collect();
+        *health
+            .peer_clocks_agree
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = agree;
         let ok = within_majority(&samples, max_offset_ms);
         let was_ok = health.clock_ok.swap(ok, Ordering::Relaxed);
         if ok != was_ok {

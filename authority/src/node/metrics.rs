@@ -41,6 +41,10 @@ pub struct NodeMetrics {
     commit_latency_sum_us: AtomicU64,
     forwarded_writes: AtomicU64,
     leader_changes: AtomicU64,
+    /// Leadership transfers this node started to put the leader in a preferred region.
+    leader_placement_transfers: AtomicU64,
+    /// `Budget` reads (any consistency) this node answered or tried to.
+    reads: AtomicU64,
     denials: [AtomicU64; DENY_RULES.len()],
     /// How long the last leaderless period lasted, as this node saw it.
     last_election_ms: AtomicU64,
@@ -93,6 +97,23 @@ impl NodeMetrics {
                 .unwrap_or(0);
             self.denials[slot].fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    pub fn observe_leader_placement_transfer(&self) {
+        self.leader_placement_transfers
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn leader_placement_transfers(&self) -> u64 {
+        self.leader_placement_transfers.load(Ordering::Relaxed)
+    }
+
+    pub fn observe_read(&self) {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
     }
 
     pub fn forwarded_writes(&self) -> u64 {
@@ -371,6 +392,18 @@ pub async fn render(sources: &Sources) -> String {
         "counter",
         "Writes this node forwarded to the leader.",
         &plain(m.forwarded_writes().to_string()),
+    );
+    metric(
+        "tally_reads_total",
+        "counter",
+        "Budget reads this node was asked to serve.",
+        &plain(m.reads().to_string()),
+    );
+    metric(
+        "tally_leader_placement_transfers_total",
+        "counter",
+        "Leadership transfers this node started to move the leader to a preferred region.",
+        &plain(m.leader_placement_transfers().to_string()),
     );
     let denials: Vec<(String, String)> = DENY_RULES
         .iter()

@@ -1,14 +1,16 @@
 //! A running authority node: storage, Raft, the family router, the gRPC services and the
-//! background tasks (hold expiry, clock monitor, disk watcher), started together and stopped
-//! together.
+//! background tasks (hold expiry, clock monitor, disk watcher, leader placement), started
+//! together and stopped together.
 
 pub mod clock;
 pub mod config;
 pub mod disk;
 pub mod expiry;
 pub mod health;
+pub mod leader_placement;
 mod listener;
 pub mod metrics;
+pub mod placement;
 pub mod proposer;
 pub mod write_error;
 
@@ -279,6 +281,7 @@ pub async fn start(
         config.cluster_id.clone(),
         config.max_batch_commands,
         service_faults.clone(),
+        metrics.clone(),
     ))
     .max_decoding_message_size(config.max_message_bytes)
     .max_encoding_message_size(config.max_message_bytes);
@@ -413,6 +416,18 @@ pub async fn start(
         router.clone(),
         proposer.clone(),
         Duration::from_millis(config.expiry_interval_ms),
+        shutdown_rx.clone(),
+    )));
+    tasks.push(tokio::spawn(leader_placement::run(
+        config.node_id,
+        raft.clone(),
+        router.clone(),
+        health.clone(),
+        metrics.clone(),
+        leader_placement::PlacementPacing {
+            min_between_transfers: Duration::from_millis(config.leader_placement_interval_ms),
+            fresh_ack: Duration::from_millis(config.election_timeout_max_ms),
+        },
         shutdown_rx.clone(),
     )));
     tasks.push(tokio::spawn(disk::run(

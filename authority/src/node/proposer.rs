@@ -30,6 +30,10 @@ use super::write_error::WriteError;
 use crate::families::AlarmChange;
 use crate::raft::types::{NodeId, Proposal, ProposalReply, Raft};
 
+/// The most members `Budget.Members` lists: a cluster has at most 7 voters, and a few
+/// learners while members are added.
+pub const MAX_MEMBERS_LISTED: usize = 16;
+
 /// Forwarded writes carry domain commands as versioned rmp-serde, like Raft messages.
 pub type ForwardReply = Result<ProposalReply, WriteError>;
 
@@ -169,6 +173,29 @@ impl Proposer {
                 .map(|node| node.peer_address().to_owned())
         })
         .unwrap_or_else(|| client_address.to_owned())
+    }
+
+    /// The members as this node knows them (client address, region, voter) and the leader:
+    /// what `Budget.Members` answers, so a client can find the nodes of its own region.
+    pub fn members(&self) -> tally_api::pb::MembersReply {
+        crate::raft::types::with_metrics(&self.raft, |metrics| {
+            let membership = metrics.membership_config.membership();
+            let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+            tally_api::pb::MembersReply {
+                node_id: self.node_id,
+                members: membership
+                    .nodes()
+                    .take(MAX_MEMBERS_LISTED)
+                    .map(|(id, node)| tally_api::pb::MemberRegion {
+                        id: *id,
+                        address: node.addr.clone(),
+                        region: node.region.clone(),
+                        voter: voters.contains(id),
+                    })
+                    .collect(),
+                leader_id: metrics.current_leader,
+            }
+        })
     }
 
     pub fn is_leader(&self) -> bool {

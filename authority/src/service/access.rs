@@ -7,6 +7,7 @@
 //! | `kernel` | Budget commands, `ResolveEvent`, `Batch` and reads, within its namespaces |
 //! | `reader` | Budget reads; `Admin.Status` and `Admin.StateDigest` |
 //! | `operator` | every Admin method; `Admin.Status`, `Admin.StateDigest` |
+//! | any client role | `Budget.Members` (the members and their regions) |
 //! | a node | `Admin.ClockProbe` (peers compare clocks) |
 //! | any certificate of the CA | health, reflection |
 //!
@@ -108,6 +109,8 @@ enum Kind {
     AdminRead,
     AdminChange,
     ClockProbe,
+    /// Who the members are and where: any client may ask, to find its region's nodes.
+    Directory,
     Open,
 }
 
@@ -130,6 +133,7 @@ fn kind(path: &str) -> Kind {
     let method = parts.next().unwrap_or("");
     match service {
         BUDGET if BUDGET_READS.contains(&method) => Kind::BudgetRead,
+        BUDGET if method == "Members" => Kind::Directory,
         BUDGET => Kind::BudgetWrite,
         ADMIN => match method {
             "Status" | "StateDigest" | "ListAlarms" => Kind::AdminRead,
@@ -151,7 +155,7 @@ fn allowed(kind: Kind, caller: &Caller) -> bool {
         Kind::BudgetRead => matches!(role, Role::Kernel | Role::Reader),
         Kind::AdminRead => matches!(role, Role::Operator | Role::Reader),
         Kind::AdminChange | Kind::ClockProbe => role == Role::Operator,
-        Kind::Open => true,
+        Kind::Directory | Kind::Open => true,
     }
 }
 
@@ -310,6 +314,7 @@ mod tests {
             ("/tally.v1.Budget/Batch", [true, false, false, false]),
             ("/tally.v1.Budget/ResolveEvent", [true, false, false, false]),
             ("/tally.v1.Budget/ListHolds", [true, true, false, false]),
+            ("/tally.v1.Budget/Members", [true, true, true, false]),
             ("/tally.v1.Admin/Status", [false, true, true, false]),
             ("/tally.v1.Admin/SetParams", [false, false, true, false]),
             ("/tally.v1.Admin/ListAlarms", [false, true, true, false]),

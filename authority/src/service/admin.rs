@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status};
 use super::outcome::{definite, failure_status, Failure};
 use crate::families::{AlarmChange, AlarmKind, Alarms};
 use crate::node::health::Health;
+use crate::node::placement::{best_region, Member};
 use crate::node::proposer::{LoadShedding, Proposer};
 use crate::node::write_error::WriteError;
 use crate::raft::state_machine::SharedRouter;
@@ -247,9 +248,9 @@ impl Admin for AdminService {
             .map_err(|e| failure_status(e.into(), None))?;
         // Applied before the proposer answered, so this includes the change (and possibly a
         // change committed right after it).
-        let params = self.router.lock().await.params();
+        let params = params_message(&*self.router.lock().await);
         Ok(definite(pb::SetParamsReply {
-            params: Some(params.into()),
+            params: Some(params),
             log_index: reply.log_id.index,
         }))
     }
@@ -277,7 +278,7 @@ impl Admin for AdminService {
                     .collect()
             })
             .unwrap_or_default();
-        let members = membership
+        let members: Vec<pb::Member> = membership
             .nodes()
             .map(|(id, node)| pb::Member {
                 id: *id,
@@ -292,10 +293,15 @@ impl Admin for AdminService {
             let router = self.router.lock().await;
             (
                 router.cluster_time_ms(),
-                router.params(),
+                params_message(&router),
                 alarms_message(router.alarms()),
             )
         };
+        let leader_in_preferred_region = leader_in_preferred_region(
+            &params.preferred_leader_regions,
+            metrics.current_leader,
+            &members,
+        );
         let leader_address = self
             .proposer
             .leader()
@@ -316,9 +322,10 @@ impl Admin for AdminService {
             healthy: self.health.is_healthy(),
             clock_offset_ms: self.health.clock_offset_ms(),
             cluster_id: self.cluster_id.clone(),
-            params: Some(params.into()),
+            params: Some(params),
             alarms,
             load_shedding: Some(load_shedding_message(&self.proposer.load_shedding())),
+            leader_in_preferred_region,
         }))
     }
 
@@ -423,6 +430,43 @@ impl Admin for AdminService {
             wall_clock_ms: self.health.clock().now_ms(),
         }))
     }
+}
+
+/// Every replicated parameter: the ledger's, and the preferred leader regions kept beside them.
+fn params_message(router: &crate::families::FamilyRouter) -> pb::ClusterParams {
+    pb::ClusterParams {
+        preferred_leader_regions: router.preferred_leader_regions().to_vec(),
+        ..router.params().into()
+    }
+}
+
+/// Whether `leader` is in the best preferred region that has a voter; `None` when nothing is
+/// preferred or no leader is known. Health is not weighed: a follower answering status does
+/// not know it, and the leader placement task moves leadership only to a healthy voter.
+fn leader_in_preferred_region(
+    preferred: &[String],
+    leader: Option<NodeId>,
+    members: &[pb::Member],
+) -> Option<bool> {
+    let leader = leader?;
+    if preferred.is_empty() {
+        return None;
+    }
+    let placed: Vec<Member<'_>> = members
+        .iter()
+        .map(|m| Member {
+            id: m.id,
+            region: &m.region,
+            voter: m.voter,
+            healthy: true,
+        })
+        .collect();
+    let best = best_region(preferred, &placed, |_| true);
+    let leader_region = members
+        .iter()
+        .find(|m| m.id == leader)
+        .map(|m| m.region.as_str());
+    Some(best.is_some() && best == leader_region)
 }
 
 /// Durations in whole ms, as the status message counts them.

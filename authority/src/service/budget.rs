@@ -18,6 +18,7 @@ use super::outcome::{decision_message, definite, failure_detail, failure_status,
 use super::read_gate::ReadGate;
 use crate::families::RouterError;
 use crate::faults::ServiceFaults;
+use crate::node::metrics::NodeMetrics;
 use crate::node::proposer::Proposer;
 use crate::raft::state_machine::SharedRouter;
 use crate::raft::types::ProposalReply;
@@ -29,6 +30,7 @@ pub struct BudgetService {
     cluster_id: String,
     max_batch_commands: usize,
     faults: Arc<ServiceFaults>,
+    metrics: Arc<NodeMetrics>,
 }
 
 impl BudgetService {
@@ -39,6 +41,7 @@ impl BudgetService {
         cluster_id: String,
         max_batch_commands: usize,
         faults: Arc<ServiceFaults>,
+        metrics: Arc<NodeMetrics>,
     ) -> Self {
         Self {
             proposer,
@@ -47,6 +50,7 @@ impl BudgetService {
             cluster_id,
             max_batch_commands,
             faults,
+            metrics,
         }
     }
 
@@ -119,7 +123,9 @@ impl BudgetService {
         response
     }
 
+    /// Every read passes here, so it is where reads are counted (`tally_reads_total`).
     async fn read_barrier(&self, consistency: i32) -> Result<(), Status> {
+        self.metrics.observe_read();
         match Consistency::try_from(consistency) {
             Ok(Consistency::Local) => Ok(()),
             Ok(Consistency::Linearizable) => self
@@ -549,5 +555,13 @@ impl Budget for BudgetService {
             })
             .await?;
         Ok(definite(pb::ListHoldsReply::from_holds(&holds, limit)))
+    }
+
+    /// Not a read of budget state: no barrier, no family, and not counted as a read.
+    async fn members(
+        &self,
+        _request: Request<pb::MembersRequest>,
+    ) -> Result<Response<pb::MembersReply>, Status> {
+        Ok(definite(self.proposer.members()))
     }
 }

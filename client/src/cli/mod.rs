@@ -56,6 +56,10 @@ pub struct Cli {
     /// Plaintext, for a cluster started with --insecure.
     #[arg(long, global = true)]
     pub insecure: bool,
+    /// The region this client runs in: reads and writes go to a node of this region when
+    /// there is one (it forwards writes to the leader).
+    #[arg(long, global = true, env = "TALLY_REGION")]
+    pub region: Option<String>,
     #[command(subcommand)]
     pub command: TallyCommand,
 }
@@ -181,8 +185,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
         .clone()
         .unwrap_or_else(|| cli.command.default_identity().to_owned());
     let transport = Transport::from_dir(&cli.tls_dir, &identity, cli.insecure)?;
+    if let Some(region) = &cli.region {
+        if let Err(error) = tally_ledger::region::validate_region("--region", region) {
+            return usage_error(error.into());
+        }
+    }
     let mut config = ClientConfig::new(cli.endpoints.clone(), transport);
     config.attempt_timeout = Duration::from_millis(cli.timeout_ms);
+    config.region = cli.region.clone();
     let client = Arc::new(TallyClient::new(config)?);
     match cli.command {
         TallyCommand::Status => status(&client, cli.json).await,
@@ -266,6 +276,9 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
                     "leader_id": r.leader_id, "last_log_index": r.last_log_index, "committed_index": r.committed_index,
                     "applied_index": r.applied_index, "lag": lag(leader_last, r.applied_index), "healthy": r.healthy,
                     "cluster_id": r.cluster_id, "clock_offset_ms": r.clock_offset_ms,
+                    "region": region_of(r, r.node_id),
+                    "preferred_leader_regions": r.params.as_ref().map(|p| p.preferred_leader_regions.clone()),
+                    "leader_in_preferred_region": r.leader_in_preferred_region,
                     "alarms": r.alarms.iter().map(|a| serde_json::json!({
                         "kind": alarm::kind_name(a.kind), "node_id": a.node_id, "reason": a.reason,
                         "raised_at_index": a.raised_at_index,
@@ -284,6 +297,7 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
         let mut table = Table::new(&[
             "ENDPOINT",
             "NODE",
+            "REGION",
             "ROLE",
             "TERM",
             "LEADER",
@@ -298,6 +312,7 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
                 Some(r) => table.row(vec![
                     endpoint.clone(),
                     r.node_id.to_string(),
+                    region_of(r, r.node_id).to_owned(),
                     role_name(r.role).to_owned(),
                     r.term.to_string(),
                     opt(r.leader_id),
@@ -311,13 +326,15 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
             }
         }
         table.print();
-        // The alarms are replicated: show them once, from the node that has applied most.
-        let alarms = replies
+        // Replicated: shown once, from the node that has applied most.
+        let most_applied = replies
             .iter()
             .filter_map(|(_, r)| r.as_ref())
-            .max_by_key(|r| r.applied_index)
-            .map(|r| r.alarms.clone())
-            .unwrap_or_default();
+            .max_by_key(|r| r.applied_index);
+        if let Some(line) = most_applied.and_then(placement_line) {
+            println!("\n{line}");
+        }
+        let alarms = most_applied.map(|r| r.alarms.clone()).unwrap_or_default();
         if !alarms.is_empty() {
             println!();
             println!(
@@ -342,6 +359,36 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
         }
     }
     Ok(if failures == replies.len() { 1 } else { 0 })
+}
+
+/// The region of member `id` in `reply`'s membership ("" when it is not listed).
+fn region_of(reply: &pb::StatusReply, id: u64) -> &str {
+    reply
+        .members
+        .iter()
+        .find(|m| m.id == id)
+        .map_or("", |m| m.region.as_str())
+}
+
+/// "preferred leader regions: eu-west, us-east; the leader (node 2, us-east) is not in the
+/// best of them", or `None` when no region is preferred.
+fn placement_line(reply: &pb::StatusReply) -> Option<String> {
+    let preferred = &reply.params.as_ref()?.preferred_leader_regions;
+    if preferred.is_empty() {
+        return None;
+    }
+    let leader = match (reply.leader_id, reply.leader_in_preferred_region) {
+        (Some(id), Some(placed)) => format!(
+            "; the leader (node {id}, {}) is {}in the best of them",
+            region_of(reply, id),
+            if placed { "" } else { "not " }
+        ),
+        _ => "; no leader known".to_owned(),
+    };
+    Some(format!(
+        "preferred leader regions: {}{leader}",
+        preferred.join(", ")
+    ))
 }
 
 fn lag(leader_last: Option<u64>, applied: Option<u64>) -> Option<u64> {
@@ -572,5 +619,55 @@ async fn events(client: &TallyClient, args: EventsArgs, json: bool) -> anyhow::R
             return Ok(0);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(preferred: &[&str], leader: Option<u64>, placed: Option<bool>) -> pb::StatusReply {
+        let member = |id: u64, region: &str| pb::Member {
+            id,
+            region: region.to_owned(),
+            voter: true,
+            ..pb::Member::default()
+        };
+        pb::StatusReply {
+            node_id: 1,
+            leader_id: leader,
+            members: vec![member(1, "eu-west"), member(2, "us-east")],
+            params: Some(pb::ClusterParams {
+                preferred_leader_regions: preferred.iter().map(|r| (*r).to_owned()).collect(),
+                ..pb::ClusterParams::default()
+            }),
+            leader_in_preferred_region: placed,
+            ..pb::StatusReply::default()
+        }
+    }
+
+    #[test]
+    fn status_names_each_nodes_region_and_where_the_leader_is() {
+        let reply = status(&["us-east", "eu-west"], Some(1), Some(false));
+        assert_eq!(region_of(&reply, 2), "us-east");
+        assert_eq!(region_of(&reply, 9), "");
+        assert_eq!(
+            placement_line(&reply).as_deref(),
+            Some(
+                "preferred leader regions: us-east, eu-west; the leader (node 1, eu-west) is not \
+                 in the best of them"
+            )
+        );
+        let placed = status(&["us-east"], Some(2), Some(true));
+        assert_eq!(
+            placement_line(&placed).as_deref(),
+            Some("preferred leader regions: us-east; the leader (node 2, us-east) is in the best of them")
+        );
+        let leaderless = status(&["us-east"], None, None);
+        assert_eq!(
+            placement_line(&leaderless).as_deref(),
+            Some("preferred leader regions: us-east; no leader known")
+        );
+        assert_eq!(placement_line(&status(&[], Some(1), None)), None);
     }
 }

@@ -24,18 +24,36 @@ pub struct ParamsArgs {
     /// leap it forward further). 1000..=600000 (1 s to 10 min).
     #[arg(long, value_parser = clap::value_parser!(u64).range(MAX_CLOCK_STEP_MS))]
     pub max_clock_step_ms: Option<u64>,
+    /// The regions the leader should be in, best first, comma separated (at most 8): the
+    /// leader hands leadership to a healthy, caught-up voter of a better region.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        conflicts_with = "no_preferred_leader_regions"
+    )]
+    pub preferred_leader_regions: Option<Vec<String>>,
+    /// Clears the preferred leader regions: the leader stays wherever it is elected.
+    #[arg(long)]
+    pub no_preferred_leader_regions: bool,
 }
 
 const SIZING: &str = "Without options, prints the parameters in force. With options, changes \
 only the parameters given: a change made at the same time by someone else to another \
 parameter also holds. Memory per command (docs/sizing.md): about 1.1 KB while its full event \
-is retained, about 0.4 KB for ever after. Example: tally params --retention-ms 3600000";
+is retained, about 0.4 KB for ever after. Examples: tally params --retention-ms 3600000; \
+tally params --preferred-leader-regions eu-west,us-east";
 
 impl ParamsArgs {
     fn change(&self) -> ParamsChange {
+        let preferred_leader_regions = if self.no_preferred_leader_regions {
+            Some(Vec::new())
+        } else {
+            self.preferred_leader_regions.clone()
+        };
         ParamsChange {
             retention_ms: self.retention_ms,
             max_clock_step_ms: self.max_clock_step_ms,
+            preferred_leader_regions,
         }
     }
 }
@@ -59,13 +77,24 @@ pub async fn run(client: &TallyClient, args: ParamsArgs, json: bool) -> anyhow::
         print_json(&serde_json::json!({
             "retention_ms": params.retention_ms,
             "max_clock_step_ms": params.max_clock_step_ms,
+            "preferred_leader_regions": params.preferred_leader_regions,
             "committed_at_log_index": log_index,
         }));
     } else {
-        let mut table = Table::new(&["RETENTION_MS", "MAX_CLOCK_STEP_MS"]);
+        let mut table = Table::new(&[
+            "RETENTION_MS",
+            "MAX_CLOCK_STEP_MS",
+            "PREFERRED_LEADER_REGIONS",
+        ]);
+        let preferred = if params.preferred_leader_regions.is_empty() {
+            "-".to_owned()
+        } else {
+            params.preferred_leader_regions.join(",")
+        };
         table.row(vec![
             params.retention_ms.to_string(),
             params.max_clock_step_ms.to_string(),
+            preferred,
         ]);
         table.print();
         if let Some(index) = log_index {

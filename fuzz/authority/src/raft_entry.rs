@@ -97,7 +97,7 @@ fn proposal(replay: &mut Replay, log_id: LogPosition, proposal: Proposal) -> boo
 
 fn change_of(body: &ProposalBody) -> ParamsChange {
     match body {
-        ProposalBody::ChangeParams(change) => *change,
+        ProposalBody::ChangeParams(change) => change.clone(),
         ProposalBody::SetParams(params) => ParamsChange::from(*params),
         ProposalBody::Commands(_) | ProposalBody::Alarm(_) => ParamsChange::default(),
     }
@@ -189,6 +189,7 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
             ParamsChange {
                 retention_ms: Some(60_000),
                 max_clock_step_ms: Some(2_000),
+                preferred_leader_regions: Some(vec!["eu-west".to_owned()]),
             },
         ),
     );

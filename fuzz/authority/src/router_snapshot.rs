@@ -140,6 +140,7 @@ pub(crate) fn seed_snapshots() -> Vec<(String, RouterSnapshot)> {
             cluster_time_ms: T0 + 16_000,
             params: Default::default(),
             alarms: Default::default(),
+            preferred_leader_regions: vec!["eu-west".to_owned(), "us-east".to_owned()],
         },
         maintenance_due,
         families,

@@ -179,6 +179,7 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
             pb::SetParamsRequest {
                 retention_ms: change.0,
                 max_clock_step_ms: change.1,
+                preferred_leader_regions: None,
             }
             .encode_to_vec(),
         );
@@ -220,6 +221,7 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
             clock_offset_ms: -3,
             cluster_id: "tally-dev".into(),
             params: Some(ClusterParams::default().into()),
+            leader_in_preferred_region: Some(true),
         }
         .encode_to_vec(),
     );

@@ -44,6 +44,10 @@ enum Command {
         /// their own settings say.
         #[arg(long)]
         insecure: bool,
+        /// The region this kernel node runs in (config `region`): it talks to a cluster node
+        /// of this region, which forwards writes to the leader.
+        #[arg(long)]
+        region: Option<String>,
     },
     /// Evaluate one monetary tool call end to end in front of a running cluster (start one
     /// with `tally-node dev`): issues a token, starts a tool server, a payment rail and a
@@ -285,11 +289,13 @@ async fn main() -> std::process::ExitCode {
             tls_dir,
             server_identity,
             insecure,
+            region,
         } => {
             let flags = ServeFlags {
                 tls_dir,
                 server_identity,
                 insecure,
+                region,
             };
             serve(config, flags).await
         }
