@@ -1,6 +1,7 @@
 //! The `tally-node` command line: `serve`, `init`, `healthcheck`, `certs` and `dev` (a local
 //! cluster in one command). `main` only parses and calls `run`.
 
+pub mod backup;
 pub mod certs;
 pub mod dev;
 pub mod logging;
@@ -74,6 +75,14 @@ pub enum CliCommand {
     /// run) or restart it from its data dir (later runs), wait until it serves, print the
     /// endpoints and an example call, and stop everything on Ctrl-C or SIGTERM.
     Dev(dev::DevArgs),
+    /// Copy this node's newest snapshot to a file: a backup of the whole cluster state up to
+    /// that snapshot's log index. Safe while the node runs. With --endpoint, first asks the
+    /// node (as an operator) for a snapshot of everything it has applied, and waits for it.
+    Backup(backup::BackupArgs),
+    /// Seed an empty data dir with a backup; a node started on it loads that state. To bring
+    /// back a whole cluster, restore the same file into every member's data dir and start
+    /// them with their old ids and addresses (docs/operations.md "Backup and restore").
+    Restore(backup::RestoreArgs),
 }
 
 /// Which certificate a command-line call presents.
@@ -192,6 +201,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         CliCommand::Dev(args) => dev::run(args).await,
+        CliCommand::Backup(args) => backup::backup(args).await,
+        CliCommand::Restore(args) => backup::restore(args),
     }
 }
 

@@ -2,6 +2,7 @@
 //! background tasks (hold expiry, clock monitor, disk watcher, leader placement), started
 //! together and stopped together.
 
+pub mod backup;
 pub mod clock;
 pub mod config;
 pub mod disk;

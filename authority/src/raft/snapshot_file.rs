@@ -249,6 +249,40 @@ impl SnapshotDir {
         Ok(None)
     }
 
+    /// Copies the newest snapshot that verifies to `out` (a backup): written under a temporary
+    /// name, synced and renamed, so `out` is either absent or whole. Files here are never
+    /// changed once written, so this is safe while the node runs. Blocking.
+    pub fn export_latest(&self, out: &Path) -> Result<Option<SnapshotMeta>, SnapshotFileError> {
+        for path in self.files()?.into_iter().rev() {
+            match read(&path) {
+                Ok((meta, _)) => {
+                    copy_durably(&path, out)?;
+                    return Ok(Some(meta));
+                }
+                Err(error @ SnapshotFileError::Incompatible { .. }) => return Err(error),
+                Err(error) => tracing::error!(%error, "skipping an invalid snapshot file"),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Takes a backup made by [`SnapshotDir::export_latest`] into this directory, after
+    /// checking its magic, version and checksum: the node started on this data dir loads it.
+    /// Blocking.
+    pub fn import(&self, backup: &Path) -> Result<SnapshotMeta, SnapshotFileError> {
+        let (meta, _) = read(backup)?;
+        let index = meta.last_log_id.map_or(0, |id| id.index);
+        let term = meta.last_log_id.map_or(0, |id| id.leader_id.term);
+        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        copy_durably(
+            backup,
+            &self
+                .dir
+                .join(format!("snapshot-{index:020}-{term:020}{SUFFIX}")),
+        )?;
+        Ok(meta)
+    }
+
     fn files(&self) -> Result<Vec<PathBuf>, SnapshotFileError> {
         let entries = fs::read_dir(&self.dir).map_err(|source| SnapshotFileError::Io {
             path: self.dir.clone(),
@@ -280,6 +314,31 @@ impl SnapshotDir {
         }
         Ok(())
     }
+}
+
+/// Copies `from` to `to` through `<to>.tmp`: written, synced, renamed, directory synced.
+fn copy_durably(from: &Path, to: &Path) -> Result<(), SnapshotFileError> {
+    let io_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| SnapshotFileError::Io { path, source }
+    };
+    let mut name = to.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(".tmp");
+    let tmp = to.with_file_name(name);
+    {
+        let mut source = fs::File::open(from).map_err(io_err(from))?;
+        let mut target = fs::File::create(&tmp).map_err(io_err(&tmp))?;
+        io::copy(&mut source, &mut target).map_err(io_err(&tmp))?;
+        target.sync_all().map_err(io_err(&tmp))?;
+    }
+    fs::rename(&tmp, to).map_err(io_err(to))?;
+    let dir = match to.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    fs::File::open(&dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(&dir))
 }
 
 /// SHA-256 of the file's first `len` bytes, read through once.
