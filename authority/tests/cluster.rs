@@ -543,23 +543,7 @@ async fn batch_answers_each_command_in_order_like_unary_calls() {
     assert!(denied > 0, "the twin runs reached the invocation limit");
     let usage = |family: &'static str| {
         let mut client = client.clone();
-        async move {
-            client
-                .get_usage(pb::GetUsageRequest {
-                    family_id: family.to_owned(),
-                    account: Some(pb::AccountKey {
-                        capability_id: "cap".to_owned(),
-                        grant_index: 0,
-                    }),
-                    consistency: 0,
-                })
-                .await
-                .expect("get_usage")
-                .into_inner()
-                .usage
-                .and_then(|u| u.account)
-                .expect("a row")
-        }
+        async move { account_of(&mut client, family).await.expect("a row") }
     };
     let (a, b) = (usage("twin-a").await, usage("twin-b").await);
     assert_eq!(a.invocation_count, 40);

@@ -9,20 +9,6 @@ use std::time::{Duration, Instant};
 use cluster_support::*;
 use tally_api::pb;
 use tally_api::status::Definiteness;
-use tally_authority::node::metrics::{render, Sources};
-
-/// The node's `/metrics` text.
-async fn scrape(cluster: &TestCluster, id: u64) -> String {
-    let node = &cluster.nodes[&id];
-    render(&Sources {
-        node_id: id,
-        metrics: node.metrics.clone(),
-        raft: node.raft.clone(),
-        store: node.store_metrics.clone(),
-        router: node.router.clone(),
-    })
-    .await
-}
 
 /// A refusal from load shedding: UNAVAILABLE, definite, saying why.
 fn assert_shed(status: &tonic::Status, what: &str) {

@@ -290,3 +290,34 @@ impl tonic::codec::Decoder for Silent {
         Err(tonic::Status::internal("a hanging call expects no message"))
     }
 }
+
+/// The row of account `cap`/0 in `family`, read through `client` (None when it has none).
+pub async fn account_of(client: &mut BudgetClient<Channel>, family: &str) -> Option<pb::Account> {
+    client
+        .get_usage(pb::GetUsageRequest {
+            family_id: family.to_owned(),
+            account: Some(pb::AccountKey {
+                capability_id: "cap".to_owned(),
+                grant_index: 0,
+            }),
+            consistency: 0,
+        })
+        .await
+        .expect("get_usage")
+        .into_inner()
+        .usage
+        .and_then(|u| u.account)
+}
+
+/// Node `id`'s `/metrics` text.
+pub async fn scrape(cluster: &TestCluster, id: u64) -> String {
+    let node = &cluster.nodes[&id];
+    tally_authority::node::metrics::render(&tally_authority::node::metrics::Sources {
+        node_id: id,
+        metrics: node.metrics.clone(),
+        raft: node.raft.clone(),
+        store: node.store_metrics.clone(),
+        router: node.router.clone(),
+    })
+    .await
+}

@@ -1,0 +1,97 @@
+//! The node settings that bound the live families, end to end on a real cluster, and the
+//! metrics that show the family store: a family spilled to disk is counted there and read back
+//! from there. `max_live_families` is a hard cap: `spill_idle_entries` keeps families in use
+//! out of the spill for the *memory budget* only, never above the count.
+
+mod cluster_support;
+
+use cluster_support::*;
+use tally_api::pb;
+use tally_authority::testing::TestCluster;
+
+const FAMILIES: usize = 6;
+
+/// The value of the sample `name_and_labels` (e.g. `tally_family_actors{state="live"}`).
+fn sample(text: &str, name_and_labels: &str) -> u64 {
+    text.lines()
+        .find_map(|line| {
+            line.strip_prefix(name_and_labels)?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no sample {name_and_labels} in:\n{text}"))
+}
+
+/// One authorize on each of `FAMILIES` families, through the leader; returns the leader.
+async fn touch_every_family(cluster: &TestCluster) -> u64 {
+    let leader = cluster.wait_leader().await;
+    let mut client = cluster.budget(leader).await;
+    for i in 0..FAMILIES {
+        client
+            .authorize_hold(authorize(&format!("fam{i}"), "h", 10))
+            .await
+            .expect("authorize");
+    }
+    leader
+}
+
+async fn usage_of(cluster: &TestCluster, id: u64, family: &str) -> Option<pb::Account> {
+    account_of(&mut cluster.budget(id).await, family).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_families_beyond_the_limit_go_to_the_store_and_are_read_back_from_it() {
+    let cluster = TestCluster::start_with(3, |config| {
+        config.max_live_families = 2;
+        config.spill_idle_entries = 0;
+    })
+    .await;
+    let leader = touch_every_family(&cluster).await;
+    let before = scrape(&cluster, leader).await;
+    assert!(
+        sample(&before, "tally_family_actors{state=\"live\"}") <= 2,
+        "max_live_families bounds the live families:\n{before}"
+    );
+    assert!(
+        sample(&before, "tally_family_actors{state=\"passivated\"}") >= (FAMILIES - 2) as u64,
+        "the rest are in the family store:\n{before}"
+    );
+    assert!(sample(&before, "tally_family_store_bytes{kind=\"families\"}") > 0);
+    assert!(sample(&before, "tally_family_store_bytes{kind=\"file\"}") > 0);
+
+    let reads_before = sample(&before, "tally_family_store_reads_total");
+    let account = usage_of(&cluster, leader, "fam0")
+        .await
+        .expect("a spilled family's row is read back");
+    assert_eq!(account.total_cost_exposed_units, 10);
+    let after = scrape(&cluster, leader).await;
+    assert!(
+        sample(&after, "tally_family_store_reads_total") > reads_before,
+        "reading a spilled family goes to the store:\n{after}"
+    );
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_family_count_is_a_hard_cap_even_for_families_in_use() {
+    let cluster = TestCluster::start_with(3, |config| {
+        config.max_live_families = 2;
+        config.spill_idle_entries = 1_000_000;
+    })
+    .await;
+    let leader = touch_every_family(&cluster).await;
+    for id in cluster.nodes.keys() {
+        let text = scrape(&cluster, *id).await;
+        assert!(
+            sample(&text, "tally_family_actors{state=\"live\"}") <= 2,
+            "node {id}: families used in the last spill_idle_entries entries still obey the \
+             count:\n{text}"
+        );
+    }
+    for i in 0..FAMILIES {
+        let account = usage_of(&cluster, leader, &format!("fam{i}")).await;
+        assert_eq!(account.map(|a| a.total_cost_exposed_units), Some(10));
+    }
+    cluster.shutdown().await;
+}
