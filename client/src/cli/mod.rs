@@ -344,21 +344,26 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
             alarm::print_alarms(&alarms);
         }
         for (endpoint, reply) in &replies {
-            let Some(shedding) = reply.as_ref().and_then(|r| r.load_shedding.as_ref()) else {
-                continue;
-            };
-            if shedding.shedding {
-                println!(
-                    "\n{endpoint} SHEDS WRITES (UNAVAILABLE, definite): its oldest proposal has \
-                     waited {} ms for commit (shed_after_ms {}), {} proposals pending",
-                    opt(shedding.oldest_proposal_age_ms),
-                    shedding.shed_after_ms,
-                    shedding.proposals_pending
-                );
+            let shedding = reply.as_ref().and_then(|r| r.load_shedding.as_ref());
+            if let Some(line) = shedding.and_then(|s| shedding_line(endpoint, s)) {
+                println!("\n{line}");
             }
         }
     }
     Ok(if failures == replies.len() { 1 } else { 0 })
+}
+
+/// The warning for a node that refuses writes by load shedding, `None` while it takes them.
+fn shedding_line(endpoint: &str, shedding: &pb::LoadShedding) -> Option<String> {
+    shedding.shedding.then(|| {
+        format!(
+            "{endpoint} SHEDS WRITES (UNAVAILABLE, definite): its oldest proposal has waited {} \
+             ms for commit (shed_after_ms {}), {} proposals pending",
+            opt(shedding.oldest_proposal_age_ms),
+            shedding.shed_after_ms,
+            shedding.proposals_pending
+        )
+    })
 }
 
 /// The region of member `id` in `reply`'s membership ("" when it is not listed).
@@ -669,5 +674,28 @@ mod tests {
             Some("preferred leader regions: us-east; no leader known")
         );
         assert_eq!(placement_line(&status(&[], Some(1), None)), None);
+    }
+
+    #[test]
+    fn status_warns_of_a_node_that_sheds_writes_and_only_then() {
+        let shedding = pb::LoadShedding {
+            shedding: true,
+            oldest_proposal_age_ms: Some(2_350),
+            proposals_pending: 17,
+            shed_after_ms: 2_000,
+            ..pb::LoadShedding::default()
+        };
+        assert_eq!(
+            shedding_line("127.0.0.1:7401", &shedding).as_deref(),
+            Some(
+                "127.0.0.1:7401 SHEDS WRITES (UNAVAILABLE, definite): its oldest proposal has \
+                 waited 2350 ms for commit (shed_after_ms 2000), 17 proposals pending"
+            )
+        );
+        let calm = pb::LoadShedding {
+            shedding: false,
+            ..shedding
+        };
+        assert_eq!(shedding_line("127.0.0.1:7401", &calm), None);
     }
 }
