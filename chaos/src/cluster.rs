@@ -22,7 +22,7 @@ use crate::kernel::KernelProcess;
 use crate::listen_port::reserved_listen_addr;
 use crate::paged_read::read_all_pages;
 use crate::process::{NodeProcess, NodeSpec};
-use crate::proxy::Network;
+use crate::proxy::{Network, Side};
 
 /// One control call's timeout.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -75,13 +75,15 @@ impl ChaosCluster {
             let listen = reserved_listen_addr()?;
             let front = TcpListener::bind("127.0.0.1:0").await?;
             let front_addr = front.local_addr()?;
-            cluster.proxy_tasks.push(net.spawn_proxy(id, front, listen));
+            cluster
+                .proxy_tasks
+                .push(net.spawn_proxy(id, front, listen, Side::Client));
             let peer_listen = reserved_listen_addr()?;
             let peer_front = TcpListener::bind("127.0.0.1:0").await?;
             let peer_front_addr = peer_front.local_addr()?;
             cluster
                 .proxy_tasks
-                .push(net.spawn_proxy(id, peer_front, peer_listen));
+                .push(net.spawn_proxy(id, peer_front, peer_listen, Side::Peer));
             let data_dir: PathBuf = dir.join(format!("node-{id}"));
             std::fs::create_dir_all(&data_dir)?;
             let spec = NodeSpec {

@@ -69,6 +69,18 @@ impl Rules {
     }
 }
 
+/// Which of a node's ports a proxy fronts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// The client port: clients, kernels, and nodes forwarding writes.
+    Client,
+    /// The peer port: only nodes.
+    Peer,
+}
+
+/// Tries to find which node dialled a connection before taking it for a client's.
+const IDENTIFY_ATTEMPTS: usize = 5;
+
 /// The harness's handle on every proxy: the rules, the node pids, and a generation bumped on
 /// each change so connections that lost bytes are closed once the fault is healed.
 #[derive(Clone)]
@@ -119,12 +131,14 @@ impl Network {
         self.pids.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Starts node `node`'s proxy on `listener`, forwarding to `upstream`.
+    /// Starts node `node`'s proxy on `listener`, forwarding to `upstream`, which is the
+    /// node's client port or its peer port (`side`).
     pub fn spawn_proxy(
         &self,
         node: u64,
         listener: TcpListener,
         upstream: SocketAddr,
+        side: Side,
     ) -> JoinHandle<()> {
         let network = self.clone();
         tokio::spawn(async move {
@@ -141,18 +155,40 @@ impl Network {
                 let open = open.clone();
                 open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tokio::spawn(async move {
-                    network.serve(node, socket, peer, upstream).await;
+                    network.serve(node, socket, peer, upstream, side).await;
                     open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                 });
             }
         })
     }
 
-    async fn serve(&self, node: u64, socket: TcpStream, peer: SocketAddr, upstream: SocketAddr) {
-        let pids = self.pids();
-        let from = tokio::task::spawn_blocking(move || identify(peer, &pids))
-            .await
-            .unwrap_or(Party::Client);
+    async fn serve(
+        &self,
+        node: u64,
+        socket: TcpStream,
+        peer: SocketAddr,
+        upstream: SocketAddr,
+        side: Side,
+    ) {
+        let mut from = Party::Client;
+        for attempt in 0..IDENTIFY_ATTEMPTS {
+            let pids = self.pids();
+            from = tokio::task::spawn_blocking(move || identify(peer, &pids))
+                .await
+                .unwrap_or(Party::Client);
+            if from != Party::Client || side == Side::Client {
+                break;
+            }
+            if attempt + 1 < IDENTIFY_ATTEMPTS {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        if side == Side::Peer && from == Party::Client {
+            // Only nodes dial a peer port. A connection whose node was not found (its socket
+            // not yet listed in /proc) would otherwise pass as a client's and cross every
+            // partition between nodes: close it, and the node dials again.
+            return;
+        }
         let to = Party::Node(node);
         let mut changed = self.changed.subscribe();
         if self.rules().blocks(from, to) {
@@ -272,7 +308,7 @@ mod tests {
         let network = Network::new();
         let front = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let front_addr = front.local_addr().expect("addr");
-        let _proxy = network.spawn_proxy(1, front, echo_addr);
+        let _proxy = network.spawn_proxy(1, front, echo_addr, Side::Client);
 
         let mut conn = TcpStream::connect(front_addr).await.expect("connect");
         conn.write_all(b"ping").await.expect("write");
