@@ -115,19 +115,7 @@ async fn a_follower_forwards_writes_and_serves_linearizable_reads() {
                 seen, d.budget_commit_index,
                 "follower {id} must see write {i} right after its acknowledgement"
             );
-            let usage = client
-                .get_usage(pb::GetUsageRequest {
-                    family_id: "reads".to_owned(),
-                    account: Some(pb::AccountKey {
-                        capability_id: "cap".to_owned(),
-                        grant_index: 0,
-                    }),
-                    consistency: 0,
-                })
-                .await
-                .expect("get_usage")
-                .into_inner();
-            let account = usage.usage.and_then(|u| u.account).expect("a usage row");
+            let account = account_of(&mut client, "reads").await.expect("a usage row");
             assert_eq!(account.total_cost_exposed_units, 10 * (i + 1));
             assert_eq!(account.seq, d.budget_commit_index.unwrap());
         }
@@ -375,21 +363,7 @@ async fn holds_expire_on_cluster_time_without_a_client_command() {
         .unwrap_or_else(|| panic!("an expire_hold event: {kinds:?}"));
     assert_eq!(expiry.hold_id.as_deref(), Some("h1"));
     assert_eq!(expiry.event_id, terminal.event_id);
-    let usage = client
-        .get_usage(pb::GetUsageRequest {
-            family_id: "exp".to_owned(),
-            account: Some(pb::AccountKey {
-                capability_id: "cap".to_owned(),
-                grant_index: 0,
-            }),
-            consistency: 0,
-        })
-        .await
-        .expect("get_usage")
-        .into_inner()
-        .usage
-        .and_then(|u| u.account)
-        .expect("a row");
+    let usage = account_of(&mut client, "exp").await.expect("a row");
     assert_eq!(usage.invocation_count, 0, "expiry gave the slot back");
     assert_eq!(usage.total_cost_exposed_units, 0, "and the exposure");
     assert_converged(&cluster.converged_digests().await);
@@ -1160,25 +1134,7 @@ async fn set_params_refuses_out_of_range_and_empty_changes_and_proposes_nothing(
         ),
     ];
     for (request, expected) in refusals {
-        let status = admin
-            .set_params(request.clone())
-            .await
-            .expect_err("refused");
-        assert_eq!(
-            status.code(),
-            tonic::Code::InvalidArgument,
-            "{request:?}: {status:?}"
-        );
-        assert_eq!(
-            definiteness(&status),
-            Some(tally_api::status::Definiteness::Definite),
-            "{request:?}: definite"
-        );
-        assert!(
-            status.message().contains(expected),
-            "{request:?}: {:?} must say {expected:?}",
-            status.message()
-        );
+        assert_params_refused(&mut admin, request, &[expected]).await;
     }
     assert_eq!(last(), appended, "nothing was proposed");
     assert_eq!(params_on(&cluster, leader).await, before);

@@ -172,26 +172,7 @@ async fn a_bad_preference_is_refused_whole_and_nothing_changes() {
         ),
     ];
     for (request, expected) in refusals {
-        let status = admin
-            .set_params(request.clone())
-            .await
-            .expect_err("refused");
-        assert_eq!(
-            status.code(),
-            tonic::Code::InvalidArgument,
-            "{request:?}: {status:?}"
-        );
-        assert_eq!(
-            definiteness(&status),
-            Some(tally_api::status::Definiteness::Definite),
-            "{request:?}"
-        );
-        assert!(
-            status.message().contains("preferred_leader_regions")
-                && status.message().contains(expected),
-            "{request:?}: {:?} must say {expected:?}",
-            status.message()
-        );
+        assert_params_refused(&mut admin, request, &["preferred_leader_regions", expected]).await;
     }
     assert_eq!(last(), appended, "nothing was proposed");
     let params = status_of(&cluster, leader).await.params.expect("params");

@@ -294,8 +294,9 @@ impl Wal {
     /// Keeps the committed-id hint for the next frame, with no write of its own: a crash
     /// before that frame only loses the hint (a restarted node replays a little less).
     pub(crate) fn put_committed_hint(&self, bytes: &[u8]) {
-        *self.pending_hint.lock().expect("hint lock") = Some(bytes.to_vec());
-        self.write_index().committed = Some(bytes.to_vec());
+        let bytes = bytes.to_vec();
+        self.write_index().committed = Some(bytes.clone());
+        *self.pending_hint.lock().expect("hint lock") = Some(bytes);
     }
 
     /// Writes a hint still waiting for a frame (when the log closes).

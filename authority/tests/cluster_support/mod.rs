@@ -321,3 +321,33 @@ pub async fn scrape(cluster: &TestCluster, id: u64) -> String {
     })
     .await
 }
+
+/// `request` is refused by SetParams: INVALID_ARGUMENT, definite, and a message that says
+/// every one of `expected`.
+pub async fn assert_params_refused(
+    admin: &mut tally_api::pb::admin_client::AdminClient<Channel>,
+    request: pb::SetParamsRequest,
+    expected: &[&str],
+) {
+    let status = admin
+        .set_params(request.clone())
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        status.code(),
+        tonic::Code::InvalidArgument,
+        "{request:?}: {status:?}"
+    );
+    assert_eq!(
+        definiteness(&status),
+        Some(Definiteness::Definite),
+        "{request:?}: definite"
+    );
+    for said in expected {
+        assert!(
+            status.message().contains(said),
+            "{request:?}: {:?} must say {said:?}",
+            status.message()
+        );
+    }
+}
