@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tally_api::pb::admin_client::AdminClient;
-use tally_api::pb::{InitializeRequest, MemberAddress, StatusRequest};
+use tally_api::pb::{InitializeRequest, MemberAddress, SetParamsRequest, StatusRequest};
 use tally_tls::{TlsFiles, Transport};
 
 pub struct ProcessCluster {
@@ -15,6 +15,7 @@ pub struct ProcessCluster {
     pub operator: Transport,
     pub kernel: Transport,
     children: Vec<Child>,
+    data_dirs: Vec<PathBuf>,
     pub endpoints: Vec<String>,
     pub metrics: Vec<String>,
     members: BTreeMap<u64, MemberAddress>,
@@ -29,12 +30,25 @@ impl ProcessCluster {
         nodes: u16,
         base_port: u16,
     ) -> anyhow::Result<Self> {
+        Self::start_with(binary, dir, nodes, base_port, &[]).await
+    }
+
+    /// [`Self::start`] with extra node settings as `TALLY_*` variables (`("TALLY_MEMORY_BUDGET_BYTES",
+    /// "268435456")`), the same on every node.
+    pub async fn start_with(
+        binary: &Path,
+        dir: &Path,
+        nodes: u16,
+        base_port: u16,
+        settings: &[(String, String)],
+    ) -> anyhow::Result<Self> {
         let tls_dir = dir.join("tls");
         tally_tls::issue::ensure_dev_certs(&tls_dir, "tally-bench", u64::from(nodes))?;
         let mut cluster = Self {
             operator: Transport::from_dir(&tls_dir, "operator", false)?,
             kernel: Transport::from_dir(&tls_dir, "kernel", false)?,
             children: Vec::new(),
+            data_dirs: Vec::new(),
             endpoints: Vec::new(),
             metrics: Vec::new(),
             members: BTreeMap::new(),
@@ -55,11 +69,13 @@ impl ProcessCluster {
                 .env("TALLY_DATA_DIR", &data)
                 .env("TALLY_CLUSTER_ID", "tally-bench")
                 .env("RUST_LOG", "warn")
+                .envs(settings.iter().map(|(k, v)| (k, v)))
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit())
                 .spawn()
                 .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", binary.display()))?;
             cluster.children.push(child);
+            cluster.data_dirs.push(data);
             cluster.endpoints.push(addr.clone());
             cluster.members.insert(
                 u64::from(id),
@@ -109,6 +125,39 @@ impl ProcessCluster {
         }
     }
 
+    /// The nodes' process ids and data dirs, in node id order.
+    pub fn nodes(&self) -> Vec<(u32, PathBuf)> {
+        self.children
+            .iter()
+            .zip(&self.data_dirs)
+            .map(|(child, dir)| (child.id(), dir.clone()))
+            .collect()
+    }
+
+    /// Sets the cluster's retention through the log (on the leader).
+    pub async fn set_retention_ms(&self, retention_ms: u64) -> anyhow::Result<()> {
+        let leader = self.leader_endpoint().await?;
+        connect(&self.operator, &leader)
+            .await?
+            .set_params(SetParamsRequest {
+                retention_ms: Some(retention_ms),
+                ..SetParamsRequest::default()
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn leader_endpoint(&self) -> anyhow::Result<String> {
+        for endpoint in &self.endpoints {
+            let mut admin = connect(&self.operator, endpoint).await?;
+            let status = admin.status(StatusRequest {}).await?.into_inner();
+            if status.leader_id == Some(status.node_id) {
+                return Ok(endpoint.clone());
+            }
+        }
+        anyhow::bail!("no leader")
+    }
+
     /// The leader's last log index (entries written so far).
     pub async fn leader_last_log(&self) -> anyhow::Result<u64> {
         for endpoint in &self.endpoints {
@@ -120,6 +169,31 @@ impl ProcessCluster {
         }
         anyhow::bail!("no leader")
     }
+}
+
+/// The tally-node binary to start: `given`, else the one next to this program; an error that
+/// says how to build it when it is missing.
+pub fn node_binary(given: Option<&Path>, build: &str) -> anyhow::Result<PathBuf> {
+    let binary = match given {
+        Some(binary) => binary.to_path_buf(),
+        None => std::env::current_exe()?.with_file_name("tally-node"),
+    };
+    anyhow::ensure!(
+        binary.exists(),
+        "{} not found: build it ({build})",
+        binary.display()
+    );
+    Ok(binary)
+}
+
+/// The first base from 27,500 whose node, metrics and peer ports (base+1..3, base+101..103,
+/// base+201..203) are free.
+pub fn free_base_port() -> anyhow::Result<u16> {
+    let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+    (0..100u16)
+        .map(|i| 27_500 + 300 * i)
+        .find(|base| (1..=3).all(|id| [0, 100, 200].iter().all(|off| free(base + off + id))))
+        .ok_or_else(|| anyhow::anyhow!("no free base port from 27,500 up: pass --base-port"))
 }
 
 /// Processes take a moment to listen: retry until `within`.

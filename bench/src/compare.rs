@@ -25,13 +25,6 @@ use crate::etcd::members::{self, EtcdCluster};
 use crate::{cluster, fsync};
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Run the same workload against Tally and another system, same disk, one run.
-    #[command(subcommand)]
-    Compare(Target),
-}
-
-#[derive(Debug, Subcommand)]
 pub enum Target {
     /// Against a 3-member etcd (Debian's etcd-server, installed by scripts/etcd-install when
     /// `etcd` is not on PATH; skipped with the reason if it cannot be).
@@ -64,7 +57,7 @@ pub struct EtcdArgs {
     #[arg(long, default_value_t = 1_000)]
     families: u64,
     /// Tally's nodes listen on BASE+1..3 (metrics BASE+101..103); 0 picks the first base from
-    /// 27,500 up (in steps of 200) whose six ports are free. etcd always takes free ports.
+    /// 27,500 up (in steps of 300) whose nine ports are free. etcd always takes free ports.
     #[arg(long, default_value_t = 0)]
     base_port: u16,
     /// etcd's caller counts to sweep.
@@ -90,18 +83,13 @@ const TALLY_LOADS: [(&str, usize, usize); 3] = [
 /// (name, share of calls on family 0).
 const VARIANTS: [(&str, f64); 2] = [("hot family 10%", 0.1), ("no hot family", 0.0)];
 
-pub async fn run(command: Command) -> anyhow::Result<()> {
-    let Command::Compare(Target::Etcd(args)) = command;
+pub async fn run(target: Target) -> anyhow::Result<()> {
+    let Target::Etcd(args) = target;
     let began = Instant::now();
-    let binary = match &args.node_binary {
-        Some(binary) => binary.clone(),
-        None => std::env::current_exe()?.with_file_name("tally-node"),
-    };
-    anyhow::ensure!(
-        binary.exists(),
-        "{} not found: build it (cargo build --release -p tally-authority)",
-        binary.display()
-    );
+    let binary = cluster::node_binary(
+        args.node_binary.as_deref(),
+        "cargo build --release -p tally-authority",
+    )?;
     anyhow::ensure!(args.families > 0, "--families must be positive");
     anyhow::ensure!(
         !args.etcd_callers.is_empty() && args.etcd_callers.iter().all(|&c| c > 0),
@@ -188,7 +176,7 @@ async fn run_tally(
 ) -> anyhow::Result<Vec<TallyRun>> {
     std::fs::create_dir_all(dir)?;
     let base_port = match args.base_port {
-        0 => free_base_port()?,
+        0 => cluster::free_base_port()?,
         chosen => chosen,
     };
     let cluster = cluster::ProcessCluster::start(binary, dir, 3, base_port).await?;
@@ -210,6 +198,7 @@ async fn run_tally(
                 concurrency,
                 duration_s: duration.as_secs(),
                 batch,
+                rate: None,
                 quiet: true,
             };
             let report = drive(client.clone(), &bench).await;
@@ -230,15 +219,6 @@ async fn run_tally(
     }
     drop(cluster);
     Ok(runs)
-}
-
-/// The first base from 27,500 whose node and metrics ports (base+1..3, base+101..103) are free.
-fn free_base_port() -> anyhow::Result<u16> {
-    let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
-    (0..100u16)
-        .map(|i| 27_500 + 200 * i)
-        .find(|base| (1..=3).all(|id| free(base + id) && free(base + 100 + id)))
-        .ok_or_else(|| anyhow::anyhow!("no free base port from 27,500 up: pass --base-port"))
 }
 
 enum EtcdSide {
@@ -491,6 +471,12 @@ mod tests {
     struct Cli {
         #[command(subcommand)]
         command: Command,
+    }
+
+    #[derive(Debug, Subcommand)]
+    enum Command {
+        #[command(subcommand)]
+        Compare(Target),
     }
 
     fn etcd_args(args: &[&str]) -> Result<EtcdArgs, clap::Error> {

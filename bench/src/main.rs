@@ -8,13 +8,16 @@
 //! proposed → received → submitted → persisted → committed → applied), next to the client's
 //! p50 and the disk's fsync p50; a node built without `stage-stats` runs the same, with no
 //! breakdown. `tally-bench compare etcd` runs the same workload against a 3-member etcd too and
-//! prints the ratios (`compare`).
+//! prints the ratios (`compare`). `tally-bench soak` holds a fixed offered rate for a long
+//! time and samples each node's memory and disk (`soak`, `soak_chart`).
 
 mod breakdown;
 mod cluster;
 mod compare;
 mod etcd;
 mod fsync;
+mod soak;
+mod soak_chart;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -53,7 +56,18 @@ struct Args {
     #[arg(long = "scenario", value_parser = parse_scenario)]
     scenarios: Vec<(usize, usize)>,
     #[command(subcommand)]
-    command: Option<compare::Command>,
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Run the same workload against Tally and another system, same disk, one run.
+    #[command(subcommand)]
+    Compare(compare::Target),
+    /// A fixed offered rate for a long time (default 5,000 commands/s for 32 minutes,
+    /// retention 10 minutes), sampling each node's RSS and disk use: CSV, JSON and a PNG under
+    /// --out, and whether memory stayed flat and under the budget after the warm-up.
+    Soak(soak::SoakArgs),
 }
 
 /// Enough callers that the nodes, not the callers, are the limit: with 256 callers `Batch` 64
@@ -96,18 +110,15 @@ struct Scenario {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if let Some(command) = args.command {
-        return compare::run(command).await;
+    match args.command {
+        Some(Command::Compare(target)) => return compare::run(target).await,
+        Some(Command::Soak(soak)) => return soak::run(soak).await,
+        None => {}
     }
-    let binary = match args.node_binary {
-        Some(binary) => binary,
-        None => std::env::current_exe()?.with_file_name("tally-node"),
-    };
-    anyhow::ensure!(
-        binary.exists(),
-        "{} not found: build it (cargo build --release -p tally-authority --features stage-stats)",
-        binary.display()
-    );
+    let binary = cluster::node_binary(
+        args.node_binary.as_deref(),
+        "cargo build --release -p tally-authority --features stage-stats",
+    )?;
     let temp = tempfile::tempdir_in(args.data_dir.clone().unwrap_or_else(std::env::temp_dir))?;
     let (fdatasync, fsync_p50_ms, fsync_p99_ms) =
         fsync::fdatasync_profile(temp.path(), Duration::from_secs(3))?;
@@ -144,6 +155,7 @@ async fn main() -> anyhow::Result<()> {
             concurrency,
             duration_s: args.duration_s,
             batch,
+            rate: None,
             quiet: true,
         };
         let report = drive(client.clone(), &bench).await;

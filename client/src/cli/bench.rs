@@ -1,5 +1,7 @@
-//! `tally bench`: a closed-loop load of authorize + capture + reconcile calls over many
-//! families (one of them hot), with a progress line, throughput and latency percentiles.
+//! `tally bench`: a load of authorize + capture + reconcile calls over many families (one of
+//! them hot), with a progress line, throughput and latency percentiles. Closed loop by default
+//! (each caller starts its next call when the last ends); with `--rate` the calls start on a
+//! fixed schedule, so a slow cluster shows as an achieved rate below the offered one.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,9 +35,28 @@ pub struct BenchArgs {
     /// Coalesce concurrent calls into Batch requests of up to this many commands (0: unary).
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
+    /// Offer this many commands per second in all (a tool call is 3 commands), started on a
+    /// fixed schedule shared by the callers, instead of as fast as they go. Calls a late
+    /// cluster could not take in time start late, never skipped: compare the achieved rate.
+    #[arg(long, value_parser = parse_rate)]
+    pub rate: Option<f64>,
     /// Suppress the progress line.
     #[arg(long)]
     pub quiet: bool,
+}
+
+/// The highest `--rate`: far above what a cluster commits, low enough that the schedule's
+/// step stays above a nanosecond.
+pub const MAX_RATE_PER_S: f64 = 10_000_000.0;
+
+fn parse_rate(text: &str) -> Result<f64, String> {
+    let rate: f64 = text.parse().map_err(|e| format!("`{text}`: {e}"))?;
+    if !(rate > 0.0 && rate <= MAX_RATE_PER_S) {
+        return Err(format!(
+            "{rate}: commands per second within (0, {MAX_RATE_PER_S}]"
+        ));
+    }
+    Ok(rate)
 }
 
 /// What a bench run measured.
@@ -51,6 +72,8 @@ pub struct BenchReport {
     pub max_ms: f64,
     pub batch: usize,
     pub concurrency: usize,
+    /// The offered commands/s of `--rate`, when the load had one.
+    pub offered_commands_per_s: Option<f64>,
 }
 
 pub async fn run(client: Arc<TallyClient>, args: BenchArgs, json: bool) -> anyhow::Result<u8> {
@@ -71,6 +94,12 @@ pub async fn run(client: Arc<TallyClient>, args: BenchArgs, json: bool) -> anyho
     if json {
         print_json(&report);
     } else {
+        if let Some(offered) = report.offered_commands_per_s {
+            println!(
+                "offered {offered:.0} commands/s on a fixed schedule, achieved {:.0}",
+                report.commands_per_s
+            );
+        }
         println!(
             "{} calls ({} commands, {} errors) in {:.1} s: {:.0} commands/s; latency per command p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (batch {}, concurrency {})",
             report.calls, report.commands, report.errors, report.seconds, report.commands_per_s, report.p50_ms,
@@ -82,6 +111,16 @@ pub async fn run(client: Arc<TallyClient>, args: BenchArgs, json: bool) -> anyho
 
 /// Runs the load and measures it.
 pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
+    drive_counted(client, args, Arc::new(AtomicU64::new(0))).await
+}
+
+/// [`drive`], adding each decided command to `decided` as it comes, for a caller that samples
+/// the rate while the load runs.
+pub async fn drive_counted(
+    client: Arc<TallyClient>,
+    args: &BenchArgs,
+    decided: Arc<AtomicU64>,
+) -> BenchReport {
     let batching = (args.batch > 0).then(|| {
         BatchingClient::new(
             client.clone(),
@@ -96,17 +135,26 @@ pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
             Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
         ),
         calls: AtomicU64::new(0),
-        commands: AtomicU64::new(0),
+        commands: decided,
         errors: AtomicU64::new(0),
     });
     let submitter = Arc::new(Submitter { client, batching });
     let deadline = Instant::now() + Duration::from_secs(args.duration_s);
     let start = Instant::now();
+    let schedule = args.rate.map(|rate| Arc::new(Schedule::new(start, rate)));
     let mut workers = Vec::new();
     for worker in 0..args.concurrency {
         let (submitter, meter, args) = (submitter.clone(), meter.clone(), args.clone());
+        let schedule = schedule.clone();
         workers.push(tokio::spawn(async move {
             while Instant::now() < deadline {
+                if let Some(schedule) = &schedule {
+                    let due = schedule.next_call();
+                    if due >= deadline {
+                        break;
+                    }
+                    tokio::time::sleep_until(due.into()).await;
+                }
                 let family = if rand::rng().random_bool(args.hot_share) {
                     0
                 } else {
@@ -146,6 +194,7 @@ pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
         .unwrap_or_else(|p| p.into_inner().clone());
     let commands = meter.commands.load(Ordering::Relaxed);
     BenchReport {
+        offered_commands_per_s: args.rate,
         calls: meter.calls.load(Ordering::Relaxed),
         commands,
         errors: meter.errors.load(Ordering::Relaxed),
@@ -159,6 +208,40 @@ pub async fn drive(client: Arc<TallyClient>, args: &BenchArgs) -> BenchReport {
     }
 }
 
+/// The fixed schedule of `--rate`: call `k` starts at `start + k × step`, whichever caller is
+/// free takes it.
+struct Schedule {
+    start: Instant,
+    step: Duration,
+    next: AtomicU64,
+}
+
+impl Schedule {
+    fn new(start: Instant, commands_per_s: f64) -> Self {
+        assert!(
+            commands_per_s > 0.0 && commands_per_s <= MAX_RATE_PER_S,
+            "the rate was checked when parsed: {commands_per_s}"
+        );
+        Self {
+            start,
+            step: Duration::from_secs_f64(COMMANDS_PER_CALL / commands_per_s),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// When the next unclaimed call is due.
+    fn next_call(&self) -> Instant {
+        let k = self.next.fetch_add(1, Ordering::Relaxed);
+        self.start
+            + self
+                .step
+                .saturating_mul(u32::try_from(k).unwrap_or(u32::MAX))
+    }
+}
+
+/// A tool call is authorize + capture + reconcile.
+const COMMANDS_PER_CALL: f64 = 3.0;
+
 /// Where a worker's commands go: one unary call each, or through the shared batcher.
 struct Submitter {
     client: Arc<TallyClient>,
@@ -169,7 +252,8 @@ struct Submitter {
 struct Meter {
     histogram: Mutex<Histogram<u64>>,
     calls: AtomicU64,
-    commands: AtomicU64,
+    /// Shared with the caller of [`drive_counted`].
+    commands: Arc<AtomicU64>,
     errors: AtomicU64,
 }
 
@@ -304,6 +388,28 @@ fn request_uuid(bits: u128) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_schedule_spaces_calls_by_the_rate_and_bad_rates_say_why() {
+        let start = Instant::now();
+        let schedule = Schedule::new(start, 3_000.0);
+        let due: Vec<Duration> = (0..4).map(|_| schedule.next_call() - start).collect();
+        assert_eq!(
+            due,
+            [0, 1, 2, 3].map(Duration::from_millis),
+            "3,000 commands/s is a tool call every millisecond"
+        );
+        assert_eq!(parse_rate("5000"), Ok(5_000.0));
+        for (text, says) in [
+            ("0", "within"),
+            ("-1", "within"),
+            ("1e9", "within"),
+            ("x", "`x`"),
+        ] {
+            let error = parse_rate(text).expect_err(text);
+            assert!(error.contains(says), "{text}: {error}");
+        }
+    }
 
     #[test]
     fn request_ids_are_version_4_uuids() {
