@@ -267,6 +267,35 @@ impl ChaosCluster {
         }
     }
 
+    /// Sets the cluster's retention through the log, on the leader (within `within`).
+    pub async fn set_retention_ms(
+        &self,
+        retention_ms: u64,
+        within: Duration,
+    ) -> anyhow::Result<()> {
+        let start = Instant::now();
+        loop {
+            let (leader, _) = self.wait_leader(within).await?;
+            let request = pb::SetParamsRequest {
+                retention_ms: Some(retention_ms),
+                ..pb::SetParamsRequest::default()
+            };
+            let call = async {
+                self.admin(leader)
+                    .await?
+                    .set_params(request)
+                    .await
+                    .map_err(anyhow::Error::from)
+            };
+            match tokio::time::timeout(CONTROL_TIMEOUT, call).await {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(error)) if start.elapsed() >= within => return Err(error),
+                Err(_) if start.elapsed() >= within => anyhow::bail!("set_params timed out"),
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
     /// Waits until every node has applied the leader's last log index, and returns it.
     pub async fn wait_converged(&self, within: Duration) -> anyhow::Result<u64> {
         let start = Instant::now();

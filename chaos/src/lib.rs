@@ -17,6 +17,7 @@
 //! | `nemesis` | the seeded fault schedule, incl. failpoint kills of the leader |
 //! | `history`, `checker` | the recorded history and the pure docs/spec.md §11 checker |
 //! | `paged_read` | reading a whole list page by page for the final check |
+//! | `journal` | following the families' events during the run, before compaction removes them |
 //! | `leader_watch`, `report`, `timeline` | who led, the summary/JSON, the PNG |
 //! | `run`, `profile`, `cli` | one run end to end, its profiles and command line |
 
@@ -24,6 +25,7 @@ pub mod checker;
 pub mod cli;
 pub mod cluster;
 pub mod history;
+pub mod journal;
 pub mod kernel;
 pub mod kernel_workload;
 pub mod leader_watch;

@@ -37,7 +37,20 @@ pub struct Profile {
     /// passivated to the family store and read back all the time, under the faults, and the
     /// checker's final reads and digests cover families on disk.
     pub max_live_families: usize,
+    /// The cluster's `retention_ms`, set through the log before the load (`None`: the
+    /// default, 24 h). Short in `ci`, with a short `not_after` window, so events are compacted
+    /// under the faults and the checker must find them in the followed journal
+    /// (`journal.rs`) or through `GetEvent`'s compact record.
+    pub retention_ms: Option<u64>,
 }
+
+/// `ci`'s window and retention: an event is compacted ~25 s after its command was built, so
+/// most of a 90 s run's events are compacted before the final read; a maintenance event
+/// (expiry) ~5 s after it applied, time enough for the journal follower to read it.
+const CI_NOT_AFTER_WINDOW_MS: u64 = 20_000;
+const CI_RETENTION_MS: u64 = 5_000;
+/// `soak`'s: nothing is compacted within a run of up to ~24 h.
+const SOAK_NOT_AFTER_WINDOW_MS: u64 = 10 * 60 * 1_000;
 
 impl Profile {
     pub fn new(name: ProfileName, duration_s: Option<u64>) -> Self {
@@ -55,10 +68,18 @@ impl Profile {
                 workers: 6,
                 twin_pairs: 2,
                 think_ms: 20,
+                not_after_window_ms: match name {
+                    ProfileName::Ci => CI_NOT_AFTER_WINDOW_MS,
+                    ProfileName::Soak => SOAK_NOT_AFTER_WINDOW_MS,
+                },
             },
             nodes: 3,
             snapshot_every_entries: 200,
             max_live_families: 5,
+            retention_ms: match name {
+                ProfileName::Ci => Some(CI_RETENTION_MS),
+                ProfileName::Soak => None,
+            },
         }
     }
 

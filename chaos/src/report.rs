@@ -63,6 +63,9 @@ pub struct RunReport {
     pub faults: Vec<FaultRecord>,
     pub failpoints_fired: usize,
     pub leader_changes: usize,
+    /// How the journal follower went (events compacted before the final read are checked
+    /// from what it saw).
+    pub journal_follower: crate::journal::FollowerStats,
     pub unknowns: UnknownCounts,
     pub liveness: String,
     pub converged_at_index: Option<u64>,
@@ -156,6 +159,14 @@ pub fn summary(report: &RunReport) -> String {
         report.failpoints_fired
     );
     let _ = writeln!(s, "leader changes: {}", report.leader_changes);
+    let f = &report.journal_follower;
+    let _ = writeln!(
+        s,
+        "journal follower: {} family reads answered, {} unanswered{}",
+        f.reads_answered,
+        f.reads_unanswered,
+        if f.full { ", stopped at its limit" } else { "" }
+    );
     if let Some(k) = &report.kernel {
         let _ = writeln!(
             s,
@@ -186,8 +197,17 @@ pub fn summary(report: &RunReport) -> String {
     let c = &report.check;
     let _ = writeln!(
         s,
-        "checked: {} ops, {} events, {} holds, {} accounts, {} replicas",
-        c.ops_checked, c.events_checked, c.holds_checked, c.accounts_checked, c.replicas_compared
+        "checked: {} ops, {} events ({} compacted before the final read, followed during the \
+         run; {} more by compact record), {} holds, {} accounts ({} whose last change was \
+         compacted unseen), {} replicas",
+        c.ops_checked,
+        c.events_checked,
+        c.events_followed_only,
+        c.compact_records_checked,
+        c.holds_checked,
+        c.accounts_checked,
+        c.rows_unobserved,
+        c.replicas_compared
     );
     if let Some(k) = &c.kernel {
         let _ = writeln!(

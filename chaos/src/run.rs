@@ -11,10 +11,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tally_client::TallyClient;
+use tally_ledger::{EventId, EventLookup, FamilyId};
 
 use crate::checker::{self, CheckInput, ReplicaState};
 use crate::cluster::ChaosCluster;
 use crate::history::{Recorder, Resolution, Settlement};
+use crate::journal::JournalFollower;
 use crate::kernel::KernelFleet;
 use crate::kernel_workload::{self, KernelHistory, KernelOp, KernelWorkloadConfig};
 use crate::leader_watch::{leader_changes, LeaderWatch};
@@ -74,6 +76,12 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<RunReport> {
     )
     .await
     .context("start the cluster")?;
+    if let Some(retention_ms) = profile.retention_ms {
+        cluster
+            .set_retention_ms(retention_ms, LIVENESS)
+            .await
+            .context("set the profile's retention")?;
+    }
     let start = Instant::now();
     let recorder = Recorder::new(start);
     let stop_watch = Arc::new(AtomicBool::new(false));
@@ -84,9 +92,16 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<RunReport> {
         .map(|(id, n)| (*id, n.spec.listen.clone()))
         .collect();
     let watcher = watch.spawn(
-        direct,
+        direct.clone(),
         cluster.transport("reader")?,
         start,
+        stop_watch.clone(),
+    );
+    let journal = JournalFollower::default();
+    let follower = journal.spawn(
+        direct,
+        cluster.transport("reader")?,
+        workload::family_ids(&profile.workload),
         stop_watch.clone(),
     );
     let fleet = match &options.kernel_binary {
@@ -173,6 +188,17 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<RunReport> {
     let (replicas, converged) = read_replicas(&cluster, &profile.workload).await;
     stop_watch.store(true, Ordering::Relaxed);
     let _ = tokio::time::timeout(Duration::from_secs(5), watcher).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), follower).await;
+    let (followed, follower) = journal.followed();
+    if follower.full || follower.reads_answered == 0 {
+        tracing::warn!(
+            ?follower,
+            "the journal follower stopped or never read: compacted events are checked through \
+             GetEvent's compact records only"
+        );
+    }
+    let compacted =
+        look_up_compacted(&cluster, &history, &resolutions, &replicas, &followed).await?;
 
     let kernel_ops = kernel_history.snapshot();
     let kernel_input = match &fleet {
@@ -184,6 +210,8 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<RunReport> {
         resolutions: resolutions.clone(),
         replicas: replicas.clone(),
         kernels: kernel_input.clone(),
+        followed,
+        compacted,
     });
     let kernel = match (&fleet, &kernel_input) {
         (Some(fleet), Some(input)) => Some(kernel_figures(fleet, input, &kernel_ops, &nemesis)),
@@ -204,6 +232,7 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<RunReport> {
             .count(),
         faults: nemesis.faults.clone(),
         leader_changes: leader_changes(&samples),
+        journal_follower: follower,
         unknowns: report::count_unknowns(&resolutions),
         liveness,
         converged_at_index: converged,
@@ -396,32 +425,12 @@ async fn collect_kernel_input(
             wanted.insert((family.clone(), event.event_id));
         }
     }
-    let client = Arc::new(TallyClient::new(workload::client_config(
-        cluster.client_endpoints(),
-        cluster.transport("reader")?,
-    ))?);
     let wanted: Vec<_> = wanted.into_iter().collect();
-    let mut journal = BTreeMap::new();
-    for chunk in wanted.chunks(LOOKUP_CONCURRENCY) {
-        let lookups = chunk.iter().map(|(family, event_id)| {
-            let client = client.clone();
-            async move {
-                for _ in 0..LOOKUP_TRIES {
-                    if let Ok(found) = client.get_event(family, event_id).await {
-                        return Some((event_id.clone(), found));
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                None
-            }
-        });
-        journal.extend(
-            futures_util::future::join_all(lookups)
-                .await
-                .into_iter()
-                .flatten(),
-        );
-    }
+    let journal = get_events(cluster, &wanted)
+        .await?
+        .into_iter()
+        .map(|((_, event_id), found)| (event_id, found))
+        .collect();
     Ok(checker::KernelCheckInput {
         receipts,
         kernel_keys: fleet.kernel_keys.clone(),
@@ -429,6 +438,98 @@ async fn collect_kernel_input(
         payments,
         journal,
     })
+}
+
+/// `GetEvent` (linearizable, through the client) for each of `wanted`, a few at a time, with
+/// a few tries each; what no try found is left out.
+async fn get_events(
+    cluster: &ChaosCluster,
+    wanted: &[(FamilyId, EventId)],
+) -> anyhow::Result<BTreeMap<(FamilyId, EventId), EventLookup>> {
+    let client = Arc::new(TallyClient::new(workload::client_config(
+        cluster.client_endpoints(),
+        cluster.transport("reader")?,
+    ))?);
+    let mut found = BTreeMap::new();
+    for chunk in wanted.chunks(LOOKUP_CONCURRENCY) {
+        let lookups = chunk.iter().map(|(family, event_id)| {
+            let client = client.clone();
+            async move {
+                for _ in 0..LOOKUP_TRIES {
+                    if let Ok(lookup) = client.get_event(family, event_id).await {
+                        return Some(((family.clone(), event_id.clone()), lookup));
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                None
+            }
+        });
+        found.extend(
+            futures_util::future::join_all(lookups)
+                .await
+                .into_iter()
+                .flatten(),
+        );
+    }
+    Ok(found)
+}
+
+/// The compact records of the history's events that neither the final read of the first
+/// replica nor the journal follower saw: compacted before either read them. `GetEvent`
+/// answers for them exactly, for ever (docs/spec.md §5.5).
+async fn look_up_compacted(
+    cluster: &ChaosCluster,
+    history: &[crate::history::Op],
+    resolutions: &[Resolution],
+    replicas: &[ReplicaState],
+    followed: &crate::journal::Followed,
+) -> anyhow::Result<checker::Compacted> {
+    let Some(reference) = replicas.first() else {
+        return Ok(checker::Compacted::new());
+    };
+    let mut seen: std::collections::HashSet<(&str, &str)> = std::collections::HashSet::new();
+    for (family, state) in &reference.families {
+        seen.extend(
+            state
+                .events
+                .iter()
+                .map(|e| (family.as_str(), e.event_id.as_str())),
+        );
+    }
+    for (family, events) in followed {
+        seen.extend(
+            events
+                .values()
+                .map(|e| (family.as_str(), e.event_id.as_str())),
+        );
+    }
+    let mut wanted = std::collections::BTreeSet::new();
+    let ids = history
+        .iter()
+        .map(|op| (op.family.as_str(), op.event_id.as_str()))
+        .chain(
+            resolutions
+                .iter()
+                .map(|r| (r.family.as_str(), r.event_id.as_str())),
+        );
+    for (family, event_id) in ids {
+        if !seen.contains(&(family, event_id)) {
+            wanted.insert((FamilyId::from(family), EventId::from(event_id)));
+        }
+    }
+    let wanted: Vec<_> = wanted.into_iter().collect();
+    let mut compacted = checker::Compacted::new();
+    for ((family, event_id), lookup) in get_events(cluster, &wanted).await? {
+        if let EventLookup::Applied { decision, .. } = lookup {
+            if let Some(index) = decision.commit_index {
+                compacted
+                    .entry(family.to_string())
+                    .or_default()
+                    .insert(event_id.to_string(), index);
+            }
+        }
+    }
+    Ok(compacted)
 }
 
 fn kernel_figures(

@@ -19,9 +19,6 @@ use tally_ledger::{
 
 use crate::history::Recorder;
 
-/// How long a command may wait before it must not apply (cluster time ≈ wall time).
-const NOT_AFTER_MS: u64 = 10 * 60 * 1_000;
-
 #[derive(Clone, Debug)]
 pub struct WorkloadConfig {
     pub families: usize,
@@ -35,6 +32,10 @@ pub struct WorkloadConfig {
     pub twin_pairs: usize,
     /// Pause between a worker's requests.
     pub think_ms: u64,
+    /// How long after it is built a command may still apply (`not_after_ms` = wall time +
+    /// this; cluster time ≈ wall time). With the cluster's retention it sets when an event is
+    /// compacted: `not_after_ms + retention_ms`.
+    pub not_after_window_ms: u64,
 }
 
 /// The accounts of one family: a root grant, delegated children, a legacy account and an
@@ -127,14 +128,20 @@ impl Caller {
     }
 }
 
-fn command(family: &str, account: &AccountKey, event_id: String, op: Operation) -> ClientCommand {
+fn command(
+    family: &str,
+    account: &AccountKey,
+    event_id: String,
+    op: Operation,
+    not_after_window_ms: u64,
+) -> ClientCommand {
     ClientCommand {
         header: CommandHeader {
             family_id: family.into(),
             capability_id: account.capability_id.clone(),
             grant_index: account.grant_index,
             event_id: EventId::new(event_id),
-            not_after_ms: wall_ms() + NOT_AFTER_MS,
+            not_after_ms: wall_ms() + not_after_window_ms,
         },
         op,
     }
@@ -152,6 +159,7 @@ enum Finish {
 #[derive(Clone, Debug)]
 struct HoldPlan {
     family: String,
+    not_after_window_ms: u64,
     account: AncestorAccount,
     ancestors: Vec<AncestorAccount>,
     hold_id: String,
@@ -166,7 +174,12 @@ struct HoldPlan {
 }
 
 impl HoldPlan {
-    fn random(rng: &mut StdRng, family: &FamilySpec, request_id: &str) -> Self {
+    fn random(
+        rng: &mut StdRng,
+        family: &FamilySpec,
+        request_id: &str,
+        not_after_window_ms: u64,
+    ) -> Self {
         let child = !family.children.is_empty() && rng.random_bool(0.5);
         let (account, ancestors) = if child {
             let c = rng.random_range(0..family.children.len());
@@ -181,6 +194,7 @@ impl HoldPlan {
         let roll = rng.random_range(0..100);
         Self {
             family: family.id.clone(),
+            not_after_window_ms,
             account,
             ancestors,
             hold_id,
@@ -198,7 +212,13 @@ impl HoldPlan {
     }
 
     fn cmd(&self, event_id: String, op: Operation) -> ClientCommand {
-        command(&self.family, &self.account.account, event_id, op)
+        command(
+            &self.family,
+            &self.account.account,
+            event_id,
+            op,
+            self.not_after_window_ms,
+        )
     }
 
     fn authorize(&self) -> ClientCommand {
@@ -304,7 +324,13 @@ async fn run_hold(caller: &Caller, plan: &HoldPlan, attempt: &str) {
 }
 
 /// Legacy charges, increments and nonces: commands without holds.
-async fn run_other(caller: &Caller, rng: &mut StdRng, family: &FamilySpec, request_id: &str) {
+async fn run_other(
+    caller: &Caller,
+    rng: &mut StdRng,
+    family: &FamilySpec,
+    request_id: &str,
+    not_after_window_ms: u64,
+) {
     let roll = rng.random_range(0..3);
     match roll {
         0 => {
@@ -318,6 +344,7 @@ async fn run_other(caller: &Caller, rng: &mut StdRng, family: &FamilySpec, reque
                     cost_units: cost,
                     limits: account.limits.clone(),
                 },
+                not_after_window_ms,
             );
             let Some(Outcome::Decided(d)) = caller.submit(charge).await else {
                 return;
@@ -338,6 +365,7 @@ async fn run_other(caller: &Caller, rng: &mut StdRng, family: &FamilySpec, reque
                 &account.account,
                 format!("{request_id}:settle"),
                 op,
+                not_after_window_ms,
             );
             caller.submit(undo).await;
         }
@@ -350,6 +378,7 @@ async fn run_other(caller: &Caller, rng: &mut StdRng, family: &FamilySpec, reque
                 Operation::TryIncrement {
                     limits: account.limits.clone(),
                 },
+                not_after_window_ms,
             );
             caller.submit(increment).await;
         }
@@ -364,6 +393,7 @@ async fn run_other(caller: &Caller, rng: &mut StdRng, family: &FamilySpec, reque
                     // leader proposes, and the final reads want a still cluster.
                     expires_at_ms: wall_ms() + 2 * 3_600_000,
                 },
+                not_after_window_ms,
             );
             caller.submit(nonce).await;
         }
@@ -415,10 +445,18 @@ pub async fn run(
                 let request_id = format!("s{seed}-w{worker}-r{n}");
                 let family = pick_family(&mut rng, &config, &families);
                 if rng.random_range(0..100) < 75 {
-                    let plan = HoldPlan::random(&mut rng, family, &request_id);
+                    let plan =
+                        HoldPlan::random(&mut rng, family, &request_id, config.not_after_window_ms);
                     run_hold(&caller, &plan, &format!("attempt-{request_id}")).await;
                 } else {
-                    run_other(&caller, &mut rng, family, &request_id).await;
+                    run_other(
+                        &caller,
+                        &mut rng,
+                        family,
+                        &request_id,
+                        config.not_after_window_ms,
+                    )
+                    .await;
                 }
                 tokio::time::sleep(Duration::from_millis(rng.random_range(0..=config.think_ms)))
                     .await;
@@ -445,7 +483,8 @@ pub async fn run(
                 n += 1;
                 let request_id = format!("s{seed}-t{pair}-r{n}");
                 let family = pick_family(&mut rng, &config, &families);
-                let mut plan = HoldPlan::random(&mut rng, family, &request_id);
+                let mut plan =
+                    HoldPlan::random(&mut rng, family, &request_id, config.not_after_window_ms);
                 plan.reverse = false;
                 plan.abandon = false;
                 let (attempt_a, attempt_b) = (

@@ -6,12 +6,13 @@ use std::collections::BTreeMap;
 
 use tally_ledger::{Decision, EventKind, Operation};
 
-use super::state::EventsById;
+use super::state::{Compacted, EventsById};
 use super::{CheckReport, ReplicaState};
 use crate::history::{Op, OpResult, Resolution, Settlement};
 
 pub(super) fn check_acknowledged(
     reference: &ReplicaState,
+    compacted: &Compacted,
     history: &[Op],
     resolutions: &[Resolution],
     report: &mut CheckReport,
@@ -38,7 +39,7 @@ pub(super) fn check_acknowledged(
                 ));
         }
     }
-    let events = EventsById::new(reference);
+    let events = EventsById::new(reference, compacted);
     for ((family, event_id), decisions) in &seen {
         let record = events.get(family, event_id);
         for (decision, source) in decisions {
@@ -55,13 +56,13 @@ pub(super) fn check_acknowledged(
                         index.0
                     ),
                 ),
-                Some(record) if record.commit_index != index => report.report(
+                Some(committed) if committed != index => report.report(
                     6,
                     Some(family),
                     format!(
                         "{source}: event {event_id} acknowledged at commit index {} but \
                          committed at {}",
-                        index.0, record.commit_index.0
+                        index.0, committed.0
                     ),
                 ),
                 Some(_) => {}

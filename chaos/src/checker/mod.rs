@@ -9,13 +9,13 @@ mod limits;
 mod replicas;
 mod state;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use serde::Serialize;
 
 use crate::history::{Op, Resolution};
 pub use kernels::{check_kernels, KernelCheckInput, KernelCheckStats};
-pub use state::{FamilyState, ReplicaState};
+pub use state::{Compacted, FamilyState, ReplicaState};
 
 /// Violations reported per invariant; beyond it they are counted, not listed.
 pub const MAX_VIOLATIONS_PER_INVARIANT: usize = 20;
@@ -37,6 +37,12 @@ pub struct CheckReport {
     pub suppressed: [u64; 11],
     pub ops_checked: usize,
     pub events_checked: usize,
+    /// Of those, events the final read no longer held (compacted): seen by the follower.
+    pub events_followed_only: usize,
+    /// History events no read saw in full, checked by their compact record (`GetEvent`).
+    pub compact_records_checked: usize,
+    /// Account rows whose last change was compacted before any read saw it: not folded.
+    pub rows_unobserved: usize,
     pub holds_checked: usize,
     pub accounts_checked: usize,
     pub replicas_compared: usize,
@@ -84,6 +90,11 @@ pub struct CheckInput {
     pub replicas: Vec<ReplicaState>,
     /// The kernels' receipts, the rail's and the tool server's counts, the journal answers.
     pub kernels: Option<KernelCheckInput>,
+    /// Events followed while the run went on (`journal.rs`): those compacted before the final
+    /// read are checked from here.
+    pub followed: crate::journal::Followed,
+    /// Compact records of history events no read saw in full.
+    pub compacted: Compacted,
 }
 
 /// Checks docs/spec.md §11 invariants 1–10. The first replica is the reference for the
@@ -98,6 +109,9 @@ pub fn check(input: &CheckInput) -> CheckReport {
         return report;
     };
     replicas::check_convergence(&input.replicas, &mut report);
+    let final_events: usize = reference.families.values().map(|f| f.events.len()).sum();
+    let reference = &state::with_followed(reference, &input.followed);
+    report.compact_records_checked = input.compacted.values().map(|c| c.len()).sum();
     for family in reference.families.values() {
         report.events_checked += family.events.len();
         report.holds_checked += family.holds.len();
@@ -105,7 +119,14 @@ pub fn check(input: &CheckInput) -> CheckReport {
         limits::check_limits(family, &mut report);
         holds::check_holds(family, &input.history, &mut report);
     }
-    acks::check_acknowledged(reference, &input.history, &input.resolutions, &mut report);
+    report.events_followed_only = report.events_checked - final_events;
+    acks::check_acknowledged(
+        reference,
+        &input.compacted,
+        &input.history,
+        &input.resolutions,
+        &mut report,
+    );
     if let Some(kernels) = &input.kernels {
         report.kernel = Some(kernels::check_kernels(kernels, &mut report));
     }

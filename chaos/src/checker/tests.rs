@@ -9,13 +9,13 @@ use tally_ledger::{
 use super::*;
 use crate::history::{Op, OpResult, Resolution, Settlement};
 
-const FAMILY: &str = "fam-1";
+pub(crate) const FAMILY: &str = "fam-1";
 
 fn limits() -> GrantLimits {
     GrantLimits::monetary(Some(3), Some(500), Some(1_000), "USD")
 }
 
-struct Sim {
+pub(crate) struct Sim {
     family: Family,
     log: u64,
     history: Vec<Op>,
@@ -109,12 +109,13 @@ impl Sim {
         )
     }
 
-    fn replica(&self, node_id: u64) -> ReplicaState {
+    pub(crate) fn replica(&self, node_id: u64) -> ReplicaState {
         let state = FamilyState {
             family: FAMILY.to_owned(),
             events: self.family.list_events(None, None, None, 10_000),
             usages: self.family.list_usages(None, None, 10_000),
             holds: self.family.list_holds(&HoldFilter::default(), 10_000),
+            compacted_events: false,
         };
         ReplicaState {
             node_id,
@@ -127,7 +128,7 @@ impl Sim {
 
 /// Two holds: one captured by process 1 (process 2's identical twin is told it is owned) and
 /// reconciled; one authorized and reversed.
-fn clean() -> Sim {
+pub(crate) fn clean() -> Sim {
     let mut sim = Sim::new();
     sim.authorize(1, "h1", 400);
     sim.apply(1, Sim::capture_command("h1", "attempt-a"));
@@ -163,6 +164,8 @@ fn input(sim: &Sim, replicas: Vec<ReplicaState>) -> CheckInput {
         resolutions: Vec::new(),
         replicas,
         kernels: None,
+        followed: Default::default(),
+        compacted: Default::default(),
     }
 }
 
@@ -207,6 +210,61 @@ fn an_acknowledged_event_missing_from_the_state_is_reported() {
         .retain(|e| e.event_id.as_str() != "h2:reverse");
     let report = check(&input(&sim, vec![replica]));
     assert!(report.violated().contains(&6), "{:#?}", report.violations);
+}
+
+/// An event compacted before the final read: followed during the run, or found by `GetEvent`
+/// as a compact record, it is committed; at another commit index, or nowhere, it is lost.
+#[test]
+fn a_compacted_event_counts_where_it_was_followed_or_looked_up_and_only_there() {
+    let sim = clean();
+    let full = sim.replica(1);
+    let reversed = full.families[FAMILY]
+        .events
+        .iter()
+        .find(|e| e.event_id.as_str() == "h2:reverse")
+        .cloned()
+        .expect("the reverse is in the journal");
+    let mut compacted_away = full.clone();
+    family_mut(&mut compacted_away)
+        .events
+        .retain(|e| e.event_id.as_str() != "h2:reverse");
+
+    let mut followed = input(&sim, vec![compacted_away.clone()]);
+    followed
+        .followed
+        .entry(FAMILY.to_owned())
+        .or_default()
+        .insert(reversed.commit_index.0, reversed.clone());
+    let report = check(&followed);
+    assert!(report.is_ok(), "followed: {:#?}", report.violations);
+    assert_eq!(
+        (report.events_checked, report.events_followed_only),
+        (full.families[FAMILY].events.len(), 1),
+        "the followed event is checked with the rest"
+    );
+
+    let mut looked_up = input(&sim, vec![compacted_away.clone()]);
+    looked_up
+        .compacted
+        .entry(FAMILY.to_owned())
+        .or_default()
+        .insert("h2:reverse".to_owned(), reversed.commit_index);
+    let report = check(&looked_up);
+    assert!(
+        !report.violated().contains(&6),
+        "looked up: {:#?}",
+        report.violations
+    );
+
+    let mut elsewhere = looked_up;
+    elsewhere.compacted.get_mut(FAMILY).expect("family").insert(
+        "h2:reverse".to_owned(),
+        tally_ledger::BudgetCommitIndex(reversed.commit_index.0 + 3),
+    );
+    assert_reported(&check(&elsewhere), 6, "acknowledged at commit index");
+
+    let nowhere = input(&sim, vec![compacted_away]);
+    assert_reported(&check(&nowhere), 6, "is not in the committed state");
 }
 
 #[test]
@@ -306,6 +364,38 @@ fn a_hold_back_to_authorized_and_broken_conservation_are_reported() {
     let report = check(&input(&sim, vec![replica]));
     assert!(report.violated().contains(&4), "{:#?}", report.violations);
     assert!(report.violated().contains(&5), "{:#?}", report.violations);
+}
+
+/// A row whose last change no read saw (compacted unseen) is unobserved only where the family
+/// had compacted events; a row that differs from the image of its own last change is always
+/// a violation.
+#[test]
+fn a_row_changed_by_an_unseen_compacted_event_is_unobserved_but_a_wrong_row_is_not() {
+    let sim = clean();
+    let later = |replica: &mut ReplicaState, compacted: bool| {
+        let family = family_mut(replica);
+        family.compacted_events = compacted;
+        let row = &mut family.usages[0].account;
+        row.seq = tally_ledger::BudgetCommitIndex(row.seq.0 + 100);
+        row.total_cost_exposed_units += 1;
+    };
+    let mut unseen = sim.replica(1);
+    later(&mut unseen, true);
+    let report = check(&input(&sim, vec![unseen]));
+    assert!(report.is_ok(), "{:#?}", report.violations);
+    assert_eq!(report.rows_unobserved, 1);
+
+    let mut no_compaction = sim.replica(1);
+    later(&mut no_compaction, false);
+    let report = check(&input(&sim, vec![no_compaction]));
+    assert_reported(&report, 5, "the journal folds to");
+
+    let mut wrong = sim.replica(1);
+    let family = family_mut(&mut wrong);
+    family.compacted_events = true;
+    family.usages[0].account.total_cost_exposed_units += 1;
+    let report = check(&input(&sim, vec![wrong]));
+    assert_reported(&report, 5, "the journal folds to");
 }
 
 #[test]
