@@ -6,8 +6,13 @@
 //! about `CHUNK_BYTES`, nothing ever moves, and at most one chunk at each end is partly
 //! empty (plus one emptied chunk kept to take the next pushes). Popping from the front
 //! releases chunks as they empty, so a drained burst gives its memory back by itself.
+//!
+//! Chunks are shared copy-on-write: a clone (a snapshot's cut of the family) costs a
+//! reference count per chunk, and a write then copies only the chunk it touches (the last for
+//! a push, the first for a pop), never the whole journal on the apply path.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// Bytes per chunk: big enough that the chunk index is small and a chunk is one allocation
 /// of the allocator's main heap, small enough that a family's spare memory stays small.
@@ -29,7 +34,7 @@ const fn chunk_len<T>() -> usize {
 pub(crate) struct ChunkedDeque<T> {
     /// Every chunk but the first and the last is full; pushes go to the last, pops come from
     /// the first, so element `i` is found by arithmetic (see `locate`).
-    chunks: VecDeque<VecDeque<T>>,
+    chunks: VecDeque<Arc<VecDeque<T>>>,
     len: usize,
     /// One emptied chunk, kept so a steady push/pop stream does not allocate.
     spare: Option<VecDeque<T>>,
@@ -55,7 +60,7 @@ impl<T: Clone> Clone for ChunkedDeque<T> {
     }
 }
 
-impl<T> ChunkedDeque<T> {
+impl<T: Clone> ChunkedDeque<T> {
     const CHUNK: usize = chunk_len::<T>();
 
     pub fn len(&self) -> usize {
@@ -73,10 +78,10 @@ impl<T> ChunkedDeque<T> {
                 .spare
                 .take()
                 .unwrap_or_else(|| VecDeque::with_capacity(Self::CHUNK));
-            self.chunks.push_back(chunk);
+            self.chunks.push_back(Arc::new(chunk));
         }
         let last = self.chunks.back_mut().expect("a chunk was just ensured");
-        last.push_back(value);
+        Arc::make_mut(last).push_back(value);
         self.len += 1;
     }
 
@@ -86,13 +91,13 @@ impl<T> ChunkedDeque<T> {
         let Some(first) = self.chunks.front_mut() else {
             return false;
         };
-        drop(first.drain(..1));
+        drop(Arc::make_mut(first).drain(..1));
         self.front_removed();
         true
     }
 
     pub fn pop_back(&mut self) -> Option<T> {
-        let last = self.chunks.back_mut()?;
+        let last = Arc::make_mut(self.chunks.back_mut()?);
         let value = last.pop_back()?;
         self.len -= 1;
         if last.is_empty() {
@@ -106,14 +111,18 @@ impl<T> ChunkedDeque<T> {
     /// that empties is retired at once).
     fn front_removed(&mut self) {
         self.len -= 1;
-        if self.chunks.front().is_some_and(VecDeque::is_empty) {
+        if self.chunks.front().is_some_and(|first| first.is_empty()) {
             let emptied = self.chunks.pop_front().expect("the first chunk exists");
             self.keep_spare(emptied);
         }
     }
 
-    fn keep_spare(&mut self, emptied: VecDeque<T>) {
+    /// Keeps an emptied chunk for the next pushes, unless a clone still shares it.
+    fn keep_spare(&mut self, emptied: Arc<VecDeque<T>>) {
         assert!(emptied.is_empty(), "only an emptied chunk is kept as spare");
+        let Ok(emptied) = Arc::try_unwrap(emptied) else {
+            return;
+        };
         if self.spare.is_none() && emptied.capacity() >= Self::CHUNK {
             self.spare = Some(emptied);
         }
@@ -143,11 +152,11 @@ impl<T> ChunkedDeque<T> {
 
     pub fn get_mut(&mut self, at: usize) -> Option<&mut T> {
         let (chunk, offset) = self.locate(at)?;
-        self.chunks[chunk].get_mut(offset)
+        Arc::make_mut(&mut self.chunks[chunk]).get_mut(offset)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &T> {
-        self.chunks.iter().flatten()
+        self.chunks.iter().flat_map(|chunk| chunk.iter())
     }
 
     /// Elements from position `start` on (none when `start >= len`).
@@ -234,7 +243,39 @@ mod tests {
                 chunked.get_mut(at).expect("in range").0 += 1_000_000;
             }
             prop_assert!(chunked.iter().map(|v| v.0 - 1_000_000).eq(model.iter().map(|v| v.0)));
+            prop_assert!(copy.iter().eq(model.iter()), "a clone never sees the original's writes");
         }
+    }
+
+    #[test]
+    fn a_clone_shares_every_chunk_until_one_is_written() {
+        let chunk = ChunkedDeque::<u64>::CHUNK;
+        let mut deque = ChunkedDeque::<u64>::default();
+        for value in 0..(4 * chunk as u64) {
+            deque.push_back(value);
+        }
+        let cut = deque.clone();
+        let shared = |a: &ChunkedDeque<u64>, b: &ChunkedDeque<u64>| {
+            a.chunks
+                .iter()
+                .zip(&b.chunks)
+                .filter(|(x, y)| Arc::ptr_eq(x, y))
+                .count()
+        };
+        assert_eq!(shared(&deque, &cut), 4, "a clone copies no element");
+        deque.push_back(7);
+        deque.discard_front();
+        *deque.get_mut(chunk + 1).expect("in range") += 1;
+        assert_eq!(
+            shared(&deque, &cut),
+            2,
+            "the first and the second chunk were written (the push opened a fifth): only those \
+             were copied"
+        );
+        assert!(
+            cut.iter().copied().eq(0..(4 * chunk as u64)),
+            "the cut is unchanged"
+        );
     }
 
     #[test]

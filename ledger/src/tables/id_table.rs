@@ -28,6 +28,7 @@
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
 
 use foldhash::fast::RandomState;
 use hashbrown::hash_table::{self, HashTable};
@@ -72,8 +73,21 @@ enum Layout<K, V> {
     /// Up to `SPLIT_AT_ROWS` rows: nearly every family.
     One(HashTable<Row<K, V>>),
     /// `SHARDS` tables, the row of hash `h` in `shard_of(h)`. A table never joins again (rows
-    /// leave these tables rarely: tombstones, no holds).
-    Split(Box<[HashTable<Row<K, V>>; SHARDS]>),
+    /// leave these tables rarely: tombstones, no holds). Each shard is shared copy-on-write:
+    /// a clone of a split table (a snapshot's cut of its family) costs `SHARDS` reference
+    /// counts, and a write then copies only the shard it touches, not the family's largest
+    /// table on the apply path.
+    Split(Box<[Arc<HashTable<Row<K, V>>>; SHARDS]>),
+}
+
+impl<K: Clone, V: Clone> Layout<K, V> {
+    #[inline]
+    fn table_mut(&mut self, hash: u64) -> &mut HashTable<Row<K, V>> {
+        match self {
+            Self::One(table) => table,
+            Self::Split(shards) => Arc::make_mut(&mut shards[shard_of(hash)]),
+        }
+    }
 }
 
 impl<K, V> Layout<K, V> {
@@ -85,18 +99,10 @@ impl<K, V> Layout<K, V> {
         }
     }
 
-    #[inline]
-    fn table_mut(&mut self, hash: u64) -> &mut HashTable<Row<K, V>> {
+    fn tables(&self) -> Vec<&HashTable<Row<K, V>>> {
         match self {
-            Self::One(table) => table,
-            Self::Split(shards) => &mut shards[shard_of(hash)],
-        }
-    }
-
-    fn tables(&self) -> &[HashTable<Row<K, V>>] {
-        match self {
-            Self::One(table) => std::slice::from_ref(table),
-            Self::Split(shards) => &shards[..],
+            Self::One(table) => vec![table],
+            Self::Split(shards) => shards.iter().map(|shard| &**shard).collect(),
         }
     }
 
@@ -117,14 +123,18 @@ impl<K, V> Layout<K, V> {
         // Room for a shard's share: `hashbrown` rounds it up to 512 buckets (448 rows), as
         // many buckets in all as the single table had. Twice that would leave a table of
         // 100,000 holds with twice the buckets it needs.
-        let mut shards: Box<[HashTable<Row<K, V>>; SHARDS]> = (0..SHARDS)
+        let mut shards: Vec<HashTable<Row<K, V>>> = (0..SHARDS)
             .map(|_| HashTable::with_capacity(SPLIT_AT_ROWS / SHARDS))
-            .collect::<Box<[_]>>()
-            .try_into()
-            .unwrap_or_else(|_| unreachable!("SHARDS tables were made"));
+            .collect();
         for row in table {
             shards[shard_of(row.hash)].insert_unique(row.hash, row, |row| row.hash);
         }
+        let shards: Box<[Arc<HashTable<Row<K, V>>>; SHARDS]> = shards
+            .into_iter()
+            .map(Arc::new)
+            .collect::<Box<[_]>>()
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("SHARDS tables were made"));
         *self = Self::Split(shards);
     }
 }
@@ -159,7 +169,7 @@ impl<'t, K, V> VacantEntry<'t, K, V> {
     }
 }
 
-impl<K: Hash + Eq, V: PartialEq> PartialEq for IdTable<K, V> {
+impl<K: Hash + Eq + Clone, V: PartialEq + Clone> PartialEq for IdTable<K, V> {
     fn eq(&self, other: &Self) -> bool {
         self.len() == other.len()
             && self
@@ -168,7 +178,7 @@ impl<K: Hash + Eq, V: PartialEq> PartialEq for IdTable<K, V> {
     }
 }
 
-impl<K: Hash + Eq, V: Eq> Eq for IdTable<K, V> {}
+impl<K: Hash + Eq + Clone, V: Eq + Clone> Eq for IdTable<K, V> {}
 
 impl<K, V> Default for IdTable<K, V> {
     fn default() -> Self {
@@ -179,7 +189,7 @@ impl<K, V> Default for IdTable<K, V> {
     }
 }
 
-impl<K: Hash + Eq, V> IdTable<K, V> {
+impl<K: Hash + Eq + Clone, V: Clone> IdTable<K, V> {
     fn hash(&self, id: &K) -> u64 {
         self.seed.hash_one(id)
     }
@@ -265,18 +275,18 @@ impl<K: Hash + Eq, V> IdTable<K, V> {
     }
 
     pub fn len(&self) -> usize {
-        self.layout.tables().iter().map(HashTable::len).sum()
+        self.layout.tables().into_iter().map(HashTable::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.layout.tables().iter().all(HashTable::is_empty)
+        self.layout.tables().into_iter().all(HashTable::is_empty)
     }
 
     /// Rows in no particular order: for checks that visit every row, never for output.
     pub fn iter_unordered(&self) -> impl Iterator<Item = (&K, &V)> {
         self.layout
             .tables()
-            .iter()
+            .into_iter()
             .flat_map(HashTable::iter)
             .map(|row| (&row.id, &row.value))
     }
@@ -292,14 +302,14 @@ impl<K: Hash + Eq, V> IdTable<K, V> {
     }
 }
 
-impl<K: fmt::Debug + Hash + Eq + Ord, V: fmt::Debug> fmt::Debug for IdTable<K, V> {
+impl<K: fmt::Debug + Hash + Eq + Ord + Clone, V: fmt::Debug + Clone> fmt::Debug for IdTable<K, V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_map().entries(self.sorted()).finish()
     }
 }
 
 /// Encoded as a map from id to row in id order: the bytes an id-keyed `BTreeMap` gives.
-impl<K: Serialize + Hash + Eq + Ord, V: Serialize> Serialize for IdTable<K, V> {
+impl<K: Serialize + Hash + Eq + Ord + Clone, V: Serialize + Clone> Serialize for IdTable<K, V> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(Some(self.len()))?;
         for (id, row) in self.sorted() {
@@ -309,7 +319,7 @@ impl<K: Serialize + Hash + Eq + Ord, V: Serialize> Serialize for IdTable<K, V> {
     }
 }
 
-impl<K: Hash + Eq, V> UniqueRows<K, V> for IdTable<K, V> {
+impl<K: Hash + Eq + Clone, V: Clone> UniqueRows<K, V> for IdTable<K, V> {
     /// Moves the id in: decoding clones no id per row.
     fn insert_new(&mut self, id: K, value: V) -> Result<(), K> {
         let (hash, found) = self.find(&id);
@@ -323,8 +333,8 @@ impl<K: Hash + Eq, V> UniqueRows<K, V> for IdTable<K, V> {
 
 impl<'de, K, V> Deserialize<'de> for IdTable<K, V>
 where
-    K: Deserialize<'de> + Hash + Eq + fmt::Debug,
-    V: Deserialize<'de>,
+    K: Deserialize<'de> + Hash + Eq + fmt::Debug + Clone,
+    V: Deserialize<'de> + Clone,
 {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserialize_unique_rows(deserializer)
@@ -439,6 +449,38 @@ mod tests {
         );
         assert!(matches!(table.layout, Layout::Split(_)));
         assert!((0..rows).all(|n| table.get(&CountedId(n)) == Some(&n)));
+    }
+
+    #[test]
+    fn a_clone_of_a_split_table_shares_its_shards_until_one_is_written() {
+        let id = |n: u32| EventId::new(format!("{:08x}", n.wrapping_mul(2_654_435_761)));
+        let rows = SPLIT_AT_ROWS as u32 + 1_000;
+        let mut table: IdTable<EventId, u32> = IdTable::default();
+        for n in 0..rows {
+            table.insert(id(n), n);
+        }
+        let cut = table.clone();
+        let shared = |a: &IdTable<EventId, u32>, b: &IdTable<EventId, u32>| {
+            let (Layout::Split(a), Layout::Split(b)) = (&a.layout, &b.layout) else {
+                panic!("both split");
+            };
+            a.iter()
+                .zip(b.iter())
+                .filter(|(x, y)| Arc::ptr_eq(x, y))
+                .count()
+        };
+        assert_eq!(shared(&table, &cut), SHARDS, "a clone copies no row");
+        table.insert(id(rows), rows);
+        if let Entry::Occupied(value) = table.entry(id(0)) {
+            *value += 1;
+        }
+        assert!(
+            shared(&table, &cut) >= SHARDS - 2,
+            "only the shards written were copied"
+        );
+        assert_eq!((cut.len(), cut.get(&id(0))), (rows as usize, Some(&0)));
+        assert_eq!(cut.get(&id(rows)), None, "the cut is unchanged");
+        assert_eq!(table.get(&id(0)), Some(&1));
     }
 
     #[test]
