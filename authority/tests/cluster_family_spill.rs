@@ -95,3 +95,66 @@ async fn the_live_family_count_is_a_hard_cap_even_for_families_in_use() {
     }
     cluster.shutdown().await;
 }
+
+/// The family store never waits for the disk (docs/sizing.md): a crash may lose any write it
+/// made since its last durable commit, tear a page, or leave a store half created. This
+/// simulates the worst of it on a follower's store after a crash (not only SIGKILL, which
+/// keeps the page cache): every store file cut to half and its first page overwritten, and a
+/// half-created store added. The node must restart from its snapshot and log alone, to the
+/// same state as its peers, with no command applied twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_lost_every_unsynced_store_write_restarts_to_its_peers_state() {
+    let mut cluster = TestCluster::start_with(3, |config| {
+        config.max_live_families = 2;
+        config.spill_idle_entries = 0;
+        config.snapshot_every_entries = 8;
+    })
+    .await;
+    let leader = touch_every_family(&cluster).await;
+    let follower = a_follower(&cluster, leader);
+    let store_dir = cluster.configs[&follower].data_dir.join("families");
+    cluster.kill(follower).await;
+
+    let mut damaged = 0;
+    for entry in std::fs::read_dir(&store_dir).expect("the follower's family store") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|ext| ext == "redb") {
+            let len = std::fs::metadata(&path).expect("metadata").len();
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .expect("open the store file");
+            file.set_len(len / 2).expect("lose the unsynced tail");
+            std::os::unix::fs::FileExt::write_all_at(&file, &[0xA5; 4_096], 0)
+                .expect("tear the first page");
+            damaged += 1;
+        }
+    }
+    assert!(
+        damaged > 0,
+        "the follower had spilled families to its store"
+    );
+    std::fs::write(store_dir.join("families-999999.redb"), b"half created")
+        .expect("a half-created store");
+
+    // The cluster goes on without it: the restart replays these from the log (or a snapshot).
+    let mut client = cluster.budget(leader).await;
+    for i in 0..FAMILIES {
+        client
+            .authorize_hold(authorize(&format!("fam{i}"), "h2", 5))
+            .await
+            .expect("authorize while the follower is down");
+    }
+    cluster.restart(follower).await;
+    assert_converged(&cluster.converged_digests().await);
+    for i in 0..FAMILIES {
+        let family = format!("fam{i}");
+        let on_follower = usage_of(&cluster, follower, &family).await;
+        assert_eq!(
+            on_follower.map(|a| (a.total_cost_exposed_units, a.reserved_invocations)),
+            Some((15, 2)),
+            "{family} on the restarted node: both holds, each applied once"
+        );
+    }
+    cluster.shutdown().await;
+}

@@ -608,8 +608,11 @@ mod tests {
         assert_eq!(read.len(), 3);
         assert_eq!((read[2].at_s, read[2].rss_bytes), (15.0, 1 << 20));
         assert_eq!(integrated_commands(&read), 1_500, "100/s over 15 s");
-        std::fs::write(&path, "at_s,node,rss_bytes,disk_bytes,commands_per_s\n1,x,2,3,4\n")
-            .expect("written");
+        std::fs::write(
+            &path,
+            "at_s,node,rss_bytes,disk_bytes,commands_per_s\n1,x,2,3,4\n",
+        )
+        .expect("written");
         let error = read_csv(&path).expect_err("a bad node").to_string();
         assert!(error.contains("line 2"), "{error}");
     }
