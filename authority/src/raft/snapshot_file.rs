@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use sha2::{Digest, Sha256};
 
 use super::types::SnapshotMeta;
+use super::writeback_file::WritebackFile;
 
 const MAGIC: &[u8; 8] = b"TALLYSNP";
 /// The snapshot file's format version, raised whenever the layout or the family encoding
@@ -158,7 +159,7 @@ impl SnapshotDir {
     pub fn save_with(
         &self,
         meta: &SnapshotMeta,
-        write_data: impl FnOnce(&mut BufWriter<fs::File>) -> io::Result<[u8; 32]>,
+        write_data: impl FnOnce(&mut BufWriter<WritebackFile>) -> io::Result<[u8; 32]>,
     ) -> Result<SnapshotFile, SnapshotFileError> {
         let index = meta.last_log_id.map_or(0, |id| id.index);
         let term = meta.last_log_id.map_or(0, |id| id.leader_id.term);
@@ -186,7 +187,9 @@ impl SnapshotDir {
                 .truncate(true)
                 .open(&tmp)
                 .map_err(io_err(&tmp))?;
-            let mut out = BufWriter::with_capacity(IO_BUFFER_BYTES, file);
+            // Handed to the disk as it is written: a burst of gigabytes at the final sync
+            // would hold up the Raft log's fdatasync (writeback_file.rs).
+            let mut out = BufWriter::with_capacity(IO_BUFFER_BYTES, WritebackFile::new(file));
             let header = (|| {
                 out.write_all(MAGIC)?;
                 out.write_all(&FORMAT_VERSION.to_be_bytes())?;
@@ -197,7 +200,10 @@ impl SnapshotDir {
             })();
             header.map_err(io_err(&tmp))?;
             let digest = write_data(&mut out).map_err(io_err(&tmp))?;
-            let mut file = out.into_inner().map_err(|e| io_err(&tmp)(e.into_error()))?;
+            let mut file = out
+                .into_inner()
+                .map_err(|e| io_err(&tmp)(e.into_error()))?
+                .into_inner();
             let end = file.stream_position().map_err(io_err(&tmp))?;
             let data_len = end - data_offset;
             let mut fill = digest.to_vec();
