@@ -13,7 +13,9 @@ pub struct ClientConfig {
     pub transport: Transport,
     /// One attempt's timeout.
     pub attempt_timeout: Duration,
-    /// How long a command is retried (same event id) before the client resolves it.
+    /// How long a command is retried (same event id) before the client resolves it, and how
+    /// long a read goes on trying the nodes (with backoff, while none names a leader or none
+    /// answers) before it returns `Unreachable`. Refusals and bad arguments return at once.
     pub retry_for: Duration,
     /// How long `ResolveEvent` is tried before the answer is `Unknown`.
     pub resolve_for: Duration,
