@@ -7,7 +7,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tally_api::pb::admin_client::AdminClient;
-use tally_api::pb::{InitializeRequest, MemberAddress, SetParamsRequest, StatusRequest};
+use tally_api::pb::{
+    InitializeRequest, MemberAddress, SetParamsRequest, StatusReply, StatusRequest,
+};
 use tally_tls::{TlsFiles, Transport};
 
 pub struct ProcessCluster {
@@ -136,7 +138,7 @@ impl ProcessCluster {
 
     /// Sets the cluster's retention through the log (on the leader).
     pub async fn set_retention_ms(&self, retention_ms: u64) -> anyhow::Result<()> {
-        let leader = self.leader_endpoint().await?;
+        let (leader, _) = self.leader_status().await?;
         connect(&self.operator, &leader)
             .await?
             .set_params(SetParamsRequest {
@@ -147,12 +149,13 @@ impl ProcessCluster {
         Ok(())
     }
 
-    async fn leader_endpoint(&self) -> anyhow::Result<String> {
+    /// The leader's endpoint and status, asking each node in turn.
+    async fn leader_status(&self) -> anyhow::Result<(String, StatusReply)> {
         for endpoint in &self.endpoints {
             let mut admin = connect(&self.operator, endpoint).await?;
             let status = admin.status(StatusRequest {}).await?.into_inner();
             if status.leader_id == Some(status.node_id) {
-                return Ok(endpoint.clone());
+                return Ok((endpoint.clone(), status));
             }
         }
         anyhow::bail!("no leader")
@@ -160,14 +163,8 @@ impl ProcessCluster {
 
     /// The leader's last log index (entries written so far).
     pub async fn leader_last_log(&self) -> anyhow::Result<u64> {
-        for endpoint in &self.endpoints {
-            let mut admin = connect(&self.operator, endpoint).await?;
-            let status = admin.status(StatusRequest {}).await?.into_inner();
-            if status.leader_id == Some(status.node_id) {
-                return Ok(status.last_log_index.unwrap_or(0));
-            }
-        }
-        anyhow::bail!("no leader")
+        let (_, status) = self.leader_status().await?;
+        Ok(status.last_log_index.unwrap_or(0))
     }
 }
 

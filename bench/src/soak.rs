@@ -22,7 +22,7 @@ use crate::soak_chart;
 #[derive(Debug, Args)]
 pub struct SoakArgs {
     /// Offered commands per second (a tool call is 3), on a fixed schedule.
-    #[arg(long, default_value_t = 5_000.0)]
+    #[arg(long, default_value_t = 5_000.0, value_parser = tally_client::cli::bench::parse_rate)]
     rate: f64,
     /// Seconds under load, warm-up included.
     #[arg(long, default_value_t = 1_920)]
@@ -128,11 +128,6 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<()> {
         );
         return finish(&args, &samples, None, None);
     }
-    anyhow::ensure!(
-        args.rate > 0.0 && args.rate <= tally_client::cli::bench::MAX_RATE_PER_S,
-        "--rate must be positive (at most {})",
-        tally_client::cli::bench::MAX_RATE_PER_S
-    );
     anyhow::ensure!(
         (1..=MAX_DURATION_S).contains(&args.duration_s) && args.warmup_s < args.duration_s,
         "--duration-s must be 1..={MAX_DURATION_S} and longer than --warmup-s"

@@ -49,7 +49,8 @@ pub struct BenchArgs {
 /// step stays above a nanosecond.
 pub const MAX_RATE_PER_S: f64 = 10_000_000.0;
 
-fn parse_rate(text: &str) -> Result<f64, String> {
+/// `--rate`'s parser, for every command that offers a fixed rate.
+pub fn parse_rate(text: &str) -> Result<f64, String> {
     let rate: f64 = text.parse().map_err(|e| format!("`{text}`: {e}"))?;
     if !(rate > 0.0 && rate <= MAX_RATE_PER_S) {
         return Err(format!(
