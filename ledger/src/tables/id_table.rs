@@ -99,11 +99,13 @@ impl<K, V> Layout<K, V> {
         }
     }
 
-    fn tables(&self) -> Vec<&HashTable<Row<K, V>>> {
-        match self {
-            Self::One(table) => vec![table],
-            Self::Split(shards) => shards.iter().map(|shard| &**shard).collect(),
-        }
+    /// Every table, without allocating: `len` runs after each batch (the family's footprint).
+    fn tables(&self) -> impl Iterator<Item = &HashTable<Row<K, V>>> {
+        let (one, shards) = match self {
+            Self::One(table) => (Some(table), &[][..]),
+            Self::Split(shards) => (None, &shards[..]),
+        };
+        one.into_iter().chain(shards.iter().map(|shard| &**shard))
     }
 
     /// Before a row may be added: a full single table splits, its rows moved by their stored
@@ -275,18 +277,17 @@ impl<K: Hash + Eq + Clone, V: Clone> IdTable<K, V> {
     }
 
     pub fn len(&self) -> usize {
-        self.layout.tables().into_iter().map(HashTable::len).sum()
+        self.layout.tables().map(HashTable::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.layout.tables().into_iter().all(HashTable::is_empty)
+        self.layout.tables().all(|table| table.is_empty())
     }
 
     /// Rows in no particular order: for checks that visit every row, never for output.
     pub fn iter_unordered(&self) -> impl Iterator<Item = (&K, &V)> {
         self.layout
             .tables()
-            .into_iter()
             .flat_map(HashTable::iter)
             .map(|row| (&row.id, &row.value))
     }
