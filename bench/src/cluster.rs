@@ -194,7 +194,7 @@ pub fn free_base_port() -> anyhow::Result<u16> {
 }
 
 /// Processes take a moment to listen: retry until `within`.
-async fn connect_within(
+pub(crate) async fn connect_within(
     transport: &Transport,
     endpoint: &str,
     within: Duration,
@@ -209,7 +209,7 @@ async fn connect_within(
     }
 }
 
-async fn connect(
+pub(crate) async fn connect(
     transport: &Transport,
     endpoint: &str,
 ) -> anyhow::Result<AdminClient<tonic::transport::Channel>> {

@@ -9,13 +9,15 @@
 //! p50 and the disk's fsync p50; a node built without `stage-stats` runs the same, with no
 //! breakdown. `tally-bench compare etcd` runs the same workload against a 3-member etcd too and
 //! prints the ratios (`compare`). `tally-bench soak` holds a fixed offered rate for a long
-//! time and samples each node's memory and disk (`soak`, `soak_chart`).
+//! time and samples each node's memory and disk (`soak`, `soak_chart`). `tally-bench regions`
+//! measures five voters in three regions with real delay between them (`regions`).
 
 mod breakdown;
 mod cluster;
 mod compare;
 mod etcd;
 mod fsync;
+mod regions;
 mod soak;
 mod soak_chart;
 
@@ -68,6 +70,10 @@ enum Command {
     /// retention 10 minutes), sampling each node's RSS and disk use: CSV, JSON and a PNG under
     /// --out, and whether memory stayed flat and under the budget after the warm-up.
     Soak(soak::SoakArgs),
+    /// Five voters in three regions with real delay between them (network namespaces and a
+    /// user-space delay router; needs root): write and read latency per caller region, then
+    /// the leader's whole region cut off and healed under load. JSON and a PNG under --out.
+    Regions(regions::RegionsArgs),
 }
 
 /// Enough callers that the nodes, not the callers, are the limit: with 256 callers `Batch` 64
@@ -113,6 +119,9 @@ async fn main() -> anyhow::Result<()> {
     match args.command {
         Some(Command::Compare(target)) => return compare::run(target).await,
         Some(Command::Soak(soak)) => return soak::run(soak).await,
+        Some(Command::Regions(regions)) => {
+            return tokio::task::block_in_place(|| regions::run(regions))
+        }
         None => {}
     }
     let binary = cluster::node_binary(

@@ -10,7 +10,7 @@ use plotters::style::{register_font, FontStyle};
 
 use crate::soak::Sample;
 
-const FONT: &str = "sans-serif";
+pub(crate) const FONT: &str = "sans-serif";
 const WIDTH: u32 = 1400;
 const HEIGHT: u32 = 900;
 const MB: f64 = 1_048_576.0;
@@ -26,6 +26,16 @@ fn draw_error(error: impl std::fmt::Display) -> anyhow::Error {
     anyhow::anyhow!("drawing the soak chart: {error}")
 }
 
+/// Registers the embedded font as [`FONT`], once per process, for every chart of the bench.
+pub(crate) fn register_embedded_font() -> anyhow::Result<()> {
+    let mut font = Ok(());
+    FONT_ONCE.call_once(|| {
+        font = register_font(FONT, FontStyle::Normal, epaint_default_fonts::HACK_REGULAR)
+            .map_err(|_| anyhow::anyhow!("the embedded font could not be loaded"));
+    });
+    font
+}
+
 pub fn draw(
     path: &Path,
     samples: &[Sample],
@@ -33,12 +43,7 @@ pub fn draw(
     warmup_s: u64,
     title: &str,
 ) -> anyhow::Result<()> {
-    let mut font = Ok(());
-    FONT_ONCE.call_once(|| {
-        font = register_font(FONT, FontStyle::Normal, epaint_default_fonts::HACK_REGULAR)
-            .map_err(|_| anyhow::anyhow!("the embedded font could not be loaded"));
-    });
-    font?;
+    register_embedded_font()?;
     let end_s = samples.iter().map(|s| s.at_s).fold(1.0, f64::max);
     let nodes = samples.iter().map(|s| s.node).max().unwrap_or(0);
     let root = BitMapBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
@@ -162,7 +167,7 @@ pub fn draw(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -181,7 +186,12 @@ mod tests {
             })
             .collect();
         draw(&path, &samples, 256 << 20, 20, "test").expect("drawn");
-        let bytes = std::fs::read(&path).expect("written");
+        assert_drawn_png(&path);
+    }
+
+    /// A chart file is a PNG with something drawn on it.
+    pub(crate) fn assert_drawn_png(path: &Path) {
+        let bytes = std::fs::read(path).expect("written");
         assert!(bytes.starts_with(b"\x89PNG"), "a PNG");
         assert!(
             bytes.len() > 10_000,
