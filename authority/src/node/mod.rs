@@ -321,6 +321,7 @@ pub async fn start(
             Duration::from_millis(config.snapshot_chunk_timeout_ms),
         )
         .map_err(|e| NodeError::Storage(format!("incoming snapshot dir: {e}")))?,
+        shutdown_rx.clone(),
     ))
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);

@@ -1,16 +1,18 @@
-//! The Raft network over tonic: vote, append (over the streaming `Append` rpc), full
-//! snapshots in chunks, and leadership transfer. Payloads are versioned rmp-serde bytes.
+//! The Raft network over tonic: vote, append (pipelined over the streaming `Append` rpc,
+//! `append_stream`), full snapshots in chunks, and leadership transfer. Payloads are
+//! versioned rmp-serde bytes.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{Stream, StreamExt};
+use openraft::base::{BoxFuture, BoxStream};
 use openraft::errors::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
-    TransferLeaderResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult,
+    TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use tally_api::pb::raft_client::RaftClient;
 use tally_api::pb::{RaftBytes, SnapshotChunk};
@@ -18,6 +20,7 @@ use tally_api::{decode_raft, encode_raft, MAX_MESSAGE_BYTES};
 use tally_tls::Transport;
 use tonic::transport::Channel;
 
+use super::append_stream::{self, Link, LinkCut};
 use super::types::{NodeId, Snapshot, TallyNode, TypeConfig};
 use crate::faults::NetworkFaults;
 
@@ -57,6 +60,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             faults: self.faults.clone(),
             transport: self.transport.clone(),
             client: None,
+            broken: Arc::default(),
         }
     }
 }
@@ -68,6 +72,8 @@ pub struct Connection {
     faults: Arc<NetworkFaults>,
     transport: Transport,
     client: Option<RaftClient<Channel>>,
+    /// Set by an append stream that failed: the next call reconnects.
+    broken: Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn unreachable<E: std::error::Error + 'static>(error: &E) -> RPCError<TypeConfig> {
@@ -78,13 +84,6 @@ fn network<E: std::error::Error + 'static>(error: &E) -> RPCError<TypeConfig> {
     RPCError::Network(NetworkError::new(error))
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("link {from} -> {to} is cut by fault injection")]
-struct LinkCut {
-    from: NodeId,
-    to: NodeId,
-}
-
 impl Connection {
     /// Applies injected faults, then returns a connected client (connecting lazily).
     async fn client(&mut self) -> Result<RaftClient<Channel>, RPCError<TypeConfig>> {
@@ -93,6 +92,12 @@ impl Connection {
                 from: self.self_id,
                 to: self.target,
             }));
+        }
+        if self
+            .broken
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            self.client = None;
         }
         if let Some(client) = &self.client {
             return Ok(client.clone());
@@ -145,6 +150,36 @@ impl RaftNetworkV2<TypeConfig> for Connection {
             Ok(Err(status)) => self.forget(network(&status)),
             Err(elapsed) => self.forget(network(&elapsed)),
         }
+    }
+
+    /// Pipelined: requests go out as openraft makes them, on one open stream
+    /// (`append_stream`), instead of one round trip each.
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<
+        's,
+        Result<
+            BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>,
+            RPCError<TypeConfig>,
+        >,
+    >
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
+    {
+        Box::pin(async move {
+            let client = self.client().await?;
+            let link = Link {
+                from: self.self_id,
+                to: self.target,
+                faults: self.faults.clone(),
+                broken: self.broken.clone(),
+            };
+            let replies = append_stream::open(client, link, input, option.hard_ttl()).await?;
+            let replies: BoxStream<'s, _> = Box::pin(replies);
+            Ok(replies)
+        })
     }
 
     async fn vote(

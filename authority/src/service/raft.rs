@@ -31,6 +31,10 @@ pub struct RaftService {
     reads: Arc<ReadGate>,
     auth: PeerAuth,
     snapshots: SnapshotInbox,
+    /// Becomes true when the node shuts down: open `Append` streams end then, so the server's
+    /// graceful shutdown, which waits for every open call, is not held up by a peer's
+    /// replication stream (it stays open for as long as that peer leads).
+    shutdown: tokio::sync::watch::Receiver<bool>,
 }
 
 impl RaftService {
@@ -40,6 +44,7 @@ impl RaftService {
         reads: Arc<ReadGate>,
         auth: PeerAuth,
         snapshots: SnapshotInbox,
+        shutdown: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
         Self {
             raft,
@@ -47,6 +52,7 @@ impl RaftService {
             reads,
             auth,
             snapshots,
+            shutdown,
         }
     }
 }
@@ -80,7 +86,8 @@ impl RaftRpc for RaftService {
 
     type AppendStream = AppendStream;
 
-    /// One reply per request, in order, until the sender closes the stream.
+    /// One reply per request, in order, until the sender closes the stream or this node shuts
+    /// down. The leader keeps one stream open per follower and pipelines its requests on it.
     async fn append(
         &self,
         request: Request<Streaming<RaftBytes>>,
@@ -101,7 +108,14 @@ impl RaftRpc for RaftService {
                 })
             }
         });
-        Ok(Response::new(Box::pin(output)))
+        let mut shutdown = self.shutdown.clone();
+        let stopping = async move {
+            // A dropped sender is a node handle dropped without `shutdown`: the node goes on.
+            if shutdown.wait_for(|stopping| *stopping).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        Ok(Response::new(Box::pin(output.take_until(stopping))))
     }
 
     async fn install_snapshot(
