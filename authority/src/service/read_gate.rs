@@ -67,7 +67,8 @@ impl ReadGate {
     }
 
     async fn remote_read_index(&self) -> Result<u64, WriteError> {
-        let (mut client, leader) = self.proposer.leader_client().await?;
+        let mut call = self.proposer.leader_client().await?;
+        let leader = call.leader.clone();
         let request = RaftBytes {
             payload: encode_raft(&())
                 .map_err(|e| WriteError::Internal {
@@ -79,12 +80,13 @@ impl ReadGate {
             leader: Some(leader.clone()),
             reason,
         };
-        let reply = tokio::time::timeout(self.timeout, client.read_index(request))
+        let reply = tokio::time::timeout(self.timeout, call.client.read_index(request))
             .await
             .map_err(|_| {
                 unavailable("the leader did not answer the read index in time".to_owned())
             })?
             .map_err(|status| unavailable(format!("read index from the leader: {status}")))?;
+        call.answered();
         let answer: Result<u64, WriteError> = decode_raft(&reply.into_inner().payload)
             .map_err(|e| unavailable(format!("undecodable read index: {e}")))?;
         answer

@@ -67,8 +67,10 @@ pub struct RegionsArgs {
     /// that the failover load runs into the limit, so overspend is tested.
     #[arg(long, default_value_t = 3_000)]
     shared_limit_calls: u64,
-    /// Raft heartbeat for the WAN (the widest round trip here is 90 ms).
-    #[arg(long, default_value_t = 100)]
+    /// Raft heartbeat for the WAN: openraft gives each heartbeat and each append this long to
+    /// be answered, so it must exceed the widest round trip (90 ms here) with room for a busy
+    /// follower; at 100 ms the west node fell behind and never caught up.
+    #[arg(long, default_value_t = 200)]
     heartbeat_interval_ms: u64,
     #[arg(long, default_value_t = 1_000)]
     election_timeout_min_ms: u64,
