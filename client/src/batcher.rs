@@ -82,10 +82,22 @@ async fn send(client: Arc<TallyClient>, batch: Vec<Job>) {
     let reply = match client.nodes.budget(&target) {
         Ok(mut budget) => {
             let call = budget.batch(pb::BatchRequest { commands: wire });
-            tokio::time::timeout(client.config.attempt_timeout, call)
-                .await
-                .ok()
-                .and_then(Result::ok)
+            match tokio::time::timeout(client.config.attempt_timeout, call).await {
+                Ok(Ok(reply)) => Some(reply),
+                Ok(Err(status)) => {
+                    if matches!(
+                        tally_api::RemoteError::from(&status),
+                        tally_api::RemoteError::Transport { .. }
+                    ) {
+                        client.nodes.drop_channel(&target);
+                    }
+                    None
+                }
+                Err(_) => {
+                    client.nodes.drop_channel(&target);
+                    None
+                }
+            }
         }
         Err(_) => None,
     };

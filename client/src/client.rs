@@ -182,6 +182,7 @@ impl TallyClient {
             Ok(Err(status)) => return self.classify_status(&target, status),
             Err(_) => {
                 self.nodes.forget_leader(&target);
+                self.nodes.drop_channel(&target);
                 return Attempt::Indefinite {
                     reason: format!("{target}: no reply in time"),
                 };
@@ -213,6 +214,7 @@ impl TallyClient {
             self.nodes.note_leader(hint);
         } else if matches!(remote, RemoteError::Transport { .. }) {
             self.nodes.forget_leader(target);
+            self.nodes.drop_channel(target);
             // A connection that could not be opened sent nothing: definite. Anything else
             // (a reset, a timeout, a proxy error) may have been sent: not known.
             let message = status.message();
@@ -307,12 +309,14 @@ impl TallyClient {
                     }
                     if matches!(remote, RemoteError::Transport { .. }) {
                         self.nodes.note_local_failure(&target);
+                        self.nodes.drop_channel(&target);
                     }
                     self.nodes.note_leader(leader_hint(&status));
                     last = format!("{target}: {remote}");
                 }
                 Err(_) => {
                     self.nodes.note_local_failure(&target);
+                    self.nodes.drop_channel(&target);
                     last = format!("{target}: no reply in time");
                 }
             }

@@ -185,6 +185,17 @@ impl Nodes {
         Ok(channel)
     }
 
+    /// Drops the cached channel to `address`, so the next call opens a fresh connection. A
+    /// call that got no answer (a timeout, a transport error) may be stuck behind a stalled
+    /// connection: after a network cut heals, TCP sends again only at its next retransmission,
+    /// seconds away after its backoff, and every call on that connection waits for it.
+    pub fn drop_channel(&self, address: &str) {
+        self.channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(address);
+    }
+
     pub fn budget(&self, address: &str) -> Result<BudgetClient<Channel>, ClientError> {
         Ok(BudgetClient::new(self.channel(address)?)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
