@@ -38,6 +38,19 @@ const MAX_PAGES: usize = 200;
 /// `ListEvents` consistency LOCAL: this node's applied state.
 const LOCAL: i32 = pb::Consistency::Local as i32;
 
+/// The regions the nodes are spread over, best first: the cluster's preferred leader regions.
+pub const REGIONS: [&str; 3] = ["east", "central", "west"];
+
+/// Node `id`'s region among `count` nodes: as even as possible in id order (5 nodes: east 2,
+/// central 2, west 1; 3 nodes: one each), so no region holds a majority of 3 or more nodes.
+pub fn region_of(id: u64, count: u64) -> &'static str {
+    assert!(
+        (1..=count).contains(&id),
+        "node {id} is not one of {count} nodes"
+    );
+    REGIONS[((id - 1) * REGIONS.len() as u64 / count) as usize]
+}
+
 pub struct ChaosCluster {
     pub nodes: BTreeMap<u64, NodeProcess>,
     pub net: Network,
@@ -97,6 +110,7 @@ impl ChaosCluster {
                 data_dir,
                 log_file: dir.join(format!("node-{id}.log")),
                 cluster_id: "tally-chaos".to_owned(),
+                region: region_of(id, count).to_owned(),
                 snapshot_every_entries,
                 max_live_families,
             };
@@ -113,7 +127,7 @@ impl ChaosCluster {
                     pb::MemberAddress {
                         address: node.spec.advertise.clone(),
                         peer_address: node.spec.peer_advertise.clone(),
-                        region: "local".to_owned(),
+                        region: node.spec.region.clone(),
                     },
                 )
             })
@@ -143,7 +157,26 @@ impl ChaosCluster {
             .wait_leader(Duration::from_secs(30))
             .await
             .context("no leader after initialize")?;
+        // The leader is moved back into east after every failover that takes it elsewhere,
+        // so leadership transfers run under the faults too.
+        cluster
+            .set_params(
+                pb::SetParamsRequest {
+                    preferred_leader_regions: Some(pb::RegionList {
+                        regions: REGIONS.iter().map(|r| (*r).to_owned()).collect(),
+                    }),
+                    ..pb::SetParamsRequest::default()
+                },
+                Duration::from_secs(30),
+            )
+            .await
+            .context("set the preferred leader regions")?;
         Ok(cluster)
+    }
+
+    /// Node `id`'s region.
+    pub fn region(&self, id: u64) -> Option<&str> {
+        self.nodes.get(&id).map(|node| node.spec.region.as_str())
     }
 
     pub fn ids(&self) -> Vec<u64> {
@@ -273,13 +306,23 @@ impl ChaosCluster {
         retention_ms: u64,
         within: Duration,
     ) -> anyhow::Result<()> {
+        let request = pb::SetParamsRequest {
+            retention_ms: Some(retention_ms),
+            ..pb::SetParamsRequest::default()
+        };
+        self.set_params(request, within).await
+    }
+
+    /// Changes cluster parameters through the log, on the leader (within `within`).
+    pub async fn set_params(
+        &self,
+        request: pb::SetParamsRequest,
+        within: Duration,
+    ) -> anyhow::Result<()> {
         let start = Instant::now();
         loop {
             let (leader, _) = self.wait_leader(within).await?;
-            let request = pb::SetParamsRequest {
-                retention_ms: Some(retention_ms),
-                ..pb::SetParamsRequest::default()
-            };
+            let request = request.clone();
             let call = async {
                 self.admin(leader)
                     .await?
@@ -433,5 +476,28 @@ impl Drop for ChaosCluster {
             task.abort();
         }
         // Each NodeProcess kills its process on drop.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_are_spread_over_the_regions_so_none_holds_a_majority() {
+        let layout = |count: u64| {
+            (1..=count)
+                .map(|id| region_of(id, count))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(layout(5), ["east", "east", "central", "central", "west"]);
+        assert_eq!(layout(3), ["east", "central", "west"]);
+        assert_eq!(layout(1), ["east"]);
+        for count in 3..=7 {
+            for region in REGIONS {
+                let inside = layout(count).iter().filter(|r| **r == region).count() as u64;
+                assert!(2 * inside <= count, "{region} holds {inside} of {count}");
+            }
+        }
     }
 }

@@ -1,8 +1,8 @@
 //! The nemeses and their seeded schedule: SIGKILL of the leader at a failpoint during
 //! captures, a crash at a failpoint while restarting, SIGKILL of the leader or any node,
 //! SIGSTOP/SIGCONT pauses, partitions through the proxies (leader in the minority, one-way, a
-//! bridge, clients cut off), slow links, a membership change, a snapshot install to a
-//! restarted node, and kills of kernel processes. Every fault is healed before the next one
+//! bridge, clients cut off), the leader's whole region cut off, slow links, a membership
+//! change, a snapshot install to a restarted node, and kills of kernel processes. Every fault is healed before the next one
 //! starts, and every wait is bounded.
 
 use std::time::{Duration, Instant};
@@ -55,6 +55,10 @@ pub enum FaultKind {
     SnapshotInstall,
     /// SIGKILL a kernel node process mid-workload, restart it after the hold.
     KillKernel,
+    /// The leader's whole region cut off from the other regions, both ways (its nodes still
+    /// reach each other, clients still reach every node); once healed, leadership moves back
+    /// into the preferred region.
+    RegionCut,
 }
 
 /// The failpoints the `FailpointKill` nemesis arms on the leader, in turn.
@@ -112,6 +116,7 @@ pub fn schedule(seed: u64, count: usize) -> Vec<Step> {
         FaultKind::SnapshotInstall,
         FaultKind::Membership,
         FaultKind::KillKernel,
+        FaultKind::RegionCut,
     ];
     let mut out = Vec::new();
     while out.len() < count.min(MAX_FAULTS) {
@@ -228,6 +233,21 @@ impl Nemesis {
                 tokio::time::sleep(hold).await;
                 cluster.resume(target);
                 Ok((vec![target], format!("SIGSTOP for {hold:?}, then SIGCONT")))
+            }
+            FaultKind::RegionCut => {
+                let region = cluster.region(leader).unwrap_or_default().to_owned();
+                let (inside, outside): (Vec<u64>, Vec<u64>) = cluster
+                    .ids()
+                    .into_iter()
+                    .partition(|id| cluster.region(*id) == Some(region.as_str()));
+                let mut rules = Rules::default();
+                rules.cut(&inside, &outside);
+                cluster.net.set_rules(rules);
+                tokio::time::sleep(hold).await;
+                Ok((
+                    inside.clone(),
+                    format!("the leader's region {region} ({inside:?}) cut off from {outside:?}"),
+                ))
             }
             FaultKind::PartitionLeader => {
                 let mut rules = Rules::default();
@@ -567,5 +587,18 @@ mod tests {
         );
         assert_eq!(a[0].kind, FaultKind::FailpointKill);
         assert!(schedule(7, 10_000).len() <= MAX_FAULTS);
+    }
+
+    #[test]
+    fn every_round_of_the_schedule_cuts_the_leaders_region_off_once() {
+        let round = 18;
+        let steps = schedule(42, 3 * round);
+        for (number, kinds) in steps.chunks(round).enumerate() {
+            let cuts = kinds
+                .iter()
+                .filter(|s| s.kind == FaultKind::RegionCut)
+                .count();
+            assert_eq!(cuts, 1, "round {number}: {kinds:?}");
+        }
     }
 }

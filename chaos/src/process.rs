@@ -40,6 +40,8 @@ pub struct NodeSpec {
     pub data_dir: PathBuf,
     pub log_file: PathBuf,
     pub cluster_id: String,
+    /// Its region (`cluster::region_of`), in its configuration and the membership.
+    pub region: String,
     pub snapshot_every_entries: u64,
     pub max_live_families: usize,
 }
@@ -91,6 +93,7 @@ impl NodeProcess {
             .env("TALLY_PEER_ADVERTISE_ADDR", &spec.peer_advertise)
             .env("TALLY_DATA_DIR", &spec.data_dir)
             .env("TALLY_CLUSTER_ID", &spec.cluster_id)
+            .env("TALLY_REGION", &spec.region)
             .env(
                 "TALLY_SNAPSHOT_EVERY_ENTRIES",
                 spec.snapshot_every_entries.to_string(),
