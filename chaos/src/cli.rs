@@ -41,7 +41,20 @@ pub enum CliCommand {
         /// Run without the kernel layer (cluster workload only).
         #[arg(long)]
         no_kernels: bool,
+        /// Voters: 3 (a region each), 5 (east 2, central 2, west 1, so a region cut off takes
+        /// two nodes) or 7.
+        #[arg(long, default_value_t = 3, value_parser = parse_nodes)]
+        nodes: u64,
     },
+}
+
+/// `--nodes`: an odd count from 3 to 7 (an even one adds a node and no fault tolerance).
+fn parse_nodes(text: &str) -> Result<u64, String> {
+    let nodes: u64 = text.parse().map_err(|e| format!("`{text}`: {e}"))?;
+    if !(3..=7).contains(&nodes) || nodes % 2 == 0 {
+        return Err(format!("{nodes}: 3, 5 or 7 voters"));
+    }
+    Ok(nodes)
 }
 
 impl CliCommand {
@@ -54,6 +67,7 @@ impl CliCommand {
             node_binary,
             kernel_binary,
             no_kernels,
+            nodes,
         } = self;
         let seed = seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
@@ -92,12 +106,28 @@ impl CliCommand {
         let out = out.unwrap_or_else(|| {
             PathBuf::from("target/chaos").join(format!("{}-{seed}", profile.as_str()))
         });
+        let mut profile = Profile::new(profile, duration_s);
+        profile.nodes = nodes;
         Ok(RunOptions {
-            profile: Profile::new(profile, duration_s),
+            profile,
             seed,
             out,
             node_binary,
             kernel_binary,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_is_an_odd_count_from_three_to_seven_and_bad_ones_say_why() {
+        assert_eq!(parse_nodes("5"), Ok(5));
+        for bad in ["1", "4", "9", "x"] {
+            assert!(parse_nodes(bad).is_err(), "{bad}");
+        }
+        assert!(parse_nodes("4").unwrap_err().contains("3, 5 or 7"));
     }
 }

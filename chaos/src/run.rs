@@ -53,10 +53,12 @@ impl RunOptions {
     /// The command line that replays this run.
     pub fn repro(&self) -> String {
         format!(
-            "cargo run -p tally-chaos --bin tally-chaos -- run --profile {} --seed {} --duration-s {}",
+            "cargo run -p tally-chaos --bin tally-chaos -- run --profile {} --seed {} --duration-s {} --nodes {}{}",
             self.profile.name.as_str(),
             self.seed,
-            self.profile.duration_s
+            self.profile.duration_s,
+            self.profile.nodes,
+            if self.kernel_binary.is_none() { " --no-kernels" } else { "" }
         )
     }
 }
