@@ -51,7 +51,7 @@ pub enum CliCommand {
 /// `--nodes`: an odd count from 3 to 7 (an even one adds a node and no fault tolerance).
 fn parse_nodes(text: &str) -> Result<u64, String> {
     let nodes: u64 = text.parse().map_err(|e| format!("`{text}`: {e}"))?;
-    if !(3..=7).contains(&nodes) || nodes % 2 == 0 {
+    if !(3..=7).contains(&nodes) || nodes.is_multiple_of(2) {
         return Err(format!("{nodes}: 3, 5 or 7 voters"));
     }
     Ok(nodes)
