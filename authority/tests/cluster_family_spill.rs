@@ -113,27 +113,28 @@ async fn a_node_that_lost_every_unsynced_store_write_restarts_to_its_peers_state
     let leader = touch_every_family(&cluster).await;
     let follower = a_follower(&cluster, leader);
     let store_dir = cluster.configs[&follower].data_dir.join("families");
-    cluster.kill(follower).await;
-
-    let mut damaged = 0;
+    // The store files as the running node has them: an in-process kill drops the node's
+    // router, and with it (unlike a crash) removes the files, depending on when the last
+    // reader lets go. So they are taken now and put back, damaged, after the kill.
+    let mut left_by_the_crash = Vec::new();
     for entry in std::fs::read_dir(&store_dir).expect("the follower's family store") {
         let path = entry.expect("entry").path();
         if path.extension().is_some_and(|ext| ext == "redb") {
-            let len = std::fs::metadata(&path).expect("metadata").len();
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .expect("open the store file");
-            file.set_len(len / 2).expect("lose the unsynced tail");
-            std::os::unix::fs::FileExt::write_all_at(&file, &[0xA5; 4_096], 0)
-                .expect("tear the first page");
-            damaged += 1;
+            left_by_the_crash.push((path.clone(), std::fs::read(&path).expect("read a store")));
         }
     }
     assert!(
-        damaged > 0,
+        !left_by_the_crash.is_empty(),
         "the follower had spilled families to its store"
     );
+    cluster.kill(follower).await;
+
+    for (path, mut bytes) in left_by_the_crash {
+        bytes.truncate(bytes.len() / 2);
+        let torn = bytes.len().min(4_096);
+        bytes[..torn].fill(0xA5);
+        std::fs::write(&path, bytes).expect("the store as the crash left it");
+    }
     std::fs::write(store_dir.join("families-999999.redb"), b"half created")
         .expect("a half-created store");
 
