@@ -60,16 +60,17 @@ impl ProcessCluster {
             let metrics = format!("127.0.0.1:{}", base_port + 100 + id);
             let peer = format!("127.0.0.1:{}", base_port + 200 + id);
             let data: PathBuf = dir.join(format!("node-{id}"));
-            let files = TlsFiles::in_dir(&tls_dir, &format!("node-{id}"));
-            let child = Command::new(binary)
-                .arg("serve")
-                .envs(files.node_env())
-                .env("TALLY_NODE_ID", id.to_string())
-                .env("TALLY_LISTEN_ADDR", &addr)
-                .env("TALLY_PEER_LISTEN_ADDR", &peer)
-                .env("TALLY_METRICS_ADDR", &metrics)
-                .env("TALLY_DATA_DIR", &data)
-                .env("TALLY_CLUSTER_ID", "tally-bench")
+            let serve = ServeSettings {
+                id: u64::from(id),
+                listen: &addr,
+                peer: &peer,
+                metrics: &metrics,
+                data_dir: &data,
+                cluster_id: "tally-bench",
+                tls: TlsFiles::in_dir(&tls_dir, &format!("node-{id}")),
+            };
+            let child = serve
+                .apply(&mut Command::new(binary))
                 .env("RUST_LOG", "warn")
                 .envs(settings.iter().map(|(k, v)| (k, v)))
                 .stdout(Stdio::null())
@@ -165,6 +166,33 @@ impl ProcessCluster {
     pub async fn leader_last_log(&self) -> anyhow::Result<u64> {
         let (_, status) = self.leader_status().await?;
         Ok(status.last_log_index.unwrap_or(0))
+    }
+}
+
+/// What every bench node is started with: `serve`, its id, its client, peer and metrics
+/// addresses, data dir, cluster id and certificate (as `TALLY_*` variables).
+pub struct ServeSettings<'a> {
+    pub id: u64,
+    pub listen: &'a str,
+    pub peer: &'a str,
+    pub metrics: &'a str,
+    pub data_dir: &'a Path,
+    pub cluster_id: &'a str,
+    pub tls: TlsFiles,
+}
+
+impl ServeSettings<'_> {
+    /// `command` (the node binary, or a launcher followed by it) with `serve` and the settings.
+    pub fn apply<'c>(&self, command: &'c mut Command) -> &'c mut Command {
+        command
+            .arg("serve")
+            .envs(self.tls.node_env())
+            .env("TALLY_NODE_ID", self.id.to_string())
+            .env("TALLY_LISTEN_ADDR", self.listen)
+            .env("TALLY_PEER_LISTEN_ADDR", self.peer)
+            .env("TALLY_METRICS_ADDR", self.metrics)
+            .env("TALLY_DATA_DIR", self.data_dir)
+            .env("TALLY_CLUSTER_ID", self.cluster_id)
     }
 }
 

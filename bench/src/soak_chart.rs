@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::sync::Once;
 
+use plotters::coord::CoordTranslate;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 
@@ -34,6 +35,24 @@ pub(crate) fn register_embedded_font() -> anyhow::Result<()> {
             .map_err(|_| anyhow::anyhow!("the embedded font could not be loaded"));
     });
     font
+}
+
+/// The legend of `chart` at `position`, in every bench chart's style.
+pub(crate) fn draw_legend<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>>
+where
+    DB: DrawingBackend + 'a,
+    CT: CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font((FONT, 13))
+        .position(position)
+        .draw()
 }
 
 pub fn draw(
@@ -97,14 +116,7 @@ pub fn draw(
             .label(format!("node {node} RSS"))
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .label_font((FONT, 13))
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()
-        .map_err(draw_error)?;
+    draw_legend(&mut chart, SeriesLabelPosition::LowerRight).map_err(draw_error)?;
 
     let disk_top = samples
         .iter()
@@ -154,14 +166,7 @@ pub fn draw(
         .map_err(draw_error)?
         .label("achieved commands/s")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RGBColor(150, 150, 150)));
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .label_font((FONT, 13))
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(draw_error)?;
+    draw_legend(&mut chart, SeriesLabelPosition::UpperLeft).map_err(draw_error)?;
     root.present().map_err(draw_error)?;
     Ok(())
 }

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
 use openraft::entry::RaftEntry;
-use openraft::errors::{NetworkError, RPCError, Unreachable};
+use openraft::errors::RPCError;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, StreamAppendResult};
 use tally_api::pb::raft_client::RaftClient;
 use tally_api::pb::RaftBytes;
@@ -113,7 +113,7 @@ pub struct LinkCut {
 struct StreamFault(String);
 
 fn network(error: impl std::error::Error + 'static) -> RPCError<TypeConfig> {
-    RPCError::Network(NetworkError::new(&error))
+    super::network::network(&error)
 }
 
 /// The link and its faults, for both sides of the stream.
@@ -127,12 +127,13 @@ pub struct Link {
 }
 
 impl Link {
-    fn cut(&self) -> Option<RPCError<TypeConfig>> {
+    /// The error of a call over this link while a test has it cut.
+    pub fn cut(&self) -> Option<RPCError<TypeConfig>> {
         self.faults.is_cut(self.from, self.to).then(|| {
-            RPCError::Unreachable(Unreachable::new(&LinkCut {
+            super::network::unreachable(&LinkCut {
                 from: self.from,
                 to: self.to,
-            }))
+            })
         })
     }
 }

@@ -20,7 +20,7 @@ use tally_api::{decode_raft, encode_raft, MAX_MESSAGE_BYTES};
 use tally_tls::Transport;
 use tonic::transport::Channel;
 
-use super::append_stream::{self, Link, LinkCut};
+use super::append_stream::{self, Link};
 use super::types::{NodeId, Snapshot, TallyNode, TypeConfig};
 use crate::faults::NetworkFaults;
 
@@ -54,46 +54,44 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
 
     async fn new_client(&mut self, target: NodeId, node: &TallyNode) -> Connection {
         Connection {
-            self_id: self.self_id,
-            target,
+            link: Link {
+                from: self.self_id,
+                to: target,
+                faults: self.faults.clone(),
+                broken: Arc::default(),
+            },
             address: node.peer_address().to_owned(),
-            faults: self.faults.clone(),
             transport: self.transport.clone(),
             client: None,
-            broken: Arc::default(),
         }
     }
 }
 
 pub struct Connection {
-    self_id: NodeId,
-    target: NodeId,
+    /// This node, the peer, the injected faults between them, and whether the last append
+    /// stream failed (then the next call reconnects).
+    link: Link,
     address: String,
-    faults: Arc<NetworkFaults>,
     transport: Transport,
     client: Option<RaftClient<Channel>>,
-    /// Set by an append stream that failed: the next call reconnects.
-    broken: Arc<std::sync::atomic::AtomicBool>,
 }
 
-fn unreachable<E: std::error::Error + 'static>(error: &E) -> RPCError<TypeConfig> {
+pub(super) fn unreachable<E: std::error::Error + 'static>(error: &E) -> RPCError<TypeConfig> {
     RPCError::Unreachable(Unreachable::new(error))
 }
 
-fn network<E: std::error::Error + 'static>(error: &E) -> RPCError<TypeConfig> {
+pub(super) fn network<E: std::error::Error + 'static>(error: &E) -> RPCError<TypeConfig> {
     RPCError::Network(NetworkError::new(error))
 }
 
 impl Connection {
     /// Applies injected faults, then returns a connected client (connecting lazily).
     async fn client(&mut self) -> Result<RaftClient<Channel>, RPCError<TypeConfig>> {
-        if self.faults.is_cut(self.self_id, self.target) {
-            return Err(unreachable(&LinkCut {
-                from: self.self_id,
-                to: self.target,
-            }));
+        if let Some(cut) = self.link.cut() {
+            return Err(cut);
         }
         if self
+            .link
             .broken
             .swap(false, std::sync::atomic::Ordering::Relaxed)
         {
@@ -170,12 +168,7 @@ impl RaftNetworkV2<TypeConfig> for Connection {
     {
         Box::pin(async move {
             let client = self.client().await?;
-            let link = Link {
-                from: self.self_id,
-                to: self.target,
-                faults: self.faults.clone(),
-                broken: self.broken.clone(),
-            };
+            let link = self.link.clone();
             let replies = append_stream::open(client, link, input, option.hard_ttl()).await?;
             let replies: BoxStream<'s, _> = Box::pin(replies);
             Ok(replies)

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::soak_chart::{register_embedded_font, FONT};
+use crate::soak_chart::{draw_legend, register_embedded_font, FONT};
 
 const WIDTH: u32 = 1400;
 const HEIGHT: u32 = 800;
@@ -93,14 +93,7 @@ pub fn draw(path: &Path, timeline: &Timeline<'_>) -> anyhow::Result<()> {
             .label(format!("callers in {}", timeline.regions[region]))
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .label_font((FONT, 13))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(draw_error)?;
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight).map_err(draw_error)?;
 
     let regions = timeline.regions.len() as f64;
     let mut chart = ChartBuilder::on(&lower)

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use nodes::{ClusterView, NodeHost, RegionCluster, WanTimeouts, CLIENT_PORT};
+use nodes::{ClusterView, NodeHost, RegionCluster, WanTimeouts};
 use topology::Topology;
 
 const REGIONS: [&str; 3] = ["east", "central", "west"];
@@ -212,7 +212,7 @@ pub fn run(args: RegionsArgs) -> anyhow::Result<()> {
     let view = cluster.view.clone();
     let preferred: Vec<String> = REGIONS.iter().map(|r| (*r).to_owned()).collect();
     {
-        let view = view.clone();
+        let (view, preferred) = (view.clone(), preferred.clone());
         let leader = finish(topology::run_in(&callers_ns(0), move || async move {
             view.initialize(&preferred).await?;
             view.wait_leader_in(REGIONS[0], Duration::from_secs(60))
@@ -221,7 +221,7 @@ pub fn run(args: RegionsArgs) -> anyhow::Result<()> {
         println!("cluster up, leader node {leader} in {}", REGIONS[0]);
     }
 
-    let measured_rtt = measure_round_trips(&topology, &view, &callers_ns)?;
+    let measured_rtt = measure_round_trips(&view, &callers_ns)?;
     println!("measured round trips (TCP connect, min of 5), caller region × node region, ms:");
     for (region, row) in measured_rtt.iter().enumerate() {
         let cells: Vec<String> = row.iter().map(|rtt| format!("{rtt:>6.1}")).collect();
@@ -273,7 +273,7 @@ pub fn run(args: RegionsArgs) -> anyhow::Result<()> {
         },
     )?;
     let report = Report {
-        regions: preferred_names(),
+        regions: preferred,
         nodes_per_region: NODES_PER_REGION.to_vec(),
         round_trip_ms_configured: ROUND_TRIP_MS.iter().map(|r| r.to_vec()).collect(),
         round_trip_ms_measured: measured_rtt,
@@ -296,13 +296,8 @@ pub fn run(args: RegionsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn preferred_names() -> Vec<String> {
-    REGIONS.iter().map(|r| (*r).to_owned()).collect()
-}
-
 /// Min of 5 TCP connects from each region's callers to each node, by node region.
 fn measure_round_trips(
-    topology: &Topology,
     view: &ClusterView,
     callers_ns: &dyn Fn(usize) -> String,
 ) -> anyhow::Result<Vec<Vec<f64>>> {
@@ -311,12 +306,7 @@ fn measure_round_trips(
         let nodes: Vec<(usize, String)> = view
             .nodes
             .iter()
-            .map(|n| {
-                (
-                    topology.hosts[n.id as usize - 1].region,
-                    format!("{}:{CLIENT_PORT}", n.host.address),
-                )
-            })
+            .map(|n| (n.host.region, n.endpoint()))
             .collect();
         let row = finish(topology::run_in(&callers_ns(region), move || async move {
             let mut best = vec![f64::INFINITY; REGIONS.len()];
@@ -398,7 +388,9 @@ fn failover_phase(
                 .ok_or_else(|| anyhow::anyhow!("no leader before the cut"))
         }))?
     };
-    let cut_region = topology.hosts[leader_before as usize - 1].region;
+    let cut_region = view
+        .region_index(leader_before)
+        .expect("the leader is a node of the view");
     let watch_region = (0..REGIONS.len())
         .find(|r| *r != cut_region)
         .expect("three regions");
@@ -417,7 +409,6 @@ fn failover_phase(
             })
         })
         .collect();
-    let region_of_node: Vec<usize> = topology.hosts.iter().map(|h| h.region).collect();
     let watcher = {
         let view = view.clone();
         topology::run_in(&callers_ns(watch_region), move || async move {
@@ -426,7 +417,7 @@ fn failover_phase(
                 let leader = view.leader(Duration::from_millis(300)).await;
                 samples.push((
                     epoch.elapsed().as_secs_f64(),
-                    leader.map(|(id, _)| region_of_node[id as usize - 1]),
+                    leader.and_then(|(id, _)| view.region_index(id)),
                     leader.map(|(id, _)| id),
                 ));
                 tokio::time::sleep(Duration::from_millis(100)).await;

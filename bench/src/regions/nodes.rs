@@ -14,9 +14,9 @@ use tally_tls::issue::CertAuthority;
 use tally_tls::{TlsFiles, Transport};
 
 use super::topology::Host;
-use crate::cluster::{connect, connect_within};
+use crate::cluster::{connect, connect_within, ServeSettings};
 
-pub const CLIENT_PORT: u16 = 7401;
+const CLIENT_PORT: u16 = 7401;
 const PEER_PORT: u16 = 7402;
 const METRICS_PORT: u16 = 7403;
 const CLUSTER_ID: &str = "tally-regions";
@@ -86,20 +86,28 @@ impl RegionCluster {
         for node in nodes {
             let address = node.host.address;
             let data: PathBuf = dir.join(format!("node-{}", node.id));
-            let files = TlsFiles::in_dir(&tls_dir, &format!("node-{}", node.id));
             let log = std::fs::File::create(logs.join(format!("node-{}.log", node.id)))?;
-            let child = Command::new("ip")
+            let (listen, peer, metrics) = (
+                format!("{address}:{CLIENT_PORT}"),
+                format!("{address}:{PEER_PORT}"),
+                format!("{address}:{METRICS_PORT}"),
+            );
+            let settings = ServeSettings {
+                id: node.id,
+                listen: &listen,
+                peer: &peer,
+                metrics: &metrics,
+                data_dir: &data,
+                cluster_id: CLUSTER_ID,
+                tls: TlsFiles::in_dir(&tls_dir, &format!("node-{}", node.id)),
+            };
+            let mut launcher = Command::new("ip");
+            launcher
                 .args(["netns", "exec", &node.host.namespace])
-                .arg(binary)
-                .arg("serve")
-                .envs(files.node_env())
-                .env("TALLY_NODE_ID", node.id.to_string())
-                .env("TALLY_LISTEN_ADDR", format!("{address}:{CLIENT_PORT}"))
-                .env("TALLY_PEER_LISTEN_ADDR", format!("{address}:{PEER_PORT}"))
-                .env("TALLY_METRICS_ADDR", format!("{address}:{METRICS_PORT}"))
+                .arg(binary);
+            let child = settings
+                .apply(&mut launcher)
                 .env("TALLY_REGION", &node.region)
-                .env("TALLY_DATA_DIR", &data)
-                .env("TALLY_CLUSTER_ID", CLUSTER_ID)
                 .env(
                     "TALLY_HEARTBEAT_INTERVAL_MS",
                     timeouts.heartbeat_interval_ms.to_string(),
@@ -132,12 +140,18 @@ impl ClusterView {
         self.nodes.iter().map(NodeHost::endpoint).collect()
     }
 
+    fn node(&self, id: u64) -> Option<&NodeHost> {
+        self.nodes.iter().find(|node| node.id == id)
+    }
+
     /// The region of node `id`.
     pub fn region_of(&self, id: u64) -> Option<&str> {
-        self.nodes
-            .iter()
-            .find(|node| node.id == id)
-            .map(|node| node.region.as_str())
+        self.node(id).map(|node| node.region.as_str())
+    }
+
+    /// The index in `REGIONS` of node `id`'s region.
+    pub fn region_index(&self, id: u64) -> Option<usize> {
+        self.node(id).map(|node| node.host.region)
     }
 
     /// Initializes the cluster with every node's region and sets the preferred leader
@@ -192,11 +206,7 @@ impl ClusterView {
     }
 
     fn endpoint_of(&self, id: u64) -> String {
-        self.nodes
-            .iter()
-            .find(|node| node.id == id)
-            .map(NodeHost::endpoint)
-            .unwrap_or_default()
+        self.node(id).map(NodeHost::endpoint).unwrap_or_default()
     }
 
     /// The leader as the nodes reachable within `timeout` see it: the node that says it leads
