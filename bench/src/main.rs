@@ -11,6 +11,8 @@
 //! prints the ratios (`compare`). `tally-bench soak` holds a fixed offered rate for a long
 //! time and samples each node's memory and disk (`soak`, `soak_chart`). `tally-bench regions`
 //! measures five voters in three regions with real delay between them (`regions`).
+//! `tally-bench scale-out-chart` draws deploy/scale-out's kernel scale-out results
+//! (`scale_out_chart`).
 
 mod breakdown;
 mod cluster;
@@ -18,6 +20,7 @@ mod compare;
 mod etcd;
 mod fsync;
 mod regions;
+mod scale_out_chart;
 mod soak;
 mod soak_chart;
 
@@ -74,6 +77,16 @@ enum Command {
     /// user-space delay router; needs root): write and read latency per caller region, then
     /// the leader's whole region cut off and healed under load. JSON and a PNG under --out.
     Regions(regions::RegionsArgs),
+    /// Draw the PNG of deploy/scale-out's results file (tool calls/s through 1, 2, 4 kernel
+    /// containers against the cluster's own limit, and the cores each group used).
+    ScaleOutChart {
+        /// The results file deploy/scale-out wrote (results.json).
+        #[arg(long)]
+        results: PathBuf,
+        /// The PNG to write.
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 /// Enough callers that the nodes, not the callers, are the limit: with 256 callers `Batch` 64
@@ -121,6 +134,11 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Soak(soak)) => return soak::run(soak).await,
         Some(Command::Regions(regions)) => {
             return tokio::task::block_in_place(|| regions::run(regions))
+        }
+        Some(Command::ScaleOutChart { results, out }) => {
+            scale_out_chart::draw_file(&results, &out)?;
+            println!("chart written to {}", out.display());
+            return Ok(());
         }
         None => {}
     }

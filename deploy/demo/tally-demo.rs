@@ -10,16 +10,14 @@
 //! - `rail`: the `tally.rail.v1` payment rail over an in-memory ledger of payments (mutual TLS
 //!   with a server certificate naming `tally-rail`, kernels only), with its count of
 //!   authorizations on `GET /stats` (a second port, plain HTTP).
-//! - `drive`: issues a capability token from the issuer's key, sends signed `EvaluateToolCall`
-//!   requests to the kernel nodes (retrying the same request id through failures, as an agent
+//! - `drive`: issues capability tokens from the issuer's key (`--tokens`, one budget family
+//!   each), sends signed `EvaluateToolCall` requests to the kernel nodes (retrying the same request id through failures, as an agent
 //!   would) and writes one line per acknowledged decision.
 //! - `check`: reads those lines back from the cluster: every acknowledged Allow must have its
 //!   hold captured in the journal, each capability's call count must match, and the tool
 //!   server and rail must have seen one dispatch and one authorization per Allow.
 //! - `server-cert`: issues a kernel node's or a rail's server certificate from the cluster CA
 //!   (`tally-node certs` issues node and client certificates only, so far).
-//! - `health`: `grpc.health.v1` of a kernel node over mutual TLS (`tally-node
-//!   healthcheck` verifies the name `tally-node`, which only cluster nodes carry).
 //!
 //! Built as a binary of the `tally-tests` package (tests/Cargo.toml), so `cargo build` and the
 //! test suite build it next to `tally-node`, `tally` and `tally-kernel`.
@@ -100,46 +98,8 @@ enum Command {
         #[arg(long, default_value_t = 365)]
         days: u32,
     },
-    /// Exit 0 if the kernel node at --endpoint reports SERVING on grpc.health.v1.
-    Health {
-        #[arg(long, default_value = "127.0.0.1:7500")]
-        endpoint: String,
-        /// The name its certificate must carry: `tally-kernel` or `tally-rail`.
-        #[arg(long, default_value = "tally-kernel")]
-        server_name: String,
-        #[command(flatten)]
-        client: ClientCredentials,
-        #[arg(long, default_value_t = 3_000)]
-        timeout_ms: u64,
-    },
     /// Send signed tool calls to kernel nodes; write each acknowledged decision to --out.
-    Drive {
-        /// Kernel nodes (`host:port`), comma separated; calls go round robin, and a retry goes
-        /// to the next one.
-        #[arg(long, value_delimiter = ',', required = true)]
-        kernels: Vec<String>,
-        #[command(flatten)]
-        client: ClientCredentials,
-        /// The token issuer's key file (`tally-kernel keygen --out`); the kernels trust its
-        /// public key.
-        #[arg(long)]
-        issuer_key: PathBuf,
-        /// Prefix of every request id (unique per run).
-        #[arg(long)]
-        run_id: String,
-        /// Calls to make; SIGTERM or SIGINT stops issuing new ones earlier (in-flight calls
-        /// still get their answers), so a test can drive load until its faults are done.
-        #[arg(long, default_value_t = 200)]
-        calls: u64,
-        #[arg(long, default_value_t = 8)]
-        concurrency: u64,
-        /// Give up on one request after retrying it this long.
-        #[arg(long, default_value_t = 120_000)]
-        retry_for_ms: u64,
-        /// JSON lines, one per acknowledged decision (appended).
-        #[arg(long)]
-        out: PathBuf,
-    },
+    Drive(DriveArgs),
     /// Check acknowledged decisions (files written by `drive`) against the cluster and the
     /// demo services.
     Check {
@@ -168,7 +128,7 @@ enum Command {
 struct ClientCredentials {
     #[arg(long, default_value = "/etc/tally/tls")]
     tls_dir: PathBuf,
-    /// An `agent` certificate for kernel nodes; any certificate of the CA for health.
+    /// The certificate presented to kernel nodes: an `agent` one.
     #[arg(long, default_value = "agent")]
     identity: String,
     /// Plaintext, to a port configured insecure.
@@ -214,34 +174,7 @@ async fn main() -> std::process::ExitCode {
             hosts,
             days,
         } => server_cert(&dir, &name, &role, &hosts, days),
-        Command::Health {
-            endpoint,
-            server_name,
-            client,
-            timeout_ms,
-        } => health(&endpoint, &server_name, &client, timeout_ms).await,
-        Command::Drive {
-            kernels,
-            client,
-            issuer_key,
-            run_id,
-            calls,
-            concurrency,
-            retry_for_ms,
-            out,
-        } => {
-            drive(Drive {
-                kernels,
-                client,
-                issuer_key,
-                run_id,
-                calls,
-                concurrency,
-                retry_for: Duration::from_millis(retry_for_ms),
-                out,
-            })
-            .await
-        }
+        Command::Drive(args) => drive(args).await,
         Command::Check {
             endpoints,
             tls_dir,
@@ -492,48 +425,80 @@ fn server_cert(
     Ok(())
 }
 
-async fn health(
-    endpoint: &str,
-    server_name: &str,
-    credentials: &ClientCredentials,
-    timeout_ms: u64,
-) -> anyhow::Result<()> {
-    use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::health_client::HealthClient;
-    use tonic_health::pb::HealthCheckRequest;
-    let transport = credentials.transport()?;
-    let check = async {
-        let channel = transport
-            .endpoint_to(endpoint, server_name)?
-            .connect()
-            .await?;
-        let reply = HealthClient::new(channel)
-            .check(HealthCheckRequest {
-                service: String::new(),
-            })
-            .await?;
-        anyhow::Ok(reply.into_inner().status == ServingStatus::Serving as i32)
-    };
-    match tokio::time::timeout(Duration::from_millis(timeout_ms), check).await {
-        Ok(Ok(true)) => {
-            println!("{endpoint}: SERVING");
-            Ok(())
-        }
-        Ok(Ok(false)) => bail!("{endpoint}: NOT_SERVING"),
-        Ok(Err(error)) => bail!("{endpoint}: {error:#}"),
-        Err(_) => bail!("{endpoint}: no answer within {timeout_ms} ms"),
-    }
+/// The most capability tokens (so families) one `drive` spreads its calls over.
+const MAX_TOKENS: u32 = 4_096;
+/// The most calls one `drive` keeps in flight.
+const MAX_CONCURRENCY: u64 = 4_096;
+
+#[derive(clap::Args)]
+struct DriveArgs {
+    /// Kernel nodes (`host:port`), comma separated; calls go round robin, and a retry goes
+    /// to the next one.
+    #[arg(long, value_delimiter = ',', required = true)]
+    kernels: Vec<String>,
+    #[command(flatten)]
+    client: ClientCredentials,
+    /// The token issuer's key file (`tally-kernel keygen --out`); the kernels trust its
+    /// public key.
+    #[arg(long)]
+    issuer_key: PathBuf,
+    /// Prefix of every request id (unique per run).
+    #[arg(long)]
+    run_id: String,
+    /// Calls to make; SIGTERM or SIGINT stops issuing new ones earlier (in-flight calls
+    /// still get their answers), so a test can drive load until its faults are done.
+    #[arg(long, default_value_t = 200)]
+    calls: u64,
+    /// Stop issuing new calls after this many seconds (in-flight calls still get their
+    /// answers), whichever of --calls and this comes first.
+    #[arg(long)]
+    duration_s: Option<u64>,
+    /// Calls in flight at once.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=MAX_CONCURRENCY))]
+    concurrency: u64,
+    /// Capability tokens to issue (each its own budget family); call i uses token i mod N,
+    /// so the load spreads over N families as many agents' would.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_TOKENS as i64))]
+    tokens: u32,
+    /// Give up on one request after retrying it this long.
+    #[arg(long, default_value_t = 120_000)]
+    retry_for_ms: u64,
+    /// JSON lines, one per acknowledged decision (appended).
+    #[arg(long)]
+    out: PathBuf,
+    /// Print the run's figures as one JSON object on the last line of standard output.
+    #[arg(long)]
+    summary_json: bool,
 }
 
-struct Drive {
-    kernels: Vec<String>,
-    client: ClientCredentials,
-    issuer_key: PathBuf,
-    run_id: String,
-    calls: u64,
+/// A `drive` run's figures (`--summary-json`).
+#[derive(serde::Serialize)]
+struct DriveSummary {
+    kernels: usize,
     concurrency: u64,
-    retry_for: Duration,
-    out: PathBuf,
+    tokens: u32,
+    allowed: u64,
+    seconds: f64,
+    calls_per_s: f64,
+    retried_attempts: u64,
+    p50_ms: u64,
+    p99_ms: u64,
+    max_ms: u64,
+    /// This process's CPU time (user + system, all threads) over the run, so a measurement
+    /// can tell the driver's share of the machine from the kernels' and the nodes'.
+    cpu_s: Option<f64>,
+}
+
+/// CPU time (user + system, all threads) this process has used, from /proc/self/stat (fields
+/// 14 and 15, in the kernel's fixed USER_HZ of 100 ticks a second); None off Linux.
+fn process_cpu_s() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks = |index: usize| fields.get(index)?.parse::<u64>().ok();
+    // After the name come field 3 (state) onwards: utime is field 14, stime field 15.
+    Some((ticks(11)? + ticks(12)?) as f64 / 100.0)
 }
 
 /// One acknowledged decision, as `drive` writes it and `check` reads it.
@@ -549,7 +514,14 @@ struct Ack {
     latency_ms: u64,
 }
 
-async fn drive(options: Drive) -> anyhow::Result<()> {
+/// One issued capability: its token text and the family and capability its calls count in.
+struct IssuedToken {
+    text: String,
+    family: FamilyId,
+    capability: CapabilityId,
+}
+
+async fn drive(options: DriveArgs) -> anyhow::Result<()> {
     let issuer = tally_kernel::key_file::read_key_file(&options.issuer_key)
         .with_context(|| format!("issuer key {}", options.issuer_key.display()))?;
     let agent = KeyPair::generate();
@@ -557,16 +529,21 @@ async fn drive(options: Drive) -> anyhow::Result<()> {
     // Room for every call of a long run: the budget is not what this exercises.
     let grant =
         Grant::monetary(TOOL_SERVER, TOOL, 100, 100_000_000, "USD").with_max_invocations(1_000_000);
-    let token = CapabilityToken::issue(
-        &issuer,
-        agent.public_key(),
-        vec![grant],
-        now,
-        now + 3_600_000,
-    )?;
-    let token_text = token.to_text()?;
-    let family = token.family_id();
-    let capability = token.id().clone();
+    let mut tokens = Vec::new();
+    for _ in 0..options.tokens {
+        let token = CapabilityToken::issue(
+            &issuer,
+            agent.public_key(),
+            vec![grant.clone()],
+            now,
+            now + 3_600_000,
+        )?;
+        tokens.push(IssuedToken {
+            text: token.to_text()?,
+            family: token.family_id(),
+            capability: token.id().clone(),
+        });
+    }
     let transport = options.client.transport()?;
     let mut clients = Vec::new();
     for kernel in &options.kernels {
@@ -584,28 +561,50 @@ async fn drive(options: Drive) -> anyhow::Result<()> {
             .open(&options.out)
             .with_context(|| format!("open {}", options.out.display()))?,
     ));
+    let families = if tokens.len() == 1 {
+        format!(
+            "family {}, capability {}",
+            tokens[0].family, tokens[0].capability
+        )
+    } else {
+        format!("{} families", tokens.len())
+    };
+    let limit = options
+        .duration_s
+        .map(|s| format!(" or {s} s"))
+        .unwrap_or_default();
     println!(
-        "driving {} calls ({} at a time) through {} kernel(s): family {family}, capability {capability}",
+        "driving {} calls{limit} ({} at a time) through {} kernel(s): {families}",
         options.calls,
         options.concurrency,
         clients.len()
     );
     let started = Instant::now();
+    let cpu_at_start = process_cpu_s();
     let next = Arc::new(AtomicU64::new(0));
     let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stopper = {
         let stopping = stopping.clone();
+        let duration = options.duration_s.map(Duration::from_secs);
         tokio::spawn(async move {
-            stop_signal().await;
-            println!("stop signal: finishing the calls in flight");
+            let deadline = async {
+                match duration {
+                    Some(duration) => tokio::time::sleep(duration).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = stop_signal() => println!("stop signal: finishing the calls in flight"),
+                () = deadline => {}
+            }
             stopping.store(true, Ordering::SeqCst);
         })
     };
     let retried = Arc::new(AtomicU64::new(0));
     let latencies: Arc<Mutex<Vec<u64>>> = Arc::default();
     let mut workers = tokio::task::JoinSet::new();
-    let shared = Arc::new((clients, agent, token_text, family, capability));
-    for _ in 0..options.concurrency.max(1) {
+    let shared = Arc::new((clients, agent, tokens));
+    for _ in 0..options.concurrency {
         let (stopping, next, retried, latencies, out, shared) = (
             stopping.clone(),
             next.clone(),
@@ -614,9 +613,10 @@ async fn drive(options: Drive) -> anyhow::Result<()> {
             out.clone(),
             shared.clone(),
         );
-        let (calls, run_id, retry_for) = (options.calls, options.run_id.clone(), options.retry_for);
+        let (calls, run_id) = (options.calls, options.run_id.clone());
+        let retry_for = Duration::from_millis(options.retry_for_ms);
         workers.spawn(async move {
-            let (clients, agent, token_text, family, capability) = &*shared;
+            let (clients, agent, tokens) = &*shared;
             loop {
                 if stopping.load(Ordering::SeqCst) {
                     return anyhow::Ok(());
@@ -625,10 +625,11 @@ async fn drive(options: Drive) -> anyhow::Result<()> {
                 if index >= calls {
                     return anyhow::Ok(());
                 }
+                let token = &tokens[(index % tokens.len() as u64) as usize];
                 let request_id = format!("{run_id}-{index}");
                 let call = pb::ToolCall {
                     request_id: request_id.clone(),
-                    capability_token: token_text.clone(),
+                    capability_token: token.text.clone(),
                     server: TOOL_SERVER.to_owned(),
                     tool: TOOL.to_owned(),
                     arguments_json: json!({ "request_id": request_id }).to_string(),
@@ -672,11 +673,11 @@ async fn drive(options: Drive) -> anyhow::Result<()> {
                         evaluation.reason.unwrap_or_default()
                     );
                 }
-                let hold = tally_client::ids::hold_id(&request_id, capability, 0)?;
+                let hold = tally_client::ids::hold_id(&request_id, &token.capability, 0)?;
                 let ack = Ack {
                     request_id,
-                    family: family.to_string(),
-                    capability: capability.to_string(),
+                    family: token.family.to_string(),
+                    capability: token.capability.to_string(),
                     hold: hold.to_string(),
                     verdict: verdict.to_owned(),
                     kernel,
@@ -706,15 +707,30 @@ async fn drive(options: Drive) -> anyhow::Result<()> {
             .unwrap_or(0)
     };
     let seconds = started.elapsed().as_secs_f64();
+    let summary = DriveSummary {
+        kernels: options.kernels.len(),
+        concurrency: options.concurrency,
+        tokens: options.tokens,
+        allowed: latencies.len() as u64,
+        seconds,
+        calls_per_s: latencies.len() as f64 / seconds.max(0.001),
+        retried_attempts: retried.load(Ordering::Relaxed),
+        p50_ms: at(0.5),
+        p99_ms: at(0.99),
+        max_ms: latencies.last().copied().unwrap_or(0),
+        cpu_s: process_cpu_s()
+            .zip(cpu_at_start)
+            .map(|(end, start)| end - start),
+    };
     println!(
         "{} calls allowed (of {} at most) in {seconds:.1} s ({:.0} calls/s); {} failed attempts retried; latency p50 {} ms, p99 {} ms, max {} ms",
-        latencies.len(),
+        summary.allowed,
         options.calls,
-        latencies.len() as f64 / seconds.max(0.001),
-        retried.load(Ordering::Relaxed),
-        at(0.5),
-        at(0.99),
-        latencies.last().copied().unwrap_or(0)
+        summary.calls_per_s,
+        summary.retried_attempts,
+        summary.p50_ms,
+        summary.p99_ms,
+        summary.max_ms
     );
     if !failures.is_empty() {
         bail!(
@@ -722,6 +738,9 @@ async fn drive(options: Drive) -> anyhow::Result<()> {
             failures.len(),
             failures.join("; ")
         );
+    }
+    if options.summary_json {
+        println!("{}", serde_json::to_string(&summary)?);
     }
     Ok(())
 }

@@ -368,3 +368,64 @@ async fn a_kernel_node_pays_through_a_tls_rail_with_its_kernel_certificate() {
     assert!(error.to_string().contains("rail.endpoint"), "{error}");
     server.shutdown().await.expect("shutdown");
 }
+
+/// `tally-kernel healthcheck`, the exec probe of the image and of Kubernetes: exit 0 and
+/// SERVING with a certificate of the node's CA; exit 1, nothing printed as serving, with
+/// another CA's certificate or when nothing listens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_healthcheck_command_passes_with_the_cas_certificate_only() {
+    let ours = certs("tls-healthcheck");
+    let theirs = certs("intruder");
+    let node = start_kernel(&ours).await;
+    let address = node.local_addr.to_string();
+    let healthcheck = |dir: &Path, endpoint: &str| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_tally-kernel"))
+            .args([
+                "healthcheck",
+                "--endpoint",
+                endpoint,
+                "--timeout-ms",
+                "5000",
+            ])
+            .arg("--tls-dir")
+            .arg(dir)
+            .output()
+            .expect("tally-kernel runs");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let ours_dir = ours.path().to_owned();
+    let (code, stdout, stderr) =
+        tokio::task::spawn_blocking(move || healthcheck(&ours_dir, &address))
+            .await
+            .expect("probe");
+    assert_eq!(code, Some(0), "{stdout} {stderr}");
+    assert!(stdout.contains("SERVING"), "{stdout}");
+
+    let address = node.local_addr.to_string();
+    let theirs_dir = theirs.path().to_owned();
+    let (code, stdout, _) = tokio::task::spawn_blocking(move || healthcheck(&theirs_dir, &address))
+        .await
+        .expect("probe");
+    assert_eq!(code, Some(1), "another CA's certificate: {stdout}");
+    assert!(!stdout.contains("SERVING"), "{stdout}");
+
+    // A port nothing listens on (this one was bound, then closed).
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("address")
+        .to_string();
+    let ours_dir = ours.path().to_owned();
+    let (code, _, stderr) = tokio::task::spawn_blocking(move || healthcheck(&ours_dir, &closed))
+        .await
+        .expect("probe");
+    assert_eq!(code, Some(1), "nothing listening");
+    assert!(
+        stderr.contains("127.0.0.1"),
+        "the error names the endpoint: {stderr}"
+    );
+}

@@ -594,10 +594,14 @@ fn kernels_scale_on_their_own_and_read_private_keys() {
         command.contains("kill -INT"),
         "SIGTERM must reach the kernel as SIGINT: {command}"
     );
-    // Readiness: the kernel's grpc.health.v1 over mutual TLS, verifying the name its
-    // certificate carries.
+    // Readiness: the kernel's grpc.health.v1 over mutual TLS (`tally-kernel healthcheck`
+    // verifies the name kernel certificates carry).
     let readiness = exec(at(kernel, "readinessProbe")).expect("readiness is exec");
-    assert_eq!(&readiness[..2], ["tally-demo", "health"], "{readiness:?}");
+    assert_eq!(
+        &readiness[..2],
+        ["tally-kernel", "healthcheck"],
+        "{readiness:?}"
+    );
     let flag = |name: &str| {
         readiness
             .iter()
@@ -605,7 +609,6 @@ fn kernels_scale_on_their_own_and_read_private_keys() {
             .map(|i| readiness[i + 1].clone())
             .unwrap_or_else(|| panic!("readiness: no {name}"))
     };
-    assert_eq!(flag("--server-name"), "tally-kernel");
     assert!(!readiness.contains(&"--insecure".to_owned()));
     assert!(mount_paths(kernel).contains(&flag("--tls-dir")));
     assert!(at(kernel, "livenessProbe").get("httpGet").is_some());

@@ -1,13 +1,15 @@
 //! Tally's mutual TLS (docs/architecture.md "Security"): who a certificate names
 //! ([`identity`]), PEM files turned into tonic's server and client configs ([`files`]), and
 //! the certificate authority that issues node and client certificates ([`issue`]), and how a
-//! TLS port accepts sockets and answers plaintext clients ([`listener`]).
+//! TLS port accepts sockets and answers plaintext clients ([`listener`]), and the health probe
+//! the `healthcheck` commands run over it ([`health_probe`]).
 //!
 //! rustls runs with the ring provider only; [`install_crypto_provider`] installs it as the
 //! process default before any TLS config is built, because tonic's server builds its rustls
 //! config from the process default.
 
 pub mod files;
+pub mod health_probe;
 pub mod identity;
 pub mod issue;
 pub mod listener;

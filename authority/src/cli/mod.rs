@@ -14,10 +14,8 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use tally_api::pb::admin_client::AdminClient;
 use tally_api::pb::{self, InitializeRequest};
+use tally_tls::health_probe::probe_health;
 use tally_tls::Transport;
-use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 use crate::faults::NetworkFaults;
 use crate::node::config::NodeConfig;
@@ -179,26 +177,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             credentials,
         } => {
             let transport = credentials.transport()?;
-            let check = async {
-                let channel = transport.endpoint(&endpoint)?.connect().await?;
-                let mut client = HealthClient::new(channel.clone());
-                let reply = client
-                    .check(HealthCheckRequest {
-                        service: String::new(),
-                    })
-                    .await?;
-                let serving = reply.into_inner().status == ServingStatus::Serving as i32;
-                anyhow::Ok((serving, alarm_detail(channel).await))
-            };
-            match tokio::time::timeout(Duration::from_millis(timeout_ms), check).await {
-                Ok(Ok((true, detail))) => {
-                    println!("{endpoint}: SERVING{detail}");
-                    Ok(())
-                }
-                Ok(Ok((false, detail))) => anyhow::bail!("{endpoint}: NOT_SERVING{detail}"),
-                Ok(Err(error)) => anyhow::bail!("{endpoint}: {error}"),
-                Err(_) => anyhow::bail!("{endpoint}: no answer within {timeout_ms} ms"),
+            let timeout = Duration::from_millis(timeout_ms);
+            let probe = probe_health(transport.endpoint(&endpoint)?, timeout)
+                .await
+                .map_err(|error| anyhow::anyhow!("{endpoint}: {error}"))?;
+            // Bounded like the probe: a probe's caller kills it when its own timeout passes.
+            let detail = tokio::time::timeout(timeout, alarm_detail(probe.channel))
+                .await
+                .unwrap_or_default();
+            if !probe.serving {
+                anyhow::bail!("{endpoint}: NOT_SERVING{detail}");
             }
+            println!("{endpoint}: SERVING{detail}");
+            Ok(())
         }
         CliCommand::Dev(args) => dev::run(args).await,
         CliCommand::Backup(args) => backup::backup(args).await,

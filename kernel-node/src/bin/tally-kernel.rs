@@ -10,6 +10,7 @@ use tally_kernel::money::Money;
 use tally_kernel::pipeline::wall_clock_ms;
 use tally_kernel::receipt::read_receipts;
 use tally_kernel::{verify_receipt, CapabilityToken, Grant, KeyPair, PublicKey, TrustList};
+use tally_tls::health_probe::probe_health;
 
 #[derive(Parser)]
 #[command(
@@ -71,6 +72,26 @@ enum Command {
         #[arg(long, env = "TALLY_TLS_DIR", default_value = "./tally-data/tls")]
         tls_dir: std::path::PathBuf,
         /// Plaintext on every hop, for a cluster started with --insecure.
+        #[arg(long)]
+        insecure: bool,
+    },
+    /// Exit 0 if the kernel node at --endpoint reports SERVING on grpc.health.v1, 1 otherwise
+    /// (NOT_SERVING once its receipt log failed): the exec probe of the container image and
+    /// of Kubernetes, which works on the mutual-TLS port. Any certificate of the cluster's CA
+    /// may ask: in a kernel's pod, its own `kernel` client certificate.
+    Healthcheck {
+        #[arg(long, default_value = "127.0.0.1:7500")]
+        endpoint: String,
+        /// Give up after this long.
+        #[arg(long, default_value_t = 3_000)]
+        timeout_ms: u64,
+        /// Directory of the CA and the certificate presented.
+        #[arg(long, env = "TALLY_TLS_DIR", default_value = "./tally-data/tls")]
+        tls_dir: PathBuf,
+        /// The certificate presented, `<tls-dir>/<identity>.pem`/`.key`.
+        #[arg(long, default_value = "kernel")]
+        identity: String,
+        /// Plaintext, to a kernel node serving `--insecure`.
         #[arg(long)]
         insecure: bool,
     },
@@ -190,6 +211,25 @@ async fn stop_signal() {
     }
 }
 
+async fn healthcheck(
+    endpoint: &str,
+    timeout_ms: u64,
+    tls_dir: &std::path::Path,
+    identity: &str,
+    insecure: bool,
+) -> anyhow::Result<()> {
+    let transport = tally_tls::Transport::from_dir(tls_dir, identity, insecure)?;
+    let endpoint_of = transport.endpoint_to(endpoint, tally_tls::issue::KERNEL_SERVER_NAME)?;
+    let probe = probe_health(endpoint_of, std::time::Duration::from_millis(timeout_ms))
+        .await
+        .map_err(|error| anyhow::anyhow!("{endpoint}: {error}"))?;
+    if !probe.serving {
+        bail!("{endpoint}: NOT_SERVING");
+    }
+    println!("{endpoint}: SERVING");
+    Ok(())
+}
+
 fn token(command: TokenCommand) -> anyhow::Result<()> {
     match command {
         TokenCommand::Issue {
@@ -307,6 +347,13 @@ async fn main() -> std::process::ExitCode {
         } => tally_kernel::demo::run(endpoints, &tls_dir, insecure, cost_units)
             .await
             .map_err(anyhow::Error::from),
+        Command::Healthcheck {
+            endpoint,
+            timeout_ms,
+            tls_dir,
+            identity,
+            insecure,
+        } => healthcheck(&endpoint, timeout_ms, &tls_dir, &identity, insecure).await,
         Command::Keygen { out } => keygen(out),
         Command::Token { command } => token(command),
         Command::Receipts { command } => receipts(command),
