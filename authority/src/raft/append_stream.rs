@@ -11,7 +11,8 @@
 //!
 //! Each reply is due within the RPC's time-to-live after its request was sent or after the
 //! previous reply came, whichever is later: the same bound per request as the sequential
-//! way, since the follower handles them one after another. Injected faults (a cut link) are
+//! way, as the follower answers them in order (it takes them in without waiting for each
+//! one's fsync, so a reply never waits for more than the write its request joined). Injected faults (a cut link) are
 //! checked before each request and each reply, as a long-lived stream would otherwise carry
 //! messages across a link a test has cut.
 //!
