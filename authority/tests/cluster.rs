@@ -539,6 +539,77 @@ async fn batch_answers_each_command_in_order_like_unary_calls() {
     cluster.shutdown().await;
 }
 
+/// Unary writes that reach the leader together share log entries (the entry coalescer), and
+/// each caller still gets exactly its own answer: its own decision with its own commit index,
+/// or its own refusal, which leaves the commands beside it in the entry unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_unary_writes_share_entries_and_each_gets_its_own_answer() {
+    init_logs();
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.wait_leader().await;
+    let client = cluster.budget(leader).await;
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..72usize {
+        let mut client = client.clone();
+        calls.spawn(async move {
+            let command = if i % 9 == 8 {
+                pb::command::Command::CaptureInvocation(capture("co", &format!("ghost{i}"), "att"))
+            } else {
+                let mut a = authorize("co", &format!("c{i}"), 5);
+                a.limits = Some(limited(40));
+                pb::command::Command::AuthorizeHold(a)
+            };
+            (i, Answer::of(&send(&mut client, command).await))
+        });
+    }
+    let mut authorized = 0;
+    let mut denied = 0;
+    let mut indexes = Vec::new();
+    while let Some(answer) = calls.join_next().await {
+        let (i, answer) = answer.expect("call task");
+        match answer {
+            Answer::Decision(outcome, index) => {
+                assert_ne!(i % 9, 8, "call {i}: a capture of an unknown hold decided");
+                match outcome {
+                    pb::outcome::Outcome::Authorized(_) => authorized += 1,
+                    pb::outcome::Outcome::Denied(_) => denied += 1,
+                    other => panic!("call {i}: {other:?}"),
+                }
+                indexes.push(index.expect("a commit index"));
+            }
+            Answer::Error(code, reason) => {
+                assert_eq!(i % 9, 8, "call {i}: refused ({code:?} {reason})");
+                assert_eq!(
+                    (code, reason.as_str()),
+                    (tonic::Code::FailedPrecondition, "unknown_hold")
+                );
+            }
+        }
+    }
+    assert_eq!(
+        (authorized, denied),
+        (40, 24),
+        "the invocation limit, exactly"
+    );
+    let distinct: std::collections::BTreeSet<u64> = indexes.iter().copied().collect();
+    assert_eq!(
+        distinct.len(),
+        indexes.len(),
+        "every decision its own commit index"
+    );
+    let entries: std::collections::BTreeSet<u64> = indexes.iter().map(|i| i >> 20).collect();
+    assert!(
+        entries.len() < indexes.len(),
+        "64 concurrent writes took {} entries: none shared",
+        entries.len()
+    );
+    let mut client = client.clone();
+    let account = account_of(&mut client, "co").await.expect("a row");
+    assert_eq!(account.invocation_count, 40);
+    assert_converged(&cluster.converged_digests().await);
+    cluster.shutdown().await;
+}
+
 /// Reads `/metrics` over a plain HTTP/1.1 request.
 async fn scrape(addr: std::net::SocketAddr) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -10,11 +10,9 @@
 //! `ResolveEvent`.
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use openraft::errors::{ClientWriteError, RaftError};
 use openraft::ServerState;
 use tally_api::pb::raft_client::RaftClient;
 use tally_api::pb::RaftBytes;
@@ -25,6 +23,8 @@ use tally_tls::Transport;
 use tonic::transport::Channel;
 
 use super::clock::{wall_clock_ms, NodeClock};
+use super::entry_coalescer::EntryCoalescer;
+use super::local_writer::LocalWriter;
 use super::metrics::NodeMetrics;
 use super::write_error::WriteError;
 use crate::families::AlarmChange;
@@ -53,10 +53,12 @@ pub struct Proposer {
     raft: Raft,
     node_id: NodeId,
     timeout: Duration,
-    /// New client commands are refused while the oldest pending proposal is older than this;
-    /// `None`: never.
-    shed_after: Option<Duration>,
-    pending: Arc<PendingProposals>,
+    /// Proposes here: parameter and alarm changes directly, client commands through
+    /// `coalescer`.
+    writer: LocalWriter,
+    /// Started on the first client command (it needs the runtime, and the final
+    /// `shed_after`).
+    coalescer: OnceLock<EntryCoalescer>,
     peers: Mutex<BTreeMap<String, RaftClient<Channel>>>,
     metrics: Arc<NodeMetrics>,
     clock: Arc<NodeClock>,
@@ -73,14 +75,21 @@ impl Proposer {
         clock: Arc<NodeClock>,
         transport: Transport,
     ) -> Self {
+        let writer = LocalWriter::new(
+            raft.clone(),
+            timeout,
+            shed_after(super::config::DEFAULT_SHED_AFTER_MS),
+            Arc::new(PendingProposals::new(Arc::clone(&metrics))),
+            Arc::clone(&metrics),
+        );
         Self {
             transport,
             clock,
             raft,
             node_id,
             timeout,
-            shed_after: shed_after(super::config::DEFAULT_SHED_AFTER_MS),
-            pending: Arc::new(PendingProposals::new(Arc::clone(&metrics))),
+            writer,
+            coalescer: OnceLock::new(),
             peers: Mutex::new(BTreeMap::new()),
             metrics,
         }
@@ -90,18 +99,22 @@ impl Proposer {
     /// `shed_after_ms` (`NodeConfig::shed_after_ms`; 0 = never). Without this call the default,
     /// `DEFAULT_SHED_AFTER_MS`, applies.
     pub fn with_shed_after_ms(mut self, shed_after_ms: u64) -> Self {
-        self.shed_after = shed_after(shed_after_ms);
+        assert!(
+            self.coalescer.get().is_none(),
+            "shedding is set before the first command"
+        );
+        self.writer.shed_after = shed_after(shed_after_ms);
         self
     }
 
     /// Whether new writes are being shed here, and why: what `Admin.Status` shows.
     pub fn load_shedding(&self) -> LoadShedding {
-        let (awaiting_commit, oldest_age) = self.pending.snapshot();
+        let (awaiting_commit, oldest_age) = self.writer.pending.snapshot();
         LoadShedding {
             shedding: self.is_leader() && self.refusal(awaiting_commit, oldest_age).is_some(),
             oldest_age,
             awaiting_commit,
-            shed_after: self.shed_after,
+            shed_after: self.writer.shed_after,
             shed_writes: self.metrics.commit_age_sheds(),
         }
     }
@@ -109,7 +122,7 @@ impl Proposer {
     /// Why a new client command would be shed now, with `awaiting` proposals pending, the
     /// oldest for `oldest_age`; `None` if it would be proposed.
     fn refusal(&self, awaiting: usize, oldest_age: Option<Duration>) -> Option<String> {
-        let limit = self.shed_after?;
+        let limit = self.writer.shed_after?;
         let age = oldest_age?;
         if age > limit {
             Some(format!(
@@ -131,7 +144,7 @@ impl Proposer {
     /// Refuses, definite, while the oldest proposal on this node has waited past
     /// `shed_after_ms` (or too many wait): nothing is proposed, so a retry is safe.
     fn shed_if_stalled(&self) -> Result<(), WriteError> {
-        let (awaiting, oldest_age) = self.pending.snapshot();
+        let (awaiting, oldest_age) = self.writer.pending.snapshot();
         let Some(reason) = self.refusal(awaiting, oldest_age) else {
             return Ok(());
         };
@@ -204,7 +217,9 @@ impl Proposer {
         })
     }
 
-    /// Proposes `commands` as one log entry here if this node leads, else forwards them.
+    /// Proposes `commands` here if this node leads, else forwards them. Here they go into one log
+    /// entry, possibly shared with other callers' commands proposed at the same time
+    /// ([`EntryCoalescer`]).
     pub async fn propose(&self, commands: Vec<Command>) -> Result<ProposalReply, WriteError> {
         if self.is_leader() {
             return self.propose_here(commands).await;
@@ -226,9 +241,10 @@ impl Proposer {
         }
         self.shed_if_stalled()?;
         let count = commands.len();
-        let reply = self
-            .write_local(Proposal::commands(self.clock.now_ms(), commands))
-            .await?;
+        let coalescer = self
+            .coalescer
+            .get_or_init(|| EntryCoalescer::start(self.writer.clone(), Arc::clone(&self.clock)));
+        let reply = coalescer.propose(commands).await?;
         assert_eq!(
             reply.results.len(),
             count,
@@ -246,7 +262,8 @@ impl Proposer {
                 reason: "parameters change on the leader".to_owned(),
             });
         }
-        self.write_local(Proposal::change_params(self.clock.now_ms(), change))
+        self.writer
+            .write(Proposal::change_params(self.clock.now_ms(), change))
             .await
     }
 
@@ -262,7 +279,8 @@ impl Proposer {
                 reason: "alarms change on the leader".to_owned(),
             });
         }
-        self.write_local(Proposal::alarm(self.clock.now_ms(), change))
+        self.writer
+            .write(Proposal::alarm(self.clock.now_ms(), change))
             .await
     }
 
@@ -307,54 +325,6 @@ impl Proposer {
             reason: format!("undecodable alarm reply from node {leader}: {e}"),
         })?;
         reply
-    }
-
-    /// Writes on this node, believed to lead. Anything but a reply is indefinite: the entry
-    /// may have been appended before leadership was lost (openraft reports a discarded entry
-    /// as `ForwardToLeader`, which is why that is `Unknown` here, never `Unavailable`).
-    ///
-    /// The proposal counts as pending until Raft answers it. When the wait times out while
-    /// shedding is on, a task goes on awaiting the answer, so the entry keeps its age: a
-    /// leader whose writes all time out must not look idle and take more.
-    async fn write_local(&self, proposal: Proposal) -> Result<ProposalReply, WriteError> {
-        let started = Instant::now();
-        let pending = self.pending.enter();
-        let raft = self.raft.clone();
-        let mut write = Box::pin(async move { raft.client_write(proposal).await });
-        let answer = tokio::time::timeout(self.timeout, &mut write).await;
-        if answer.is_err() && self.shed_after.is_some() {
-            watch_until_answered(pending, write);
-        }
-        match answer {
-            Ok(Ok(response)) => {
-                self.metrics.observe_commit(started.elapsed());
-                for decision in response.data.results.iter().flatten() {
-                    self.metrics
-                        .observe_decision(&decision.outcome, decision.replayed);
-                }
-                Ok(response.data)
-            }
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(to)))) => {
-                Err(WriteError::Unknown {
-                    reason: format!(
-                        "leadership moved to {:?} while the entry was in flight",
-                        to.leader_id
-                    ),
-                })
-            }
-            Ok(Err(RaftError::APIError(other))) => Err(WriteError::Unknown {
-                reason: other.to_string(),
-            }),
-            Ok(Err(RaftError::Fatal(fatal))) => Err(WriteError::Internal {
-                reason: fatal.to_string(),
-            }),
-            Err(_) => Err(WriteError::Unknown {
-                reason: format!(
-                    "not committed within {} ms of proposing",
-                    self.timeout.as_millis()
-                ),
-            }),
-        }
     }
 
     /// Sends the commands to the leader's internal `Forward` rpc. Failing to connect is
@@ -496,21 +466,9 @@ fn shed_after(shed_after_ms: u64) -> Option<Duration> {
 
 /// Past this many proposals awaiting commit on this node, new client commands are shed too
 /// (while shedding is on). Each holds a task and a few hundred bytes, and they can outlive
-/// their requests (see `write_local`), so their number has a bound of its own; a healthy
+/// their requests (see `LocalWriter::write`), so their number has a bound of its own; a healthy
 /// leader has at most the callers' in-flight requests pending, a few thousand.
 pub const MAX_PENDING_PROPOSALS: usize = 65_536;
-
-/// Awaits `write` after its caller gave up, keeping `pending` (its age) until Raft answers:
-/// committed, discarded, or the node stops.
-fn watch_until_answered<W>(pending: PendingProposal, write: W)
-where
-    W: Future + Send + 'static,
-{
-    tokio::spawn(async move {
-        let _pending = pending;
-        let _ = write.await;
-    });
-}
 
 /// What `Admin.Status` shows of load shedding.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -527,7 +485,7 @@ pub struct LoadShedding {
 
 /// The proposals this node has handed to Raft and not yet seen answered, by when each went.
 /// Sequence numbers are taken under the lock with the time, so the first is the oldest.
-struct PendingProposals {
+pub(super) struct PendingProposals {
     state: Mutex<PendingState>,
     /// Mirrors the count and the oldest's start for `/metrics`.
     metrics: Arc<NodeMetrics>,
@@ -553,7 +511,7 @@ impl PendingProposals {
     }
 
     /// A proposal handed to Raft now; pending until the guard drops.
-    fn enter(self: &Arc<Self>) -> PendingProposal {
+    pub(super) fn enter(self: &Arc<Self>) -> PendingProposal {
         let mut state = self.lock();
         let seq = state.next;
         state.next += 1;
@@ -587,7 +545,7 @@ impl PendingProposals {
 }
 
 /// One proposal awaiting its answer from Raft.
-struct PendingProposal {
+pub(super) struct PendingProposal {
     proposals: Arc<PendingProposals>,
     seq: u64,
 }
