@@ -14,6 +14,12 @@
 //! Nothing waits for a timer: alone, a command goes on after one yield; under load, the
 //! commands that arrived while the task waited for a core go together.
 //!
+//! A request of `NO_YIELD_FROM_COMMANDS` commands or more (a client's `Batch`) does not wait
+//! for the yield: it fills an entry well already, and the yield only delayed it (at a fixed
+//! 15,000 commands/s of `Batch` 64, p50 4.4–4.5 ms without the queue, 4.9–5.4 ms with the
+//! yield, no CPU saved). It still takes whatever else is queued by then, which is what lifts
+//! a saturated node (batches queue up while the task waits for a core).
+//!
 //! Each command's result is its own (the ledger applies an entry's commands one by one, and a
 //! refused command does not affect the others); a failure of the entry (not committed in
 //! time, leadership lost) is every member's, exactly as if each had been its own entry.
@@ -33,6 +39,9 @@ use crate::raft::types::{Proposal, ProposalReply};
 /// room: a leader that cannot keep up holds its callers back rather than queueing without
 /// bound (load shedding refuses new ones first when commits stall).
 pub const MAX_QUEUED_WRITES: usize = 4_096;
+
+/// Requests of at least this many commands go out without the yield.
+pub const NO_YIELD_FROM_COMMANDS: usize = 32;
 
 /// One caller's commands and where its share of the result goes.
 struct Waiting {
@@ -90,7 +99,9 @@ async fn drain(mut waiting: mpsc::Receiver<Waiting>, writer: LocalWriter, clock:
             },
         };
         // Let the request handlers that are runnable now queue their commands behind it.
-        tokio::task::yield_now().await;
+        if first.commands.len() < NO_YIELD_FROM_COMMANDS {
+            tokio::task::yield_now().await;
+        }
         let mut count = first.commands.len();
         let mut group = vec![first];
         while let Ok(next) = waiting.try_recv() {
