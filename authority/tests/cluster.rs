@@ -610,6 +610,76 @@ async fn concurrent_unary_writes_share_entries_and_each_gets_its_own_answer() {
     cluster.shutdown().await;
 }
 
+/// docs/spec.md §5.5: once retention passes its `not_after_ms`, an event's full record is
+/// compacted, and GetEvent on a running cluster still answers exactly from what is kept: the
+/// same decision (outcome and commit index) with no full record; a replay of the command
+/// gets that decision back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_event_answers_exactly_after_the_full_record_is_compacted() {
+    use pb::event_lookup::Lookup;
+    init_logs();
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.wait_leader().await;
+    cluster
+        .admin(leader)
+        .await
+        .set_params(pb::SetParamsRequest {
+            retention_ms: Some(1_000),
+            max_clock_step_ms: None,
+            preferred_leader_regions: None,
+        })
+        .await
+        .expect("retention of 1 s");
+    let mut client = cluster.budget(leader).await;
+    // Its full record may go once cluster time passes not_after_ms + retention_ms.
+    let mut request = authorize("cmp", "k1", 10);
+    request.header.as_mut().expect("a header").not_after_ms =
+        tally_authority::node::clock::wall_clock_ms() + 1_500;
+    let first = client
+        .authorize_hold(request.clone())
+        .await
+        .expect("authorize")
+        .into_inner();
+    match get_event(&mut client, "cmp", "k1:authorize").await {
+        Lookup::Applied(applied) => {
+            assert!(applied.record.is_some(), "the full record while retained")
+        }
+        other => panic!("k1:authorize: {other:?}"),
+    }
+    // Later commands in the family, once cluster time is past retention, compact it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut tick = 0;
+    let compacted = loop {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        tick += 1;
+        client
+            .authorize_hold(authorize("cmp", &format!("tick{tick}"), 1))
+            .await
+            .expect("a later command");
+        match get_event(&mut client, "cmp", "k1:authorize").await {
+            Lookup::Applied(applied) if applied.record.is_none() => break applied,
+            Lookup::Applied(_) => {}
+            other => panic!("k1:authorize after {tick} ticks: {other:?}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the full record was never compacted"
+        );
+    };
+    let decision = compacted.decision.expect("the decision is kept");
+    assert_eq!(decision.budget_commit_index, first.budget_commit_index);
+    assert_eq!(outcome(&decision), outcome(&first));
+    let replay = client
+        .authorize_hold(request)
+        .await
+        .expect("a replay of the same command")
+        .into_inner();
+    assert_eq!(replay.budget_commit_index, first.budget_commit_index);
+    assert_eq!(outcome(&replay), outcome(&first));
+    assert_converged(&cluster.converged_digests().await);
+    cluster.shutdown().await;
+}
+
 /// Reads `/metrics` over a plain HTTP/1.1 request.
 async fn scrape(addr: std::net::SocketAddr) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
