@@ -360,3 +360,57 @@ async fn a_plaintext_client_is_told_the_port_needs_tls() {
     );
     cluster.shutdown().await;
 }
+
+/// The `Append` stream checks every message before openraft sees it: a member's certificate
+/// cannot append as another member, and a message that does not decode is refused. Each
+/// refusal is the stream's last item (PERMISSION_DENIED, INVALID_ARGUMENT), never a silent end,
+/// and the follower's vote and log stay as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_stream_refuses_a_message_as_another_node_or_undecodable() {
+    init_logs();
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.wait_leader().await;
+    let follower = a_follower(&cluster, leader);
+    let impostor = *cluster
+        .nodes
+        .keys()
+        .find(|id| **id != leader && **id != follower)
+        .expect("third node");
+    let before = settled(&cluster, leader).await;
+    let metrics = tally_authority::raft::types::current_metrics(&cluster.nodes[&follower].raft);
+    let append = openraft::raft::AppendEntriesRequest::<tally_authority::raft::types::TypeConfig> {
+        vote: openraft::Vote::new_committed(metrics.current_term + 10, impostor),
+        prev_log_id: None,
+        entries: Vec::new(),
+        leader_commit: None,
+    };
+    let as_impostor = pb::RaftBytes {
+        payload: tally_api::encode_raft(&append).expect("encodes").into(),
+    };
+    let garbled = pb::RaftBytes {
+        payload: vec![0xc1, 0xff, 0x00].into(),
+    };
+    for (message, code) in [
+        (as_impostor, Code::PermissionDenied),
+        (garbled, Code::InvalidArgument),
+    ] {
+        let channel = peer_channel(&cluster, &format!("node-{leader}"), follower).await;
+        let mut replies = RaftClient::new(channel)
+            .append(tokio_stream::iter(vec![message]))
+            .await
+            .expect("the stream opens")
+            .into_inner();
+        let status = replies
+            .message()
+            .await
+            .expect_err("the refused message ends the stream with its status");
+        assert_eq!(status.code(), code, "{status:?}");
+    }
+    assert_eq!(
+        tally_authority::raft::types::current_metrics(&cluster.nodes[&follower].raft).vote,
+        metrics.vote,
+        "the refused appends changed nothing"
+    );
+    assert_eq!(applied(&cluster), before, "nothing written");
+    cluster.shutdown().await;
+}

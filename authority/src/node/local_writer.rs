@@ -1,16 +1,18 @@
 //! Writing on this node, believed to lead: one proposal handed to Raft, awaited under the
 //! proposal timeout, counted as pending (for load shedding) until Raft answers, and every
 //! failure said as exactly as it is known. The proposer uses it for parameter and alarm
-//! changes; client commands reach it through the entry coalescer.
+//! changes; client commands reach it through the entry coalescer. The pending proposals it
+//! keeps ([`PendingProposals`]) are what the proposer's load shedding reads.
 
+use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use openraft::errors::{ClientWriteError, RaftError};
 
+use super::clock::wall_clock_ms;
 use super::metrics::NodeMetrics;
-use super::proposer::{PendingProposal, PendingProposals};
 use super::write_error::WriteError;
 use crate::raft::types::{Proposal, ProposalReply, Raft};
 
@@ -31,14 +33,13 @@ impl LocalWriter {
         raft: Raft,
         timeout: Duration,
         shed_after: Option<Duration>,
-        pending: Arc<PendingProposals>,
         metrics: Arc<NodeMetrics>,
     ) -> Self {
         Self {
             raft,
             timeout,
             shed_after,
-            pending,
+            pending: Arc::new(PendingProposals::new(Arc::clone(&metrics))),
             metrics,
         }
     }
@@ -102,4 +103,103 @@ where
         let _pending = pending;
         let _ = write.await;
     });
+}
+
+/// The proposals this node has handed to Raft and not yet seen answered, by when each went.
+/// Sequence numbers are taken under the lock with the time, so the first is the oldest.
+pub(super) struct PendingProposals {
+    state: Mutex<PendingState>,
+    /// Mirrors the count and the oldest's start for `/metrics`.
+    metrics: Arc<NodeMetrics>,
+}
+
+#[derive(Default)]
+struct PendingState {
+    next: u64,
+    /// Sequence number → (when proposed, wall clock ms of it for `/metrics`).
+    since: BTreeMap<u64, (Instant, u64)>,
+}
+
+impl PendingProposals {
+    fn new(metrics: Arc<NodeMetrics>) -> Self {
+        Self {
+            state: Mutex::new(PendingState::default()),
+            metrics,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PendingState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A proposal handed to Raft now; pending until the guard drops.
+    fn enter(self: &Arc<Self>) -> PendingProposal {
+        let mut state = self.lock();
+        let seq = state.next;
+        state.next += 1;
+        state.since.insert(seq, (Instant::now(), wall_clock_ms()));
+        self.publish(&state);
+        PendingProposal {
+            proposals: Arc::clone(self),
+            seq,
+        }
+    }
+
+    fn leave(&self, seq: u64) {
+        let mut state = self.lock();
+        let removed = state.since.remove(&seq);
+        assert!(removed.is_some(), "pending proposal {seq} left twice");
+        self.publish(&state);
+    }
+
+    fn publish(&self, state: &PendingState) {
+        let oldest_ms = state.since.values().next().map_or(0, |(_, ms)| *ms);
+        self.metrics
+            .track_pending_proposals(state.since.len() as u64, oldest_ms);
+    }
+
+    /// How many are pending, and how long the oldest has waited.
+    pub(super) fn snapshot(&self) -> (usize, Option<Duration>) {
+        let state = self.lock();
+        let oldest = state.since.values().next().map(|(at, _)| at.elapsed());
+        (state.since.len(), oldest)
+    }
+}
+
+/// One proposal awaiting its answer from Raft.
+struct PendingProposal {
+    proposals: Arc<PendingProposals>,
+    seq: u64,
+}
+
+impl Drop for PendingProposal {
+    fn drop(&mut self) {
+        self.proposals.leave(self.seq);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oldest_pending_proposal_is_the_first_still_waiting() {
+        let metrics = Arc::new(NodeMetrics::default());
+        let proposals = Arc::new(PendingProposals::new(Arc::clone(&metrics)));
+        assert_eq!(proposals.snapshot(), (0, None));
+        let first = proposals.enter();
+        std::thread::sleep(Duration::from_millis(20));
+        let second = proposals.enter();
+        let (count, oldest) = proposals.snapshot();
+        assert_eq!(count, 2);
+        assert!(oldest.expect("pending") >= Duration::from_millis(20));
+        assert_eq!(metrics.pending_proposals(), 2);
+        drop(first);
+        let (count, oldest) = proposals.snapshot();
+        assert_eq!(count, 1);
+        assert!(oldest.expect("pending") < Duration::from_millis(20));
+        drop(second);
+        assert_eq!(proposals.snapshot(), (0, None));
+        assert_eq!(metrics.pending_proposals(), 0);
+    }
 }

@@ -3,15 +3,15 @@
 //! committed by a quorum and applied (docs/spec.md §6).
 //!
 //! Load shedding before proposing (docs/spec.md §5.6): the leader remembers when each of its
-//! proposals went to Raft until it is answered ([`PendingProposals`]). While the oldest has
-//! waited longer than `shed_after_ms`, new client commands are refused with UNAVAILABLE,
-//! definite, before anything is proposed: a leader that cannot commit would only queue them
+//! proposals went to Raft until it is answered (`local_writer::PendingProposals`). While the
+//! oldest has waited longer than `shed_after_ms`, new client commands are refused with
+//! UNAVAILABLE, definite, before anything is proposed: a leader that cannot commit would only queue them
 //! to answer UNKNOWN at their deadline, and every UNKNOWN sends a client into retries and
 //! `ResolveEvent`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use openraft::ServerState;
 use tally_api::pb::raft_client::RaftClient;
@@ -22,7 +22,7 @@ use tally_ledger::{Command, ParamsChange};
 use tally_tls::Transport;
 use tonic::transport::Channel;
 
-use super::clock::{wall_clock_ms, NodeClock};
+use super::clock::NodeClock;
 use super::entry_coalescer::EntryCoalescer;
 use super::local_writer::LocalWriter;
 use super::metrics::NodeMetrics;
@@ -79,7 +79,6 @@ impl Proposer {
             raft.clone(),
             timeout,
             shed_after(super::config::DEFAULT_SHED_AFTER_MS),
-            Arc::new(PendingProposals::new(Arc::clone(&metrics))),
             Arc::clone(&metrics),
         );
         Self {
@@ -483,103 +482,9 @@ pub struct LoadShedding {
     pub shed_writes: u64,
 }
 
-/// The proposals this node has handed to Raft and not yet seen answered, by when each went.
-/// Sequence numbers are taken under the lock with the time, so the first is the oldest.
-pub(super) struct PendingProposals {
-    state: Mutex<PendingState>,
-    /// Mirrors the count and the oldest's start for `/metrics`.
-    metrics: Arc<NodeMetrics>,
-}
-
-#[derive(Default)]
-struct PendingState {
-    next: u64,
-    /// Sequence number → (when proposed, wall clock ms of it for `/metrics`).
-    since: BTreeMap<u64, (Instant, u64)>,
-}
-
-impl PendingProposals {
-    fn new(metrics: Arc<NodeMetrics>) -> Self {
-        Self {
-            state: Mutex::new(PendingState::default()),
-            metrics,
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, PendingState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A proposal handed to Raft now; pending until the guard drops.
-    pub(super) fn enter(self: &Arc<Self>) -> PendingProposal {
-        let mut state = self.lock();
-        let seq = state.next;
-        state.next += 1;
-        state.since.insert(seq, (Instant::now(), wall_clock_ms()));
-        self.publish(&state);
-        PendingProposal {
-            proposals: Arc::clone(self),
-            seq,
-        }
-    }
-
-    fn leave(&self, seq: u64) {
-        let mut state = self.lock();
-        let removed = state.since.remove(&seq);
-        assert!(removed.is_some(), "pending proposal {seq} left twice");
-        self.publish(&state);
-    }
-
-    fn publish(&self, state: &PendingState) {
-        let oldest_ms = state.since.values().next().map_or(0, |(_, ms)| *ms);
-        self.metrics
-            .track_pending_proposals(state.since.len() as u64, oldest_ms);
-    }
-
-    /// How many are pending, and how long the oldest has waited.
-    fn snapshot(&self) -> (usize, Option<Duration>) {
-        let state = self.lock();
-        let oldest = state.since.values().next().map(|(at, _)| at.elapsed());
-        (state.since.len(), oldest)
-    }
-}
-
-/// One proposal awaiting its answer from Raft.
-pub(super) struct PendingProposal {
-    proposals: Arc<PendingProposals>,
-    seq: u64,
-}
-
-impl Drop for PendingProposal {
-    fn drop(&mut self) {
-        self.proposals.leave(self.seq);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_oldest_pending_proposal_is_the_first_still_waiting() {
-        let metrics = Arc::new(NodeMetrics::default());
-        let proposals = Arc::new(PendingProposals::new(Arc::clone(&metrics)));
-        assert_eq!(proposals.snapshot(), (0, None));
-        let first = proposals.enter();
-        std::thread::sleep(Duration::from_millis(20));
-        let second = proposals.enter();
-        let (count, oldest) = proposals.snapshot();
-        assert_eq!(count, 2);
-        assert!(oldest.expect("pending") >= Duration::from_millis(20));
-        assert_eq!(metrics.pending_proposals(), 2);
-        drop(first);
-        let (count, oldest) = proposals.snapshot();
-        assert_eq!(count, 1);
-        assert!(oldest.expect("pending") < Duration::from_millis(20));
-        drop(second);
-        assert_eq!(proposals.snapshot(), (0, None));
-        assert_eq!(metrics.pending_proposals(), 0);
-    }
 
     #[test]
     fn zero_turns_shedding_off() {
