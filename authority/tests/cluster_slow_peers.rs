@@ -193,6 +193,7 @@ async fn a_snapshot_that_does_not_match_its_digest_is_refused_before_install() {
         state: RouterState::default(),
         maintenance_due: Default::default(),
         families: Default::default(),
+        cold_rows: Default::default(),
     };
     assert_ne!(
         empty.digest(),

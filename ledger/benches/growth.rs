@@ -93,6 +93,8 @@ fn main() {
         for command in tool_call(ids, call, now_ms) {
             log_index += 1;
             let ctx = ctx_at(log_index, now_ms, params);
+            // Fresh ids only: the rows out of memory are dropped, as a node stores them.
+            family.start_batch(ColdFetch::absent([&command]));
             let start = Instant::now();
             let decision = family.apply(&command, &ctx);
             let took = start.elapsed();

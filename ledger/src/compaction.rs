@@ -1,6 +1,7 @@
 //! Bounded memory, correct forever (docs/spec.md §5.5). Once cluster time passes a command's
 //! `not_after_ms + retention_ms` no copy of it can apply, so its full event may leave memory:
-//! the dedupe row keeps a digest and the answer, and final holds keep an archive record.
+//! the dedupe row keeps a digest and the answer, and final holds keep an archive record, both
+//! moved out of memory to the node's store (`cold.rs`).
 //! Items are ordered by due time, so each step pops the queue's first entry.
 
 use crate::family::Family;
@@ -45,6 +46,9 @@ impl Family {
                         "command {event_id:?} lost its own event {index:?}"
                     );
                 }
+                // The row is compact now: it leaves memory (`cold.rs`).
+                let row = self.dedupe.take_applied(&event_id);
+                self.cold_rows.move_event(&mut self.cold, event_id, row);
             }
             CompactionItem::Tombstone(event_id) => {
                 assert!(
@@ -53,15 +57,17 @@ impl Family {
                 );
             }
             CompactionItem::Hold(hold_id) => {
-                let Some(slot) = self.holds.get_mut(&hold_id) else {
+                let Some(HoldSlot::Live(hold)) = self.holds.get_mut(&hold_id) else {
                     return;
                 };
-                let HoldSlot::Live(hold) = slot else { return };
                 if !hold.is_final() {
                     return;
                 }
-                *slot = HoldSlot::Archived(Box::new(hold.take_archive()));
+                // Archived, it leaves memory (`cold.rs`).
+                let archive = hold.take_archive();
+                self.holds.remove(&hold_id);
                 self.live_holds -= 1;
+                self.cold_rows.move_hold(&mut self.cold, hold_id, archive);
             }
             CompactionItem::Nonce(nonce_id) => {
                 if self.nonces.get(&nonce_id).is_some_and(|at| *at < now_ms) {

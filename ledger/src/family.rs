@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::account::{Account, AccountKey};
 use crate::cluster_time::ClusterParams;
+use crate::cold::{ColdFetch, ColdLookup, ColdMeta, ColdRows, MovedRow};
 use crate::command::{ClientCommand, Command, Operation};
 use crate::commit_index::{BudgetCommitIndex, LogPosition};
 use crate::decision::{Decision, Outcome};
@@ -57,9 +58,16 @@ pub struct Family {
     /// Compaction work by due time; a command's or tombstone's entry retains its identity.
     pub(crate) compaction_queue: CompactionQueue,
     pub(crate) live_holds: usize,
+    /// The rows this family moved out of memory (`cold.rs`): last, and left out of the
+    /// encoding while none has moved, so such a family encodes (and digests) as before.
+    #[serde(default, skip_serializing_if = "ColdMeta::is_empty")]
+    pub(crate) cold: ColdMeta,
     /// Node-local guard that commands arrive in log order; not replicated state.
     #[serde(skip)]
     pub(crate) order_guard: OrderGuard,
+    /// Node-local: the rows looked up for this batch and those it moved out.
+    #[serde(skip)]
+    pub(crate) cold_rows: ColdRows,
 }
 
 /// The base index of the last command applied here. Excluded from encoding, digest and
@@ -138,6 +146,8 @@ pub(crate) struct Books<'f> {
     pub expiry_index: &'f mut BTreeSet<(u64, HoldId)>,
     pub compaction_queue: &'f mut CompactionQueue,
     pub live_holds: &'f mut usize,
+    /// The family's rows out of memory, for a hold command that names an archived hold.
+    pub cold: ColdLookup<'f>,
 }
 
 impl Books<'_> {
@@ -230,7 +240,32 @@ impl Family {
             expiry_index: BTreeSet::new(),
             compaction_queue: CompactionQueue::default(),
             live_holds: 0,
+            cold: ColdMeta::default(),
             order_guard: OrderGuard::default(),
+            cold_rows: ColdRows::default(),
+        }
+    }
+
+    /// Starts a batch with the rows the node looked up for it (`Command::cold_keys` of each
+    /// command; an empty fetch when the family has no rows out of memory).
+    pub fn start_batch(&mut self, fetched: ColdFetch) {
+        self.cold_rows.start_batch(fetched);
+    }
+
+    /// The rows the last batch moved out of memory, for the node to store before the next.
+    pub fn moved_rows(&self) -> &[MovedRow] {
+        self.cold_rows.moved()
+    }
+
+    /// The count and digest of every row this family moved out of memory.
+    pub fn cold_meta(&self) -> ColdMeta {
+        self.cold
+    }
+
+    pub(crate) fn cold_lookup(&self) -> ColdLookup<'_> {
+        ColdLookup {
+            meta: &self.cold,
+            rows: &self.cold_rows,
         }
     }
 
@@ -287,6 +322,11 @@ impl Family {
         cmd.validate()?;
         // The id is hashed once: a fresh command files its row with the hash found here.
         let (row_hash, row) = self.dedupe.find(&cmd.header.event_id);
+        let row = row.or_else(|| {
+            self.cold_lookup()
+                .event(&cmd.header.event_id)
+                .map(DedupeRow::Applied)
+        });
         match row {
             Some(row) => self.answer_again(row, cmd, step),
             None => self.apply_fresh(cmd, step, row_hash),
@@ -430,6 +470,10 @@ impl Family {
             expiry_index: &mut self.expiry_index,
             compaction_queue: &mut self.compaction_queue,
             live_holds: &mut self.live_holds,
+            cold: ColdLookup {
+                meta: &self.cold,
+                rows: &self.cold_rows,
+            },
         };
         (&mut self.holds, books)
     }

@@ -7,6 +7,7 @@
 pub mod account;
 mod apply;
 pub mod cluster_time;
+pub mod cold;
 pub mod command;
 pub mod commit_index;
 mod compaction;
@@ -30,6 +31,7 @@ pub mod tables;
 
 pub use account::{Account, AccountKey, GrantLimits, LegacyUnheld, UsageRecord};
 pub use cluster_time::{ClusterParams, ParamsChange};
+pub use cold::{ColdFetch, ColdKey, ColdMeta, ColdRowsInMemory, MovedRow};
 pub use command::{AncestorAccount, ClientCommand, Command, CommandHeader, Operation};
 pub use commit_index::{BudgetCommitIndex, LogPosition};
 pub use decision::{Decision, DenyReason, DenyRule, Outcome, Resolution};

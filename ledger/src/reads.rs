@@ -84,7 +84,15 @@ impl Family {
             }
             Some(DedupeRow::Tombstoned(_)) => EventLookup::Tombstoned,
             None if event_id.is_reserved() => self.cluster_event(event_id),
-            None => EventLookup::Unknown,
+            // Moved out by the last batch, so perhaps not in the node's store yet.
+            None => match self.cold_rows.moved_event(event_id) {
+                Some(row) => EventLookup::Applied {
+                    decision: row.decision(event_id),
+                    record: None,
+                },
+                // Perhaps among the rows out of memory: the caller looks there next.
+                None => EventLookup::Unknown,
+            },
         }
     }
 
@@ -108,8 +116,19 @@ impl Family {
             })
     }
 
+    /// `None`: no such hold in memory; it may be among the rows out of memory, which the
+    /// caller reads next.
     pub fn get_hold(&self, hold_id: &HoldId) -> Option<HoldView> {
-        self.holds.get(hold_id).map(|slot| match slot {
+        let Some(slot) = self.holds.get(hold_id) else {
+            return self
+                .cold_rows
+                .moved_hold(hold_id)
+                .map(|hold| HoldView::Archived {
+                    hold_id: hold_id.clone(),
+                    hold: hold.clone(),
+                });
+        };
+        Some(match slot {
             HoldSlot::Live(hold) => HoldView::Live((**hold).clone()),
             HoldSlot::Denied { event_id } => HoldView::Denied {
                 hold_id: hold_id.clone(),

@@ -93,7 +93,7 @@ fn authorize_denials_follow_quota_then_per_call_then_total_and_create_no_row() {
     assert_eq!(events.len(), 3);
     assert!(events.iter().all(|e| !e.allowed && e.deny_reason.is_some()));
     assert!(matches!(
-        h.family.get_hold(&"h1".into()),
+        h.cold.get_hold(&h.family, &"h1".into()),
         Some(HoldView::Denied { .. })
     ));
 }

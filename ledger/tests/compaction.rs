@@ -29,7 +29,7 @@ fn events_and_final_holds_compact_and_replays_stay_exact() {
     h.ok(h.expire(h.now_ms));
     assert_eq!(h.family.journal_len(), 0, "full events left memory");
     assert!(matches!(
-        h.family.get_hold(&"h1".into()),
+        h.cold.get_hold(&h.family, &"h1".into()),
         Some(HoldView::Archived { .. })
     ));
     assert!(h.family.to_snapshot_bytes().len() < full_size);
@@ -52,7 +52,8 @@ fn events_and_final_holds_compact_and_replays_stay_exact() {
         (rr.outcome, rr.commit_index, rr.log_id),
         (r.outcome, r.commit_index, r.log_id)
     );
-    let EventLookup::Applied { decision, record } = h.family.get_event(&"h1:reconcile".into())
+    let EventLookup::Applied { decision, record } =
+        h.cold.get_event(&h.family, &"h1:reconcile".into())
     else {
         panic!()
     };
@@ -100,7 +101,7 @@ fn archived_reversed_holds_still_answer_reverse_and_authorize_replays() {
     h.advance(62_000);
     h.ok(h.expire(h.now_ms));
     assert!(matches!(
-        h.family.get_hold(&"h1".into()),
+        h.cold.get_hold(&h.family, &"h1".into()),
         Some(HoldView::Archived { .. })
     ));
     assert_eq!(
@@ -122,7 +123,7 @@ fn tombstones_and_nonces_are_forgotten_only_when_no_copy_can_apply() {
     h.advance(30_000);
     h.ok(h.expire(h.now_ms));
     assert_eq!(
-        h.family.get_event(&"h1:authorize".into()),
+        h.cold.get_event(&h.family, &"h1:authorize".into()),
         EventLookup::Tombstoned
     );
     assert_eq!(
@@ -132,7 +133,7 @@ fn tombstones_and_nonces_are_forgotten_only_when_no_copy_can_apply() {
     h.advance(32_000);
     h.ok(h.expire(h.now_ms));
     assert_eq!(
-        h.family.get_event(&"h1:authorize".into()),
+        h.cold.get_event(&h.family, &"h1:authorize".into()),
         EventLookup::Unknown
     );
     // The forgotten command still cannot apply: its not_after has passed.
@@ -154,7 +155,7 @@ fn a_captured_call_without_exposure_is_archived_and_can_no_longer_be_cancelled()
     h.advance(62_000);
     h.ok(h.expire(h.now_ms));
     assert!(matches!(
-        h.family.get_hold(&"h1".into()),
+        h.cold.get_hold(&h.family, &"h1".into()),
         Some(HoldView::Archived { .. })
     ));
     assert_eq!(
@@ -181,8 +182,8 @@ fn a_compacted_family_with_one_reconciled_hold_is_small() {
 }
 
 /// The family's encoding is fixed: snapshots written by one build are read by the next, and
-/// replicas compare digests. This state has applied rows compacted and retained, a tombstone,
-/// an archived hold, live ones and a denied one. Its digest is pinned, so a change to how a
+/// replicas compare digests. This state has applied rows retained and moved out of memory
+/// (counted in its cold meta), a tombstone, a hold moved out, live ones and a denied one. Its digest is pinned, so a change to how a
 /// table lays its rows out in memory must leave the bytes as they are.
 #[test]
 fn the_family_encoding_is_fixed() {
@@ -211,7 +212,7 @@ fn the_family_encoding_is_fixed() {
     assert_eq!(restored.to_snapshot_bytes(), bytes);
     assert_eq!(
         hex(h.family.digest()),
-        "42ef8274ce1c1174de3201a86e31f088dedbf6f9f8fd7d0159dde0fd4827323a"
+        "e2d780c88afb7131f5d07b18f09f2a52640a848d9e9ddb2f2d607c6536f6633d"
     );
 }
 
@@ -238,12 +239,13 @@ fn a_family_past_its_tables_split_restores_alike_and_answers_alike() {
         // this quadratic.
         let command = open(&h, n);
         let ctx = h.ctx();
-        let decision = h.family.apply(&command, &ctx);
+        let decision = h.apply_at(&command, &ctx);
         assert!(decision.is_ok(), "{n}: {decision:?}");
     }
     assert!(h.family.invariant_violations().is_empty());
     let bytes = h.family.to_snapshot_bytes();
     let mut restored = Family::from_snapshot_bytes(&bytes).expect("decodes");
+    let mut restored_cold = h.cold.clone();
     assert_eq!(
         restored.to_snapshot_bytes(),
         bytes,
@@ -255,8 +257,8 @@ fn a_family_past_its_tables_split_restores_alike_and_answers_alike() {
     for n in [0, 32_768, 65_535, 65_536, HOLDS - 1] {
         let replay = open(&h, n);
         let ctx = h.ctx();
-        let applied = h.family.apply(&replay, &ctx).expect("replays");
-        let again = restored.apply(&replay, &ctx).expect("replays");
+        let applied = h.apply_at(&replay, &ctx).expect("replays");
+        let again = (restored_cold.apply(&mut restored, &replay, &ctx)).expect("replays");
         assert!(applied.replayed, "{n}: a replay, not a new command");
         assert_eq!(applied, again, "{n}");
         // A new event id for a claimed hold: the hold is found in either table.
@@ -265,8 +267,9 @@ fn a_family_past_its_tables_split_restores_alike_and_answers_alike() {
         };
         let reused = h.on(h.header(&format!("h{n}:again")), first.op);
         let ctx = h.ctx();
-        let on_applied = h.family.apply(&reused, &ctx).expect_err("hold reused");
-        let on_restored = restored.apply(&reused, &ctx).expect_err("hold reused");
+        let on_applied = h.apply_at(&reused, &ctx).expect_err("hold reused");
+        let on_restored =
+            (restored_cold.apply(&mut restored, &reused, &ctx)).expect_err("hold reused");
         assert!(
             matches!(
                 on_applied,
@@ -277,4 +280,38 @@ fn a_family_past_its_tables_split_restores_alike_and_answers_alike() {
         assert_eq!(on_applied, on_restored);
     }
     assert_eq!(restored.digest(), h.family.digest());
+}
+
+/// Rows out of memory are counted and digested by the family, every id a command names is
+/// looked up before it applies, and a node that forgot to look one up stops the apply
+/// rather than take "not found" for an answer.
+#[test]
+fn rows_out_of_memory_are_counted_and_a_lookup_the_node_skipped_stops_the_apply() {
+    let mut h = short_retention();
+    let authorize = h.authorize("h1", 40);
+    h.ok(authorize.clone());
+    h.ok(h.capture("h1", "a"));
+    h.ok(h.reconcile("h1", 40, 25));
+    h.advance(62_000);
+    h.ok(h.expire(h.now_ms));
+    let meta = h.family.cold_meta();
+    assert_eq!(meta.rows, 4, "three commands' rows and the archived hold");
+    assert_eq!(h.cold.meta(), meta);
+    assert!(!h.family.to_snapshot_bytes().is_empty());
+    assert_eq!(
+        ColdMeta::of_family_bytes(&h.family.to_snapshot_bytes()).expect("peeks"),
+        meta
+    );
+
+    let ctx = h.ctx();
+    h.family.start_batch(ColdFetch::default());
+    let skipped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        h.family.apply(&authorize, &ctx)
+    }));
+    let message = skipped.expect_err("a replay with no lookup must not apply");
+    let message = message
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(message.contains("was not looked up"), "{message}");
 }

@@ -30,7 +30,8 @@ struct Replicas {
     h: Harness,
     /// Restored from a snapshot just before the retention is lowered: the same state laid out
     /// another way (one sorted run, nothing sealed), so it must answer and digest alike.
-    restored: Option<Family>,
+    /// A replica restored from a snapshot, with its own rows out of memory.
+    restored: Option<(Family, ColdRowsInMemory)>,
     /// Never lowers the retention: what the family must end as once everything is compacted.
     reference: Family,
     deadlines: Vec<u64>,
@@ -55,7 +56,7 @@ impl Replicas {
     fn apply(&mut self, command: Command) -> Result<Decision, LedgerError> {
         let ctx = self.h.ctx();
         let before = self.h.family.compaction_work();
-        let decision = self.h.family.apply(&command, &ctx);
+        let decision = self.h.apply_at(&command, &ctx);
         let after = self.h.family.compaction_work();
         let work = CompactionWork {
             compacted: after.compacted - before.compacted,
@@ -75,7 +76,12 @@ impl Replicas {
         self.worst.compacted = self.worst.compacted.max(work.compacted);
         self.worst.moved = self.worst.moved.max(work.moved);
         if let Some(restored) = &mut self.restored {
-            assert_eq!(restored.apply(&command, &ctx), decision, "{command:?}");
+            let (restored, cold) = restored;
+            assert_eq!(
+                cold.apply(restored, &command, &ctx),
+                decision,
+                "{command:?}"
+            );
         }
         let reference_ctx = ApplyCtx {
             params: ClusterParams::default(),
@@ -88,7 +94,7 @@ impl Replicas {
     }
 
     fn assert_replicas_agree(&self) {
-        if let Some(restored) = &self.restored {
+        if let Some((restored, _)) = &self.restored {
             assert_eq!(restored.digest(), self.h.family.digest());
         }
     }
@@ -154,8 +160,10 @@ fn lowering_retention_under_load_compacts_in_bounded_slices_to_the_same_end_stat
     assert_eq!(r.h.family.compaction_work().compacted, 0);
 
     // The snapshot a lagging replica would install, then `tally params --retention-ms 10000`.
-    r.restored =
-        Some(Family::from_snapshot_bytes(&r.h.family.to_snapshot_bytes()).expect("decodes"));
+    r.restored = Some((
+        Family::from_snapshot_bytes(&r.h.family.to_snapshot_bytes()).expect("decodes"),
+        r.h.cold.clone(),
+    ));
     r.h.params.retention_ms = LOWERED_RETENTION_MS;
     for n in LOADED_HOLDS..LOADED_HOLDS + LATER_HOLDS {
         r.load_step(n);
@@ -217,7 +225,7 @@ fn lowering_retention_under_load_compacts_in_bounded_slices_to_the_same_end_stat
     );
     for n in 0..LOADED_HOLDS + LATER_HOLDS {
         let hold = HoldId::from(format!("h{n}").as_str());
-        let view = r.h.family.get_hold(&hold);
+        let view = r.h.cold.get_hold(&r.h.family, &hold);
         assert!(
             n + IN_FLIGHT >= LOADED_HOLDS + LATER_HOLDS
                 || matches!(view, Some(HoldView::Archived { .. })),
@@ -226,7 +234,7 @@ fn lowering_retention_under_load_compacts_in_bounded_slices_to_the_same_end_stat
         assert_eq!(view, r.reference.get_hold(&hold), "h{n}");
         for verb in ["authorize", "capture", "reconcile"] {
             let event = EventId::from(format!("h{n}:{verb}").as_str());
-            let lookup = r.h.family.get_event(&event);
+            let lookup = r.h.cold.get_event(&r.h.family, &event);
             assert!(
                 matches!(
                     lookup,

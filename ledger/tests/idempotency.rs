@@ -319,7 +319,7 @@ fn resolve_tombstones_an_unknown_event_so_it_can_never_apply() {
     let d = h.ok(h.resolve(&lost));
     assert_eq!(d.outcome, Outcome::Resolved(Resolution::NotApplied));
     assert_eq!(
-        h.family.get_event(&"h1:authorize".into()),
+        h.cold.get_event(&h.family, &"h1:authorize".into()),
         EventLookup::Tombstoned
     );
     assert!(h.events().is_empty(), "tombstones are not events");
@@ -358,11 +358,15 @@ fn resolve_of_an_applied_event_returns_the_original_answer() {
     };
     assert_eq!(answer.outcome, original.outcome);
     assert_eq!(answer.commit_index, original.commit_index);
-    let EventLookup::Applied { decision, record } = h.family.get_event(&"h1:authorize".into())
+    let EventLookup::Applied { decision, record } =
+        h.cold.get_event(&h.family, &"h1:authorize".into())
     else {
         panic!()
     };
     assert_eq!(decision.commit_index, original.commit_index);
     assert_eq!(record.map(|r| r.kind), Some(EventKind::ReserveInvocation));
-    assert_eq!(h.family.get_event(&"never".into()), EventLookup::Unknown);
+    assert_eq!(
+        h.cold.get_event(&h.family, &"never".into()),
+        EventLookup::Unknown
+    );
 }

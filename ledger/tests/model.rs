@@ -815,6 +815,9 @@ struct Sut {
     /// A second replica fed the same commands (docs/spec.md §11 invariant 10): its tables hash ids
     /// with other seeds, so only the rows, never where they sit, may reach its answers or bytes.
     replica: Family,
+    /// Each replica's rows out of memory, as its node's store keeps them.
+    cold: ColdRowsInMemory,
+    replica_cold: ColdRowsInMemory,
     log_index: u64,
     now: u64,
     /// Commit index of every applied event id's first answer.
@@ -841,8 +844,8 @@ impl Sut {
             },
             no_space: self.no_space,
         };
-        let result = self.family.apply(command, &ctx);
-        let replica_result = self.replica.apply(command, &ctx);
+        let result = self.cold.apply(&mut self.family, command, &ctx);
+        let replica_result = self.replica_cold.apply(&mut self.replica, command, &ctx);
         assert_eq!(replica_result, result, "the replica answers alike");
         result
     }
@@ -892,6 +895,8 @@ impl StateMachineTest for LedgerUnderTest {
         Sut {
             family: Family::new(FamilyId::from("fam")),
             replica: Family::new(FamilyId::from("fam")),
+            cold: ColdRowsInMemory::default(),
+            replica_cold: ColdRowsInMemory::default(),
             log_index: 0,
             now: T0,
             first_index: BTreeMap::new(),
@@ -1064,6 +1069,8 @@ impl StateMachineTest for LedgerUnderTest {
             };
             assert_eq!(states.invocation, expected, "hold h{hold}");
         }
+        // The rows out of memory are exactly what the family counted and digested.
+        assert_eq!(sut.cold.meta(), sut.family.cold_meta());
         // Snapshots round-trip byte-identically.
         let bytes = sut.family.to_snapshot_bytes();
         let back = Family::from_snapshot_bytes(&bytes).expect("decodes");

@@ -5,7 +5,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tally_ledger::{ApplyCtx, Command, Family, FamilyId};
+use tally_ledger::{ApplyCtx, ColdFetch, Command, Family, FamilyId};
 
 use super::messages::{AppliedBatch, FamilyMsg};
 
@@ -62,7 +62,11 @@ impl Actor for FamilyActor {
         state: &mut FamilyState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            FamilyMsg::Apply { commands, reply } => {
+            FamilyMsg::Apply {
+                commands,
+                cold,
+                reply,
+            } => {
                 let family = match state {
                     FamilyState::Ready(family) => Arc::make_mut(family),
                     FamilyState::Broken(reason) => {
@@ -71,7 +75,9 @@ impl Actor for FamilyActor {
                         return Ok(());
                     }
                 };
-                match catch_unwind(AssertUnwindSafe(|| apply_batch(family, &commands))) {
+                let applied =
+                    catch_unwind(AssertUnwindSafe(|| apply_batch(family, &commands, cold)));
+                match applied {
                     Ok(batch) => {
                         let _ = reply.send(Ok(batch));
                         Ok(())
@@ -107,7 +113,12 @@ impl Actor for FamilyActor {
     }
 }
 
-fn apply_batch(family: &mut Family, commands: &[(ApplyCtx, Command)]) -> AppliedBatch {
+fn apply_batch(
+    family: &mut Family,
+    commands: &[(ApplyCtx, Command)],
+    cold: ColdFetch,
+) -> AppliedBatch {
+    family.start_batch(cold);
     let results = commands
         .iter()
         .map(|(ctx, command)| family.apply(command, ctx))
@@ -123,6 +134,8 @@ fn apply_batch(family: &mut Family, commands: &[(ApplyCtx, Command)]) -> Applied
         pristine,
         has_live_holds: family.live_hold_count() > 0,
         footprint_bytes: family.footprint_bytes(),
+        moved: family.moved_rows().to_vec(),
+        cold_rows: family.cold_meta().rows,
     }
 }
 

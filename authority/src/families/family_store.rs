@@ -1,5 +1,7 @@
-//! Where passivated families live: a node-local redb file of each family's canonical
-//! encoding, so a family the router lets go of costs disk, not memory (docs/spec.md §5.5).
+//! Where passivated families and rows out of memory live: a node-local redb file of each
+//! passivated family's canonical encoding and of every row a family moved out of memory
+//! (`tally_ledger::cold`), so a family the router lets go of, and a family's history, cost
+//! disk, not memory (docs/spec.md §5.5).
 //!
 //! The file is a spill area, not a source of truth. The replicated state is the newest
 //! snapshot plus the Raft log; a node rebuilds this file from them whenever it restores, so
@@ -19,10 +21,32 @@ use redb::backends::InMemoryBackend;
 use redb::{Database, Durability, ReadOnlyTable, ReadableDatabase, TableDefinition};
 use tally_ledger::FamilyId;
 
+use super::cold_buffer::{merge_in_key_order, BufferedRows, ColdBuffer, Rows};
 use super::error::RouterError;
 
 /// Family id → the family's canonical encoding (`Family::to_snapshot_bytes`).
 const FAMILIES: TableDefinition<&str, &[u8]> = TableDefinition::new("families");
+/// `cold_row_key(family, key)` → a row the family moved out of memory. Keyed by family first,
+/// so one family's rows are one key range, read in key order for snapshots.
+const COLD_ROWS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("cold_rows");
+
+/// A row's key in the store: the family id's length (two bytes) and bytes, then the row's key
+/// within the family (`ColdKey::to_bytes`). The length makes one family's keys a range no
+/// other family's key falls in.
+pub fn cold_row_key(family_id: &FamilyId, key: &[u8]) -> Vec<u8> {
+    let mut bytes = cold_family_prefix(family_id);
+    bytes.extend_from_slice(key);
+    bytes
+}
+
+fn cold_family_prefix(family_id: &FamilyId) -> Vec<u8> {
+    let id = family_id.as_str().as_bytes();
+    let length = u16::try_from(id.len()).expect("family ids are at most 512 bytes");
+    let mut bytes = Vec::with_capacity(2 + id.len() + 64);
+    bytes.extend_from_slice(&length.to_be_bytes());
+    bytes.extend_from_slice(id);
+    bytes
+}
 
 /// Bytes written between two durable commits (see the module docs).
 const SYNC_EVERY_BYTES: u64 = 64 << 20;
@@ -101,9 +125,95 @@ struct Inner {
     written_since_sync: AtomicU64,
     /// Reads that went to the store (misses of the actor table), for metrics.
     reads: AtomicU64,
-    /// The view of the last commit, handed to readers until the next write.
-    view: Mutex<Option<StoreView>>,
+    /// Lookups of rows out of memory that went to the store, for metrics.
+    cold_reads: AtomicU64,
+    /// The file's part of a view at the last commit, handed to readers until the next write.
+    view: Mutex<Option<FileView>>,
     cache_bytes: AtomicUsize,
+    /// Rows out of memory not yet in the file (see `cold_buffer.rs`).
+    buffer: ColdBuffer,
+}
+
+impl Inner {
+    /// Writes `put`, removes `remove` and adds `cold_rows` in one commit, durable when
+    /// `durable` or when `SYNC_EVERY_BYTES` were written since the last durable one; then
+    /// drops the cached view. Blocking.
+    fn commit(
+        &self,
+        put: &[(FamilyId, Arc<Vec<u8>>)],
+        remove: &[FamilyId],
+        cold_rows: &Rows,
+        durable: bool,
+    ) -> Result<(), RouterError> {
+        if put.is_empty() && remove.is_empty() && cold_rows.is_empty() {
+            return Ok(());
+        }
+        let written: u64 = put.iter().map(|(_, bytes)| bytes.len() as u64).sum::<u64>()
+            + (cold_rows.iter())
+                .map(|(key, row)| (key.len() + row.len()) as u64)
+                .sum::<u64>();
+        let before = self
+            .written_since_sync
+            .fetch_add(written, Ordering::Relaxed);
+        let durable = durable || before + written >= SYNC_EVERY_BYTES;
+        let mut txn = self.db.begin_write().map_err(|e| store_error("begin", e))?;
+        let durability = if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        };
+        txn.set_durability(durability)
+            .map_err(|e| store_error("set durability", e))?;
+        {
+            let mut table = txn
+                .open_table(FAMILIES)
+                .map_err(|e| store_error("open the families table", e))?;
+            for (family_id, bytes) in put {
+                table
+                    .insert(family_id.as_str(), bytes.as_slice())
+                    .map_err(|e| store_error("write a family", e))?;
+            }
+            for family_id in remove {
+                table
+                    .remove(family_id.as_str())
+                    .map_err(|e| store_error("remove a family", e))?;
+            }
+            let mut rows = txn
+                .open_table(COLD_ROWS)
+                .map_err(|e| store_error("open the rows table", e))?;
+            for (key, row) in cold_rows {
+                let previous = rows
+                    .insert(key.as_slice(), row.as_slice())
+                    .map_err(|e| store_error("write a row", e))?;
+                if previous.is_some() {
+                    return Err(RouterError::Store(format!(
+                        "a row out of memory was written twice (key {key:02x?})"
+                    )));
+                }
+            }
+        }
+        txn.commit().map_err(|e| store_error("commit", e))?;
+        if durable {
+            self.written_since_sync.store(0, Ordering::Relaxed);
+        }
+        self.drop_cached_view();
+        Ok(())
+    }
+
+    fn drop_cached_view(&self) {
+        *self.view.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// Writes rows the buffer handed out, durably (so the pages the transaction freed are
+    /// reused at once), and tells the buffer. A failure breaks the store: every later use of
+    /// it fails (fatal to the node, which rebuilds the store from its snapshot at start).
+    fn write_buffered(&self, rows: &Rows) {
+        let result = self.commit(&[], &[], rows, true);
+        if let Err(error) = &result {
+            tracing::error!(%error, "could not write rows out of memory to the family store");
+        }
+        self.buffer.flushed(result, || self.drop_cached_view());
+    }
 }
 
 impl Drop for Inner {
@@ -154,6 +264,8 @@ impl FamilyStore {
         let txn = db.begin_write().map_err(|e| store_error("begin", e))?;
         txn.open_table(FAMILIES)
             .map_err(|e| store_error("create the families table", e))?;
+        txn.open_table(COLD_ROWS)
+            .map_err(|e| store_error("create the rows table", e))?;
         txn.commit().map_err(|e| store_error("commit", e))?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -161,7 +273,9 @@ impl FamilyStore {
                 path,
                 written_since_sync: AtomicU64::new(0),
                 reads: AtomicU64::new(0),
+                cold_reads: AtomicU64::new(0),
                 view: Mutex::new(None),
+                buffer: ColdBuffer::default(),
                 cache_bytes: AtomicUsize::new(cache_bytes),
             }),
         })
@@ -173,58 +287,49 @@ impl FamilyStore {
         put: &[(FamilyId, Arc<Vec<u8>>)],
         remove: &[FamilyId],
     ) -> Result<(), RouterError> {
-        if put.is_empty() && remove.is_empty() {
-            return Ok(());
-        }
-        let written: u64 = put.iter().map(|(_, bytes)| bytes.len() as u64).sum();
-        let before = self
-            .inner
-            .written_since_sync
-            .fetch_add(written, Ordering::Relaxed);
-        let durable = before + written >= SYNC_EVERY_BYTES;
-        let mut txn = self
-            .inner
-            .db
-            .begin_write()
-            .map_err(|e| store_error("begin", e))?;
-        let durability = if durable {
-            Durability::Immediate
-        } else {
-            Durability::None
-        };
-        txn.set_durability(durability)
-            .map_err(|e| store_error("set durability", e))?;
-        {
-            let mut table = txn
-                .open_table(FAMILIES)
-                .map_err(|e| store_error("open the families table", e))?;
-            for (family_id, bytes) in put {
-                table
-                    .insert(family_id.as_str(), bytes.as_slice())
-                    .map_err(|e| store_error("write a family", e))?;
-            }
-            for family_id in remove {
-                table
-                    .remove(family_id.as_str())
-                    .map_err(|e| store_error("remove a family", e))?;
-            }
-        }
-        txn.commit().map_err(|e| store_error("commit", e))?;
-        if durable {
-            self.inner.written_since_sync.store(0, Ordering::Relaxed);
-        }
-        *self
-            .inner
-            .view
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = None;
-        Ok(())
+        self.inner.commit(put, remove, &Rows::new(), false)
     }
 
-    /// A consistent view of the last commit: later writes do not change what it reads.
-    /// Cheap (one view is shared until the next write); the pages it reads stay on disk for
-    /// as long as it lives, so readers drop it when done.
+    /// Hands over rows moved out of memory (`(cold_row_key, row)`): they are in every view
+    /// taken from now on, and reach the file a few MiB at a time on a thread of their own
+    /// (`cold_buffer.rs`). A row is handed over once: the same key again is a fault of this
+    /// node. Blocks only while the file falls behind.
+    pub fn write_cold_rows(&self, rows: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), RouterError> {
+        let Some(rows) = self.inner.buffer.add(rows)? else {
+            return Ok(());
+        };
+        let inner = Arc::clone(&self.inner);
+        std::thread::Builder::new()
+            .name("tally-cold-rows".into())
+            .spawn(move || inner.write_buffered(&rows))
+            .map(drop)
+            .map_err(|error| store_error("start the rows writer", error))
+    }
+
+    /// Writes every row handed over to the file now (the end of a restore, tests). Blocking.
+    pub fn flush_cold_rows(&self) -> Result<(), RouterError> {
+        if let Some(rows) = self.inner.buffer.take_all()? {
+            self.inner.write_buffered(&rows);
+        }
+        // Fails if that write did.
+        self.inner.buffer.snapshot(|| Ok(())).map(drop)
+    }
+
+    /// Bytes of rows out of memory waiting in memory for the file (counted in the budget).
+    pub fn buffered_bytes(&self) -> usize {
+        self.inner.buffer.bytes()
+    }
+
+    /// A consistent view of the last commit, with the rows out of memory not yet in the
+    /// file: later writes do not change what it reads. Cheap (the file's part is shared until
+    /// the next write); the pages it reads stay on disk for as long as it lives, so readers
+    /// drop it when done.
     pub fn view(&self) -> Result<StoreView, RouterError> {
+        let (buffered, file) = self.inner.buffer.snapshot(|| self.file_view())?;
+        Ok(StoreView { file, buffered })
+    }
+
+    fn file_view(&self) -> Result<FileView, RouterError> {
         let mut cached = self
             .inner
             .view
@@ -241,8 +346,12 @@ impl FamilyStore {
         let table = txn
             .open_table(FAMILIES)
             .map_err(|e| store_error("open the families table", e))?;
-        let view = StoreView {
+        let cold_rows = txn
+            .open_table(COLD_ROWS)
+            .map_err(|e| store_error("open the rows table", e))?;
+        let view = FileView {
             table: Arc::new(table),
+            cold_rows: Arc::new(cold_rows),
             store: Arc::clone(&self.inner),
         };
         *cached = Some(view.clone());
@@ -260,16 +369,30 @@ impl FamilyStore {
         self.inner.reads.load(Ordering::Relaxed)
     }
 
+    /// Lookups of a row out of memory that went to the store so far.
+    pub fn cold_reads(&self) -> u64 {
+        self.inner.cold_reads.load(Ordering::Relaxed)
+    }
+
     /// The page cache the store was given, counted against the memory budget.
     pub fn cache_bytes(&self) -> usize {
         self.inner.cache_bytes.load(Ordering::Relaxed)
     }
 }
 
-/// A read-only view of the store at one commit (see `FamilyStore::view`).
+/// A read-only view of the store at one commit, with the rows out of memory that were not
+/// in the file yet (see `FamilyStore::view`).
 #[derive(Clone)]
 pub struct StoreView {
+    file: FileView,
+    buffered: BufferedRows,
+}
+
+/// The file's part of a view.
+#[derive(Clone)]
+struct FileView {
     table: Arc<ReadOnlyTable<&'static str, &'static [u8]>>,
+    cold_rows: Arc<ReadOnlyTable<&'static [u8], &'static [u8]>>,
     /// Keeps the database (and its file) alive while the view is read.
     store: Arc<Inner>,
 }
@@ -290,11 +413,44 @@ impl StoreView {
             .collect()
     }
 
+    /// The stored row under `key` (`cold_row_key`), if any. Blocking.
+    pub fn cold_row(&self, key: &[u8]) -> Result<Option<Vec<u8>>, RouterError> {
+        if let Some(row) = self.buffered.get(key) {
+            return Ok(Some(row.to_vec()));
+        }
+        self.file.store.cold_reads.fetch_add(1, Ordering::Relaxed);
+        let found = (self.file.cold_rows.get(key)).map_err(|e| store_error("read a row", e))?;
+        Ok(found.map(|row| row.value().to_vec()))
+    }
+
+    /// Every row `family_id` moved out of memory, in key order, as `(key within the family,
+    /// row)`, passed to `each`. Blocking.
+    pub fn each_cold_row(
+        &self,
+        family_id: &FamilyId,
+        mut each: impl FnMut(&[u8], &[u8]) -> Result<(), RouterError>,
+    ) -> Result<(), RouterError> {
+        let prefix = cold_family_prefix(family_id);
+        let mut end = prefix.clone();
+        // Keys within a family start with a kind byte below 0xff.
+        end.push(0xff);
+        let file = (self.file.cold_rows)
+            .range(prefix.as_slice()..end.as_slice())
+            .map_err(|e| store_error("read the rows", e))?
+            .map(|item| {
+                let (key, row) = item.map_err(|e| store_error("read a row", e))?;
+                Ok((key.value().to_vec(), row.value().to_vec()))
+            });
+        let memory = self.buffered.range(&prefix, &end);
+        merge_in_key_order(file, memory, |key, row| each(&key[prefix.len()..], row))
+    }
+
     /// The family's encoding. A family the router says is stored but the view lacks is a
     /// fault of this node (fatal): its state cannot be found.
     pub fn get(&self, family_id: &FamilyId) -> Result<Vec<u8>, RouterError> {
-        self.store.reads.fetch_add(1, Ordering::Relaxed);
+        self.file.store.reads.fetch_add(1, Ordering::Relaxed);
         let found = self
+            .file
             .table
             .get(family_id.as_str())
             .map_err(|e| store_error("read a family", e))?;
@@ -352,6 +508,53 @@ mod tests {
             Err(RouterError::FamilyFailed { .. })
         ));
         assert_eq!(store.reads(), 3);
+    }
+
+    /// Rows handed over are read from memory until written, then from the file, and a
+    /// family's rows come out in key order wherever each one is; a view keeps what it saw.
+    #[test]
+    fn rows_out_of_memory_read_alike_from_the_buffer_and_the_file() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = FamilyStore::create(&dir.path().join("families.redb"), 0).expect("create");
+        let (fam, other) = (FamilyId::from("fam"), FamilyId::from("fa"));
+        let row = |n: u32| (cold_row_key(&fam, &n.to_be_bytes()), vec![n as u8; 8]);
+        let rows_of = |view: &StoreView, family: &FamilyId| {
+            let mut rows = Vec::new();
+            view.each_cold_row(family, |key, row| {
+                rows.push((key.to_vec(), row.to_vec()));
+                Ok(())
+            })
+            .expect("reads");
+            rows
+        };
+        store
+            .write_cold_rows(vec![row(2), row(0), (cold_row_key(&other, b"x"), vec![9])])
+            .expect("hand over");
+        let before = store.view().expect("view");
+        assert_eq!(before.cold_row(&row(2).0).expect("read"), Some(row(2).1));
+        store.flush_cold_rows().expect("flush");
+        assert_eq!(store.cold_reads(), 0, "read from memory");
+        store
+            .write_cold_rows(vec![row(1), row(3)])
+            .expect("hand over");
+        let view = store.view().expect("view");
+        let keys: Vec<Vec<u8>> = (rows_of(&view, &fam).into_iter())
+            .map(|(key, _)| key)
+            .collect();
+        let expected: Vec<Vec<u8>> = (0u32..4).map(|n| n.to_be_bytes().to_vec()).collect();
+        assert_eq!(keys, expected, "file and memory merged in key order");
+        assert_eq!(rows_of(&view, &other), vec![(b"x".to_vec(), vec![9])]);
+        assert_eq!(
+            rows_of(&before, &fam).len(),
+            2,
+            "an older view keeps what it saw"
+        );
+        assert_eq!(view.cold_row(&row(0).0).expect("read"), Some(row(0).1));
+        assert_eq!(store.cold_reads(), 1, "read from the file");
+        assert!(
+            store.write_cold_rows(vec![row(1)]).is_err(),
+            "handed over twice"
+        );
     }
 
     #[test]

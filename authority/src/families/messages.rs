@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tally_ledger::{ApplyCtx, Command, Decision, Family, LedgerError};
+use tally_ledger::{ApplyCtx, ColdFetch, Command, Decision, Family, LedgerError, MovedRow};
 use tokio::sync::oneshot;
 
 /// A read (or a state capture) run against the family between two applies. It sends its own
@@ -14,6 +14,9 @@ pub(crate) enum FamilyMsg {
     /// One family's commands of one round, in log order.
     Apply {
         commands: Vec<(ApplyCtx, Command)>,
+        /// The answers for every id the commands name among the family's rows out of
+        /// memory (empty when it has none).
+        cold: ColdFetch,
         reply: oneshot::Sender<ApplyReply>,
     },
     Read(FamilyRead),
@@ -38,4 +41,8 @@ pub(crate) struct AppliedBatch {
     pub has_live_holds: bool,
     /// The family's estimated heap bytes after the batch (`Family::footprint_bytes`).
     pub footprint_bytes: usize,
+    /// The rows the batch moved out of memory, for the router to store.
+    pub moved: Vec<MovedRow>,
+    /// The family's count of rows out of memory after the batch (`ColdMeta::rows`).
+    pub cold_rows: u64,
 }

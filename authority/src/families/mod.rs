@@ -7,6 +7,9 @@
 mod actor_table;
 mod alarms;
 mod batch;
+mod cold_buffer;
+mod cold_index;
+mod cold_rows;
 mod config;
 mod entry;
 mod error;

@@ -35,18 +35,19 @@ use std::future::Future;
 use std::sync::Arc;
 
 use ractor::ActorRef;
+use tally_ledger::cold::{event_read_with_stored, hold_read_with_stored, ColdRowError};
 use tally_ledger::limits::MAX_LIST_LIMIT;
 use tally_ledger::list_position::{hold_order, usage_order};
 use tally_ledger::snapshot::digest_bytes;
 use tally_ledger::{
-    AccountKey, BudgetCommitIndex, CapabilityId, EventId, EventLookup, EventRecord, Family,
-    FamilyId, Hold, HoldFilter, HoldId, HoldView, UsagePosition, UsageRecord,
+    AccountKey, BudgetCommitIndex, CapabilityId, ColdKey, EventId, EventLookup, EventRecord,
+    Family, FamilyId, Hold, HoldFilter, HoldId, HoldView, UsagePosition, UsageRecord,
 };
 use tokio::sync::{oneshot, Mutex};
 
 use super::actor_table::{gone, send, ActorTable, Located};
 use super::error::RouterError;
-use super::family_store::StoreView;
+use super::family_store::{cold_row_key, FamilyStore, StoreView};
 use super::messages::FamilyMsg;
 use super::router::FamilyRouter;
 
@@ -138,9 +139,17 @@ impl FamilyRouter {
         family_id: &FamilyId,
         event_id: &EventId,
     ) -> impl Future<Output = Result<EventLookup, RouterError>> + Send + 'static {
-        let event_id = event_id.clone();
-        let part = self.start_family(family_id, move |f: &Family| f.get_event(&event_id));
-        async move { Ok(part?.answer().await?.unwrap_or(EventLookup::Unknown)) }
+        let (id, named) = (event_id.clone(), event_id.clone());
+        let part = self.start_family(family_id, move |f: &Family| f.get_event(&id));
+        let stored = self.stored_row(family_id, ColdKey::Event(event_id.clone()));
+        async move {
+            let found = part?.answer().await?.unwrap_or(EventLookup::Unknown);
+            if found != EventLookup::Unknown {
+                return Ok(found);
+            }
+            let row = stored.read().await?;
+            stored.finish(|row| event_read_with_stored(found, &named, row), row)
+        }
     }
 
     pub fn get_hold(
@@ -148,9 +157,29 @@ impl FamilyRouter {
         family_id: &FamilyId,
         hold_id: &HoldId,
     ) -> impl Future<Output = Result<Option<HoldView>, RouterError>> + Send + 'static {
-        let hold_id = hold_id.clone();
-        let part = self.start_family(family_id, move |f: &Family| f.get_hold(&hold_id));
-        async move { Ok(part?.answer().await?.flatten()) }
+        let (id, named) = (hold_id.clone(), hold_id.clone());
+        let part = self.start_family(family_id, move |f: &Family| f.get_hold(&id));
+        let stored = self.stored_row(family_id, ColdKey::Hold(hold_id.clone()));
+        async move {
+            let found = part?.answer().await?.flatten();
+            if found.is_some() {
+                return Ok(found);
+            }
+            let row = stored.read().await?;
+            stored.finish(|row| hold_read_with_stored(found, &named, row), row)
+        }
+    }
+
+    /// The second place a point read looks: the family's row out of memory under `key`, read
+    /// from a view taken after the family answered. Rows only ever join the store, and a
+    /// family keeps the rows its last batch moved until the router stored them (its next
+    /// batch), so a row the family no longer holds is in that view.
+    fn stored_row(&self, family_id: &FamilyId, key: ColdKey) -> StoredRow {
+        StoredRow {
+            family_id: family_id.clone(),
+            store: (self.cold.rows(family_id) > 0).then(|| self.actors.store().clone()),
+            key,
+        }
     }
 
     /// Live holds for reconcilers, oldest first (`created_at_ms`, family id, hold id), after
@@ -280,6 +309,37 @@ fn ask<R: Send + 'static>(
     }));
     send(family_id, actor, message)?;
     Ok(rx)
+}
+
+/// A point read's look among a family's rows out of memory (see `FamilyRouter::stored_row`).
+struct StoredRow {
+    family_id: FamilyId,
+    /// `None`: the family had no row out of memory when the read started.
+    store: Option<FamilyStore>,
+    key: ColdKey,
+}
+
+impl StoredRow {
+    /// The row's bytes, if stored (on a blocking thread).
+    async fn read(&self) -> Result<Option<Vec<u8>>, RouterError> {
+        let Some(store) = self.store.clone() else {
+            return Ok(None);
+        };
+        let key = cold_row_key(&self.family_id, &self.key.to_bytes());
+        off_the_runtime(self.family_id.clone(), move || store.view()?.cold_row(&key)).await
+    }
+
+    /// The read's answer from the stored row; a row that does not decode is this node's fault.
+    fn finish<T>(
+        &self,
+        answer: impl FnOnce(Option<&[u8]>) -> Result<T, ColdRowError>,
+        row: Option<Vec<u8>>,
+    ) -> Result<T, RouterError> {
+        answer(row.as_deref()).map_err(|error| RouterError::FamilyFailed {
+            family_id: self.family_id.clone(),
+            reason: error.to_string(),
+        })
+    }
 }
 
 /// One family's part of a read, taken under the lock.

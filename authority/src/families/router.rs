@@ -7,6 +7,7 @@ use tokio::sync::oneshot;
 
 use super::actor_table::{gone, send, ActorTable};
 use super::batch::{self, PendingOutput, Round};
+use super::cold_index::ColdIndex;
 use super::config::RouterConfig;
 use super::entry::{EntryInput, EntryOutput};
 use super::error::RouterError;
@@ -27,6 +28,9 @@ pub struct FamilyRouter {
     /// Node-local, derived: which families hold live holds (what `ListHolds` without a
     /// family reads).
     pub(super) holds: HoldIndex,
+    /// Node-local, derived from the store: which families have rows out of memory, and the
+    /// filters that spare a fresh id a disk read.
+    pub(super) cold: ColdIndex,
     /// Set by the first fatal error; from then on the router refuses all work.
     pub(super) halted: Option<String>,
 }
@@ -44,6 +48,7 @@ impl FamilyRouter {
             RouterState::default(),
             ExpiryIndex::default(),
             ActorTable::new(store),
+            ColdIndex::default(),
         )
     }
 
@@ -52,6 +57,7 @@ impl FamilyRouter {
         state: RouterState,
         expiry: ExpiryIndex,
         actors: ActorTable,
+        cold: ColdIndex,
     ) -> Result<Self, RouterError> {
         config.validate()?;
         // Families restored passivated have not been counted; a new router has none.
@@ -62,6 +68,7 @@ impl FamilyRouter {
             expiry,
             actors,
             holds,
+            cold,
             halted: None,
         })
     }
@@ -99,6 +106,7 @@ impl FamilyRouter {
             .cloned()
             .collect();
         let mut fetched = self.actors.fetch(stored).await?;
+        let mut cold = self.fetch_cold(&work).await?;
         let mut pending = Vec::with_capacity(work.len());
         for (family_id, family_work) in work {
             let actor =
@@ -107,12 +115,14 @@ impl FamilyRouter {
             let (reply, answer) = oneshot::channel();
             let message = FamilyMsg::Apply {
                 commands: family_work.commands,
+                cold: cold.remove(&family_id).unwrap_or_default(),
                 reply,
             };
             send(&family_id, &actor, message)?;
             pending.push((family_id, family_work.slots, answer));
         }
         let mut pristine = Vec::new();
+        let mut moved = Vec::new();
         for (family_id, slots, answer) in pending {
             let applied = match answer.await {
                 Ok(Ok(applied)) => applied,
@@ -131,15 +141,21 @@ impl FamilyRouter {
             self.holds.applied(&family_id, applied.has_live_holds);
             self.actors
                 .set_footprint(&family_id, applied.footprint_bytes);
+            self.check_cold_count(&family_id, applied.cold_rows, applied.moved.len())?;
             if applied.pristine {
                 pristine.push(family_id);
+            } else if !applied.moved.is_empty() {
+                moved.push((family_id, applied.moved));
             }
         }
+        // Before the next round can name them, and before any family is passivated.
+        self.store_moved(moved).await?;
         self.actors.forget(&pristine).await;
         let spill_before = round_first_index.saturating_sub(self.config.min_idle_entries_to_spill);
+        // The filters of rows out of memory count against the families' share.
         let over = self.actors.over_limit(
             self.config.max_live_actors,
-            self.config.max_live_bytes,
+            (self.config.max_live_bytes).saturating_sub(self.cold.filter_bytes()),
             spill_before,
         );
         self.actors.passivate(&over).await?;
@@ -220,6 +236,21 @@ impl FamilyRouter {
     /// `max_live_bytes` bounds.
     pub fn live_footprint_bytes(&self) -> usize {
         self.actors.live_footprint_bytes()
+    }
+
+    /// Metric: rows out of memory, over all families (in the family store).
+    pub fn cold_rows(&self) -> u64 {
+        self.cold.total_rows()
+    }
+
+    /// Metric: the memory of the filters over rows out of memory.
+    pub fn cold_filter_bytes(&self) -> usize {
+        self.cold.filter_bytes()
+    }
+
+    /// Metric: `(ids looked up among rows out of memory, ids the filters sent to the store)`.
+    pub fn cold_lookups(&self) -> (u64, u64) {
+        self.cold.lookups()
     }
 
     /// The family store (its file size, reads and cache, for metrics).

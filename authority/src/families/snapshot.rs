@@ -15,6 +15,7 @@ use tally_ledger::snapshot::digest_bytes;
 use tally_ledger::{Family, FamilyId, IdMap};
 
 use super::actor_table::ActorTable;
+use super::cold_index::ColdIndex;
 use super::config::RouterConfig;
 use super::error::RouterError;
 use super::expiry_index::ExpiryIndex;
@@ -24,8 +25,9 @@ use super::router_state::RouterState;
 
 /// Bumped whenever the encoding of `RouterSnapshot` changes. Version 2 may carry raised
 /// alarms after the router state's other fields (docs/spec.md §5.6); a node that reads only
-/// version 1 refuses it by its version rather than drop the alarms.
-pub const SNAPSHOT_FORMAT_VERSION: u32 = 2;
+/// version 1 refuses it by its version rather than drop the alarms. Version 3 adds a fifth
+/// field, the rows families moved out of memory (`tally_ledger::cold`).
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 3;
 /// The oldest version still restored: version 1 is version 2 without alarms (its router
 /// state simply ends before them), so it restores with none raised.
 pub const OLDEST_SNAPSHOT_FORMAT_VERSION: u32 = 1;
@@ -40,6 +42,11 @@ pub struct RouterSnapshot {
     pub maintenance_due: IdMap<FamilyId, u64>,
     /// Each family's canonical encoding (`Family::to_snapshot_bytes`).
     pub families: BTreeMap<FamilyId, ByteBuf>,
+    /// The rows each family moved out of memory, by key within the family: from version 3,
+    /// and left out while no family has any. Checked against each family's `ColdMeta` when
+    /// restored.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cold_rows: BTreeMap<FamilyId, BTreeMap<ByteBuf, ByteBuf>>,
 }
 
 impl RouterSnapshot {
@@ -77,6 +84,8 @@ pub struct RouterCut {
     /// from (later passivations do not change what it reads).
     pub(super) stored: Vec<FamilyId>,
     pub(super) view: StoreView,
+    /// The families with rows out of memory at the cut and how many (read from `view`).
+    pub(super) cold: BTreeMap<FamilyId, u64>,
 }
 
 impl RouterCut {
@@ -105,6 +114,7 @@ impl FamilyRouter {
             live,
             stored: self.actors.stored().keys().cloned().collect(),
             view: self.actors.view()?,
+            cold: self.cold.counts(),
         })
     }
 
@@ -135,12 +145,14 @@ impl FamilyRouter {
         maintenance_due: IdMap<FamilyId, u64>,
         store: FamilyStore,
         stored: BTreeMap<FamilyId, usize>,
+        cold: ColdIndex,
     ) -> Result<Self, RouterError> {
         FamilyRouter::from_parts(
             config,
             state,
             ExpiryIndex::from_map(maintenance_due),
             ActorTable::from_stored(store, stored),
+            cold,
         )
     }
 

@@ -213,6 +213,10 @@ struct FamiliesMemory {
     stored_bytes: usize,
     store_file_bytes: u64,
     store_reads: u64,
+    cold_rows: u64,
+    cold_filter_bytes: usize,
+    cold_lookups: (u64, u64),
+    cold_reads: u64,
 }
 
 /// What a scrape reads besides the counters.
@@ -249,6 +253,10 @@ pub async fn render(sources: &Sources) -> String {
             stored_bytes: router.passivated_bytes(),
             store_file_bytes: router.store().file_bytes().unwrap_or(0),
             store_reads: router.store().reads(),
+            cold_rows: router.cold_rows(),
+            cold_filter_bytes: router.cold_filter_bytes(),
+            cold_lookups: router.cold_lookups(),
+            cold_reads: router.store().cold_reads(),
         };
         let (live, passivated) = (router.live_actors(), router.passivated_families());
         (live, passivated, families_memory, alarms)
@@ -517,6 +525,37 @@ pub async fn render(sources: &Sources) -> String {
         "counter",
         "Families read back from the family store (activations, reads, digests, snapshots).",
         &plain(families_memory.store_reads.to_string()),
+    );
+    metric(
+        "tally_cold_rows",
+        "gauge",
+        "Rows families moved out of memory (compact dedupe rows and archived holds past \
+         retention), kept in the family store.",
+        &plain(families_memory.cold_rows.to_string()),
+    );
+    metric(
+        "tally_cold_filter_bytes",
+        "gauge",
+        "Memory of the filters that spare a fresh id a disk read (counted in the families' \
+         half of memory_budget_bytes).",
+        &plain(families_memory.cold_filter_bytes.to_string()),
+    );
+    let (lookups, passed) = families_memory.cold_lookups;
+    metric(
+        "tally_cold_lookups_total",
+        "counter",
+        "Ids looked up among rows out of memory before a batch: all of them, and those the \
+         filters passed to the store (disk reads per fresh id = passed / all).",
+        &[
+            ("{result=\"all\"}".to_owned(), lookups.to_string()),
+            ("{result=\"passed\"}".to_owned(), passed.to_string()),
+        ],
+    );
+    metric(
+        "tally_cold_store_reads_total",
+        "counter",
+        "Reads of rows out of memory from the family store (batches and point reads).",
+        &plain(families_memory.cold_reads.to_string()),
     );
     #[cfg(feature = "stage-stats")]
     render_stage_latency(&mut out, &sources.raft).await;

@@ -9,8 +9,8 @@ use tally_ledger::cluster_time::advance;
 use tally_ledger::limits::MAX_LIST_LIMIT;
 use tally_ledger::list_position::hold_order;
 use tally_ledger::{
-    ApplyCtx, ClientCommand, ClusterParams, Command, CommandHeader, Decision, Family, FamilyId,
-    GrantLimits, Hold, HoldFilter, LedgerError, LogPosition, Operation,
+    ApplyCtx, ClientCommand, ClusterParams, ColdRowsInMemory, Command, CommandHeader, Decision,
+    Family, FamilyId, GrantLimits, Hold, HoldFilter, LedgerError, LogPosition, Operation,
 };
 
 pub const T0: u64 = 1_700_000_000_000;
@@ -133,6 +133,8 @@ pub fn alarm(index: u64, stamped_ms: u64, change: AlarmChange) -> EntryInput {
 #[derive(Default)]
 pub struct Reference {
     pub families: BTreeMap<FamilyId, Family>,
+    /// Each family's rows out of memory, kept as a node's store would.
+    pub cold: BTreeMap<FamilyId, ColdRowsInMemory>,
     pub now_ms: u64,
     pub params: ClusterParams,
     /// Whether `NoSpace` is raised (the router keeps the alarms; the ledger only sees this).
@@ -164,7 +166,8 @@ impl Reference {
                             .families
                             .entry(command.family_id().clone())
                             .or_insert_with(|| Family::new(command.family_id().clone()));
-                        results.push(family.apply(command, &ctx));
+                        let cold = self.cold.entry(command.family_id().clone()).or_default();
+                        results.push(cold.apply(family, command, &ctx));
                     }
                 }
             }

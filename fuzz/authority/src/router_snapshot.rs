@@ -108,6 +108,7 @@ pub(crate) fn seed_snapshots() -> Vec<(String, RouterSnapshot)> {
         state: RouterState::default(),
         maintenance_due: IdMap::default(),
         families: Default::default(),
+        cold_rows: Default::default(),
     };
     let mut families = std::collections::BTreeMap::new();
     let mut maintenance_due = IdMap::default();
@@ -144,6 +145,7 @@ pub(crate) fn seed_snapshots() -> Vec<(String, RouterSnapshot)> {
         },
         maintenance_due,
         families,
+        cold_rows: Default::default(),
     };
     vec![("empty".into(), empty), ("two-families".into(), full)]
 }

@@ -19,7 +19,8 @@ use tally_api::pb;
 use tally_ledger::cluster_time::advance;
 use tally_ledger::limits::{MAX_COMMANDS_PER_ENTRY, MAX_LIST_LIMIT};
 use tally_ledger::{
-    ApplyCtx, ClusterParams, Command, Decision, EventLookup, Family, FamilyId, HoldFilter,
+    ApplyCtx, ClusterParams, ColdRowsInMemory, Command, Decision, EventLookup, Family, FamilyId,
+    HoldFilter,
     LedgerError, LogPosition, ParamsChange,
 };
 
@@ -32,6 +33,8 @@ pub const MAX_COMMANDS_PER_INPUT: usize = 512;
 /// One replica's state: the router's scalars and its families.
 struct Replica {
     families: BTreeMap<FamilyId, Family>,
+    /// Each family's rows out of memory, kept as a node's store would.
+    cold: BTreeMap<FamilyId, ColdRowsInMemory>,
 }
 
 impl Replica {
@@ -43,7 +46,8 @@ impl Replica {
             .families
             .entry(command.family_id().clone())
             .or_insert_with(|| Family::new(command.family_id().clone()));
-        let result = family.apply(command, ctx);
+        let cold = self.cold.entry(command.family_id().clone()).or_default();
+        let result = cold.apply(family, command, ctx);
         let violations = family.invariant_violations();
         assert!(
             violations.is_empty(),
@@ -75,9 +79,11 @@ impl Harness {
             replicas: [
                 Replica {
                     families: BTreeMap::new(),
+                    cold: BTreeMap::new(),
                 },
                 Replica {
                     families: BTreeMap::new(),
+                    cold: BTreeMap::new(),
                 },
             ],
             last_applied: None,
@@ -196,10 +202,12 @@ impl Harness {
             assert_eq!(restored.digest(), family.digest());
             assert!(restored.invariant_violations().is_empty());
             check_reads(family_id, family);
+            // Reads as a node answers them: the family, then its rows out of memory.
+            let cold = first.cold.get(family_id).cloned().unwrap_or_default();
             for event_id in &self.event_ids {
-                let lookup = family.get_event(event_id);
+                let lookup = cold.get_event(family, event_id);
                 proto::<EventLookup, pb::EventLookup>("event lookup", &lookup);
-                assert_eq!(lookup, restored.get_event(event_id));
+                assert_eq!(lookup, cold.get_event(&restored, event_id));
             }
         }
     }

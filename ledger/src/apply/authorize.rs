@@ -31,6 +31,11 @@ impl Family {
         };
         let requested = *requested_exposure_units;
         let (holds, mut books) = self.split();
+        if books.cold.hold(hold_id).is_some() {
+            return Err(LedgerError::Conflict(ConflictReason::HoldReused {
+                hold_id: hold_id.to_string(),
+            }));
+        }
         let slot = match holds.entry(hold_id.clone()) {
             Entry::Occupied(_) => {
                 return Err(LedgerError::Conflict(ConflictReason::HoldReused {

@@ -37,9 +37,9 @@ pub(crate) fn hold_expired(hold_id: &HoldId) -> LedgerError {
 /// The hold `cmd` names, on `cmd`'s own account, found with one lookup. A due Authorized hold
 /// is expired first (an `expire_hold` event), as docs/spec.md §4 requires of any command that
 /// touches it.
-pub(crate) fn touch_hold<'h>(
+pub(crate) fn touch_hold<'h, 'f: 'h>(
     holds: &'h mut IdTable<HoldId, HoldSlot>,
-    books: &mut Books<'_>,
+    books: &mut Books<'f>,
     hold_id: &HoldId,
     cmd: &ClientCommand,
     step: &mut Step<'_>,
@@ -53,8 +53,19 @@ pub(crate) fn touch_hold<'h>(
         }
         Ok(())
     };
+    let cold = books.cold;
     match holds.get_mut(hold_id) {
-        None | Some(HoldSlot::Denied { .. }) => Err(LedgerError::precondition(
+        None => match cold.hold(hold_id) {
+            Some(hold) => {
+                on_other_account(&hold.capability_id, hold.grant_index)?;
+                Ok(Found::Archived(hold))
+            }
+            None => Err(LedgerError::precondition(
+                PreconditionCode::UnknownHold,
+                format!("unknown hold {hold_id}"),
+            )),
+        },
+        Some(HoldSlot::Denied { .. }) => Err(LedgerError::precondition(
             PreconditionCode::UnknownHold,
             format!("unknown hold {hold_id}"),
         )),

@@ -87,6 +87,15 @@ impl Family {
                 owner: hold.capture_attempt_id.clone(),
                 captured: hold.captured.clone(),
             },
+            None => match self.cold_lookup().hold(hold_id) {
+                Some(hold) => HoldNow {
+                    states: hold.states,
+                    expired: false,
+                    owner: hold.capture_attempt_id.clone(),
+                    captured: hold.captured.clone(),
+                },
+                None => panic!("an applied authorize or capture of {hold_id} left no hold"),
+            },
             other => panic!("an applied authorize or capture of {hold_id} left {other:?}"),
         }
     }

@@ -16,7 +16,9 @@ impl Family {
     ) -> Result<Decision, LedgerError> {
         original.validate()?;
         let event_id = &original.header.event_id;
-        let resolution = match self.dedupe.get(event_id) {
+        let row = (self.dedupe.get(event_id))
+            .or_else(|| self.cold_lookup().event(event_id).map(DedupeRow::Applied));
+        let resolution = match row {
             Some(DedupeRow::Tombstoned(stored)) => {
                 self.same_command(stored, CompactionItem::Tombstone, original)?;
                 Resolution::NotApplied

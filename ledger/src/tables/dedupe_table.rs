@@ -1,9 +1,11 @@
 //! The dedupe table (docs/spec.md §5): for each `event_id` a family has seen, its stored answer or
 //! its tombstone.
 //!
-//! Every applied command adds a row that is kept for ever (docs/spec.md §5.5), and rows of applied
-//! commands are never removed, so they sit in an append-only chunked store and the hash table
-//! keeps each one's position. Boxing each row instead would cost every command an allocation
+//! Every applied command adds a row that is kept for ever (docs/spec.md §5.5). It stays here
+//! while its command is retained, then leaves memory for the node's store (`cold.rs`), in
+//! about the order rows were added (by due time), so rows sit in a chunked store that is
+//! appended at the back and emptied from the front, and the hash table keeps each one's
+//! position. Boxing each row instead would cost every command an allocation
 //! (a trip into the allocator's bins, since these blocks are never freed to refill its
 //! caches) and 16 bytes of allocator header per row for ever. Tombstones are removed when
 //! they are compacted, so they stay boxed.
@@ -58,8 +60,12 @@ impl AppliedRow {
 #[derive(Clone, Default)]
 pub(crate) struct DedupeTable {
     slots: IdTable<EventId, Slot>,
-    /// Applied rows in the order they were stored; a slot names its row by position.
-    applied: ChunkedDeque<AppliedRow>,
+    /// Applied rows in the order they were stored; a slot names its row by position,
+    /// counted from the first row ever stored. A row taken out leaves `None` until every row
+    /// before it is gone too.
+    applied: ChunkedDeque<Option<AppliedRow>>,
+    /// Rows dropped from the front of `applied`: the position of its first element.
+    applied_base: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,20 +91,17 @@ enum DecodedRow {
     Tombstoned(Box<RowIdentity>),
 }
 
-fn row_of<'t>(applied: &'t ChunkedDeque<AppliedRow>, slot: &'t Slot) -> DedupeRow<'t> {
-    match slot {
-        Slot::Applied(at) => DedupeRow::Applied(
-            applied
-                .get(*at)
-                .expect("an applied slot names a stored row"),
-        ),
-        Slot::Tombstoned(identity) => DedupeRow::Tombstoned(identity),
-    }
-}
-
 impl DedupeTable {
     fn row<'t>(&'t self, slot: &'t Slot) -> DedupeRow<'t> {
-        row_of(&self.applied, slot)
+        match slot {
+            Slot::Applied(at) => DedupeRow::Applied(
+                self.applied
+                    .get(*at - self.applied_base)
+                    .and_then(Option::as_ref)
+                    .expect("an applied slot names a stored row"),
+            ),
+            Slot::Tombstoned(identity) => DedupeRow::Tombstoned(identity),
+        }
     }
 
     pub fn get(&self, event_id: &EventId) -> Option<DedupeRow<'_>> {
@@ -115,9 +118,31 @@ impl DedupeTable {
     /// Stores the row of a command `find` found no row for, with the hash it returned.
     #[inline]
     pub fn insert_applied(&mut self, hash: RowHash, event_id: EventId, row: AppliedRow) {
-        self.slots
-            .insert_absent(hash, event_id, Slot::Applied(self.applied.len()));
-        self.applied.push_back(row);
+        self.slots.insert_absent(
+            hash,
+            event_id,
+            Slot::Applied(self.applied_base + self.applied.len()),
+        );
+        self.applied.push_back(Some(row));
+    }
+
+    /// Takes an applied row out (it is leaving memory, `cold.rs`). A tombstone or no row is
+    /// a broken invariant: compaction only moves the rows of applied commands.
+    pub fn take_applied(&mut self, event_id: &EventId) -> AppliedRow {
+        let at = match self.slots.remove(event_id) {
+            Some(Slot::Applied(at)) => at,
+            other => panic!("event {event_id:?}: moving its applied row out, found {other:?}"),
+        };
+        let row = self
+            .applied
+            .get_mut(at - self.applied_base)
+            .and_then(Option::take)
+            .unwrap_or_else(|| panic!("event {event_id:?}: its slot names no stored row"));
+        while self.applied.front().is_some_and(Option::is_none) {
+            self.applied.discard_front();
+            self.applied_base += 1;
+        }
+        row
     }
 
     /// Stores a tombstone under a new id; `false` (and nothing changed) if the id has a row.
@@ -135,8 +160,9 @@ impl DedupeTable {
             .insert_absent(hash, event_id, Slot::Tombstoned(identity));
     }
 
-    /// Removes a tombstone. An applied row is never removed: asking to is a broken invariant
-    /// (and a family that panicked is discarded, so the row taken out is never missed).
+    /// Removes a tombstone. An applied row is only ever moved out (`take_applied`): asking to
+    /// remove one is a broken invariant (and a family that panicked is discarded, so the row
+    /// taken out is never missed).
     pub fn remove_tombstone(&mut self, event_id: &EventId) -> Option<RowIdentity> {
         match self.slots.remove(event_id)? {
             Slot::Tombstoned(identity) => Some(*identity),

@@ -23,6 +23,8 @@ pub struct Harness {
     pub params: ClusterParams,
     /// Whether the `NoSpace` alarm is raised (docs/spec.md §5.6).
     pub no_space: bool,
+    /// The family's rows out of memory, as a node's store would keep them.
+    pub cold: ColdRowsInMemory,
 }
 
 impl Default for Harness {
@@ -39,6 +41,7 @@ impl Harness {
             now_ms: T0,
             params: ClusterParams::default(),
             no_space: false,
+            cold: ColdRowsInMemory::default(),
         }
     }
 
@@ -58,7 +61,7 @@ impl Harness {
 
     pub fn apply(&mut self, command: Command) -> Result<Decision, LedgerError> {
         let ctx = self.ctx();
-        let result = self.family.apply(&command, &ctx);
+        let result = self.cold.apply(&mut self.family, &command, &ctx);
         let violations = self.family.invariant_violations();
         assert!(
             violations.is_empty(),
@@ -91,6 +94,12 @@ impl Harness {
             "an error changed state: {err}"
         );
         err
+    }
+
+    /// Applies `command` at `ctx` as a node would (looking up its rows out of memory), with
+    /// no invariant sweep.
+    pub fn apply_at(&mut self, command: &Command, ctx: &ApplyCtx) -> Result<Decision, LedgerError> {
+        self.cold.apply(&mut self.family, command, ctx)
     }
 
     pub fn advance(&mut self, ms: u64) {

@@ -1,0 +1,188 @@
+//! Rows out of memory (docs/spec.md §5.5): once retention ends, a family's compact dedupe rows
+//! and archived holds leave memory for the family store. A router that keeps them on disk,
+//! and spills whole families too, answers every command (replays and conflicts on those rows,
+//! new commands on archived holds) exactly as the ledger does with the rows in hand, reads
+//! them back for `GetEvent` and `GetHold`, and carries them through a snapshot that checks
+//! each family's rows against its count and digest.
+
+mod router_support;
+
+use router_support::*;
+use tally_authority::families::{self, EntryInput, FamilyRouter, FamilyStore, RouterConfig};
+use tally_ledger::{
+    ClusterParams, Command, Decision, EventLookup, HoldView, LedgerError, Outcome, PreconditionCode,
+};
+use tokio::sync::Mutex;
+
+const FAMILIES: usize = 6;
+const RETENTION_MS: u64 = 1_000;
+
+/// Entries one second apart: new holds run authorize → capture → reconcile, and every few
+/// entries an earlier command is sent again (a replay, long after it left memory), a new
+/// authorize reuses an old hold id, and a capture names an old hold under a new event id.
+fn entries(first_index: u64, count: u64, sent: &mut Vec<Command>) -> Vec<EntryInput> {
+    let mut out = Vec::new();
+    for n in 0..count {
+        let index = first_index + n;
+        let now = T0 + index * 1_000;
+        let fam = family((index as usize) % FAMILIES);
+        let hold = format!("h-{index}");
+        let mut commands = vec![
+            authorize(&fam, &hold, 10, now, None),
+            capture(&fam, &hold, now),
+            reconcile(&fam, &hold, 10, 7, now),
+        ];
+        if index.is_multiple_of(3) && !sent.is_empty() {
+            let earlier = sent[(index as usize * 7) % sent.len()].clone();
+            commands.push(earlier);
+        }
+        if index.is_multiple_of(5) && index > 100 {
+            let old_hold = format!("h-{}", index - 90);
+            let old_family = family(((index - 90) as usize) % FAMILIES);
+            let mut reuse = authorize(&old_family, &old_hold, 10, now, None);
+            let mut late_capture = capture(&old_family, &old_hold, now);
+            for (command, id) in [(&mut reuse, "again"), (&mut late_capture, "late")] {
+                if let Command::Apply(c) = command {
+                    c.header.event_id = format!("{old_hold}:{id}").as_str().into();
+                }
+            }
+            commands.push(reuse);
+            commands.push(late_capture);
+        }
+        sent.extend(commands.iter().take(3).cloned());
+        out.push(entry(index, now, commands));
+    }
+    out
+}
+
+fn short_retention(index: u64) -> EntryInput {
+    set_params(
+        index,
+        T0 + index * 1_000,
+        ClusterParams {
+            retention_ms: RETENTION_MS,
+            ..ClusterParams::default()
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_out_of_memory_answer_like_the_ledger_and_survive_a_snapshot() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = FamilyStore::create(&dir.path().join("families.redb"), 0)?;
+    let config = RouterConfig {
+        max_live_bytes: 16 * 1024,
+        min_idle_entries_to_spill: 0,
+        ..RouterConfig::default()
+    };
+    let mut router = FamilyRouter::with_store(config, store.clone())?;
+    let mut reference = Reference::default();
+    let mut sent = Vec::new();
+    let mut all = vec![short_retention(1)];
+    all.extend(entries(2, 240, &mut sent));
+    let mut replayed = (0, 0);
+    for (n, chunk) in all.chunks(3).enumerate() {
+        if n % 20 == 19 {
+            // Rows reach the file a few MiB at a time; this test has far fewer, so it
+            // writes them out now and then, and later rounds read some from the file.
+            store.flush_cold_rows()?;
+        }
+        let expected = reference.apply(chunk);
+        let got = router.apply(chunk.to_vec()).await?;
+        for (got, expected) in got.iter().zip(&expected) {
+            assert_eq!(&got.results, expected, "entry {:?}", got.log_id);
+            count_outcomes(expected, &mut replayed);
+        }
+    }
+    let rows = router.cold_rows();
+    assert!(rows > 200, "only {rows} rows left memory");
+    assert!(store.cold_reads() > 0, "replays read rows back from disk");
+    assert!(
+        router.passivated_families() > 0,
+        "whole families spilled too"
+    );
+    let (looked_up, passed) = router.cold_lookups();
+    assert!(
+        passed * 4 < looked_up,
+        "the filters passed {passed} of {looked_up} ids to the store"
+    );
+
+    // Replays of rows out of memory answered their first decision; reuse and late captures
+    // were refused definitely (the reference agreed, above).
+    assert!(replayed.0 > 20, "{} replays", replayed.0);
+    assert!(replayed.1 > 10, "{} reused hold ids refused", replayed.1);
+
+    // Point reads find rows out of memory.
+    let router = Mutex::new(router);
+    let fam = family(2);
+    let event = "h-2:reconcile".into();
+    let lookup = families::read(&router, |r| r.get_event(&fam, &event)).await?;
+    let EventLookup::Applied { decision, record } = lookup else {
+        panic!("an event out of memory reads as {lookup:?}")
+    };
+    assert!(record.is_none(), "the full record is compacted");
+    assert!(matches!(decision.outcome, Outcome::Reconciled { .. }));
+    let hold = "h-2".into();
+    let view = families::read(&router, |r| r.get_hold(&fam, &hold)).await?;
+    assert!(matches!(view, Some(HoldView::Archived { .. })), "{view:?}");
+    let unknown = "never-sent".into();
+    let lookup = families::read(&router, |r| r.get_event(&fam, &unknown)).await?;
+    assert_eq!(lookup, EventLookup::Unknown);
+
+    // A snapshot carries the rows; the restored router answers alike from then on.
+    let mut router = router.into_inner();
+    let snapshot = router.snapshot().await?;
+    assert_eq!(
+        snapshot
+            .cold_rows
+            .values()
+            .map(|r| r.len() as u64)
+            .sum::<u64>(),
+        router.cold_rows()
+    );
+    let mut restored = FamilyRouter::restore(RouterConfig::default(), snapshot.clone())?;
+    assert_eq!(restored.digest().await?, router.digest().await?);
+    assert_eq!(restored.cold_rows(), router.cold_rows());
+    let more = entries(242, 60, &mut sent);
+    assert_eq!(
+        restored.apply(more.clone()).await?,
+        router.apply(more).await?
+    );
+    assert_eq!(restored.digest().await?, router.digest().await?);
+
+    // A row changed, dropped or added in a snapshot is caught before it restores.
+    let mut changed = snapshot.clone();
+    let rows = changed.cold_rows.values_mut().next().expect("rows");
+    let first = rows.values_mut().next().expect("a row");
+    let last = first.len() - 1;
+    first[last] ^= 1;
+    let refused = FamilyRouter::restore(RouterConfig::default(), changed).err();
+    assert!(
+        refused
+            .as_ref()
+            .is_some_and(|e| e.to_string().contains("do not match")),
+        "{refused:?}"
+    );
+    let mut dropped = snapshot;
+    let rows = dropped.cold_rows.values_mut().next().expect("rows");
+    let key = rows.keys().next().cloned().expect("a row");
+    rows.remove(&key);
+    assert!(FamilyRouter::restore(RouterConfig::default(), dropped).is_err());
+    Ok(())
+}
+
+/// Adds up the replays and the refused reuses of old holds among `results`.
+fn count_outcomes(results: &[Result<Decision, LedgerError>], counts: &mut (usize, usize)) {
+    for result in results {
+        match result {
+            Ok(decision) if decision.replayed => counts.0 += 1,
+            Err(LedgerError::Conflict(_)) => counts.1 += 1,
+            Err(LedgerError::FailedPrecondition { code, .. })
+                if *code == PreconditionCode::HoldNotAuthorized =>
+            {
+                counts.1 += 1
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,474 @@
+//! Compact rows that leave memory (docs/spec.md §5.5). When a command's retention ends, its
+//! dedupe row is compact (its answer and identity digest), and when a final hold's retention
+//! ends, it is archived; from then on only a command or read naming that id looks at the row
+//! again, so it leaves the family for the node's store on disk and comes back only as an
+//! input to the command that names it. That bounds a family in use by its retention window,
+//! not by its age.
+//!
+//! Which rows leave, and when, is decided here in log order, so it is replicated state: every
+//! replica moves the same rows at the same command, whatever its memory budget, and a
+//! family encodes (and digests) alike everywhere. The family keeps a count and an
+//! order-independent digest of the rows it moved out (`ColdMeta`), so its own digest covers
+//! them, and a snapshot's rows can be checked against it as they stream in.
+//!
+//! The ledger never reads the store. Before a batch the node looks up every id the batch's
+//! commands name (`Command::cold_keys`) and hands the answers in (`ColdFetch`); rows moved
+//! out during the batch are still here (`ColdRows::moved`). An id that was not looked up in a
+//! family with rows out is a fault of the node, and apply stops rather than guess.
+
+use std::collections::BTreeMap;
+
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::command::Command;
+use crate::hold::ArchivedHold;
+use crate::ids::{EventId, HoldId};
+use crate::tables::dedupe_table::AppliedRow;
+
+const EVENT_KIND: u8 = 0;
+const HOLD_KIND: u8 = 1;
+
+/// The id of a row out of memory, within its family.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ColdKey {
+    Event(EventId),
+    Hold(HoldId),
+}
+
+impl ColdKey {
+    /// The key's bytes in the store (within its family): a kind byte, then the id.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let (kind, id) = match self {
+            Self::Event(id) => (EVENT_KIND, id.as_str()),
+            Self::Hold(id) => (HOLD_KIND, id.as_str()),
+        };
+        let mut bytes = Vec::with_capacity(1 + id.len());
+        bytes.push(kind);
+        bytes.extend_from_slice(id.as_bytes());
+        bytes
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, ColdRowError> {
+        let (kind, id) = bytes
+            .split_first()
+            .ok_or_else(|| ColdRowError("an empty key".into()))?;
+        let id = std::str::from_utf8(id)
+            .map_err(|_| ColdRowError("a key whose id is not UTF-8".into()))?;
+        match *kind {
+            EVENT_KIND => Ok(Self::Event(EventId::from(id))),
+            HOLD_KIND => Ok(Self::Hold(HoldId::from(id))),
+            other => Err(ColdRowError(format!("a key of unknown kind {other}"))),
+        }
+    }
+}
+
+/// A stored row or key that does not decode: the node's store is damaged (fatal to the node).
+#[derive(Debug, thiserror::Error)]
+#[error("a row out of memory does not decode: {0}")]
+pub struct ColdRowError(String);
+
+/// A row's body, as stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+enum ColdRowBody {
+    Applied(AppliedRow),
+    Hold(ArchivedHold),
+}
+
+/// The rows a family moved out, counted and digested. Replicated: part of the family's
+/// encoding (left out while empty, so a family that never moved a row encodes as before).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColdMeta {
+    pub rows: u64,
+    /// The wrapping sum, in four 64-bit lanes, of SHA-256 over each row's key and bytes:
+    /// independent of order, so a store read back in key order checks against it.
+    #[serde(with = "crate::identity::serde_bytes_array")]
+    pub digest: [u8; 32],
+}
+
+impl ColdMeta {
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Counts one row in (its key within the family and its bytes).
+    pub fn add(&mut self, key: &[u8], row: &[u8]) {
+        let mut hasher = Sha256::new();
+        hasher.update((key.len() as u64).to_be_bytes());
+        hasher.update(key);
+        hasher.update(row);
+        let hash: [u8; 32] = hasher.finalize().into();
+        for lane in 0..4 {
+            let at = lane * 8;
+            let sum = u64::from_be_bytes(self.digest[at..at + 8].try_into().expect("8 bytes"))
+                .wrapping_add(u64::from_be_bytes(
+                    hash[at..at + 8].try_into().expect("8 bytes"),
+                ));
+            self.digest[at..at + 8].copy_from_slice(&sum.to_be_bytes());
+        }
+        self.rows += 1;
+    }
+
+    /// The meta of a family's canonical encoding, read without decoding its tables: how a
+    /// node restoring a snapshot checks the rows that stream in after the families.
+    pub fn of_family_bytes(bytes: &[u8]) -> Result<Self, rmp_serde::decode::Error> {
+        /// `Family`'s encoded fields, skipped, then its meta (absent while empty).
+        #[derive(Deserialize)]
+        #[allow(dead_code)]
+        struct Peek {
+            family_id: IgnoredAny,
+            accounts: IgnoredAny,
+            holds: IgnoredAny,
+            dedupe: IgnoredAny,
+            journal: IgnoredAny,
+            nonces: IgnoredAny,
+            expiry_index: IgnoredAny,
+            compaction_queue: IgnoredAny,
+            live_holds: IgnoredAny,
+            #[serde(default)]
+            cold: ColdMeta,
+        }
+        Ok(rmp_serde::from_slice::<Peek>(bytes)?.cold)
+    }
+}
+
+/// A row moved out by the last batch: its key within the family and its bytes, for the node
+/// to store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MovedRow {
+    pub key: Vec<u8>,
+    pub row: Vec<u8>,
+}
+
+/// What the node looked up for one batch: for every id the batch names, the stored row or
+/// `None` (not stored).
+#[derive(Clone, Debug, Default)]
+pub struct ColdFetch {
+    events: BTreeMap<EventId, Option<AppliedRow>>,
+    holds: BTreeMap<HoldId, Option<ArchivedHold>>,
+}
+
+impl ColdFetch {
+    /// Records the store's answer for `key`: its bytes, or `None`.
+    pub fn record(&mut self, key: ColdKey, bytes: Option<&[u8]>) -> Result<(), ColdRowError> {
+        let body = bytes.map(decode_body).transpose()?;
+        match (key, body) {
+            (ColdKey::Event(id), None) => self.events.insert(id, None).map(drop),
+            (ColdKey::Hold(id), None) => self.holds.insert(id, None).map(drop),
+            (ColdKey::Event(id), Some(ColdRowBody::Applied(row))) => {
+                self.events.insert(id, Some(row)).map(drop)
+            }
+            (ColdKey::Hold(id), Some(ColdRowBody::Hold(hold))) => {
+                self.holds.insert(id, Some(hold)).map(drop)
+            }
+            (key, Some(_)) => return Err(ColdRowError(format!("{key:?} holds another kind"))),
+        };
+        Ok(())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty() && self.holds.is_empty()
+    }
+
+    /// Every id `commands` name, recorded as not stored: for benchmarks and tools that
+    /// apply only fresh ids to a family whose rows out of memory they dropped.
+    pub fn absent<'c>(commands: impl IntoIterator<Item = &'c Command>) -> Self {
+        let mut fetch = Self::default();
+        for key in commands.into_iter().flat_map(Command::cold_keys) {
+            fetch
+                .record(key, None)
+                .expect("recording an absent row cannot fail");
+        }
+        fetch
+    }
+}
+
+fn decode_body(bytes: &[u8]) -> Result<ColdRowBody, ColdRowError> {
+    rmp_serde::from_slice(bytes).map_err(|error| ColdRowError(error.to_string()))
+}
+
+/// The node-local side of a family's rows out of memory: what was looked up for the current
+/// batch and what the current (or, between batches, the last) batch moved out. Never
+/// encoded, digested or compared.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ColdRows {
+    fetched: ColdFetch,
+    moved_events: BTreeMap<EventId, AppliedRow>,
+    moved_holds: BTreeMap<HoldId, ArchivedHold>,
+    moved: Vec<MovedRow>,
+}
+
+impl PartialEq for ColdRows {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for ColdRows {}
+
+/// Looks rows up for apply: among the rows moved out by this batch, then among those the node
+/// fetched. Cheap to copy; built from the family's meta and node-local rows.
+#[derive(Clone, Copy)]
+pub(crate) struct ColdLookup<'f> {
+    pub meta: &'f ColdMeta,
+    pub rows: &'f ColdRows,
+}
+
+impl<'f> ColdLookup<'f> {
+    pub fn event(&self, event_id: &EventId) -> Option<&'f AppliedRow> {
+        if self.meta.is_empty() {
+            return None;
+        }
+        if let Some(row) = self.rows.moved_events.get(event_id) {
+            return Some(row);
+        }
+        match self.rows.fetched.events.get(event_id) {
+            Some(found) => found.as_ref(),
+            None => self.not_fetched(&format!("event {event_id}")),
+        }
+    }
+
+    pub fn hold(&self, hold_id: &HoldId) -> Option<&'f ArchivedHold> {
+        if self.meta.is_empty() {
+            return None;
+        }
+        if let Some(hold) = self.rows.moved_holds.get(hold_id) {
+            return Some(hold);
+        }
+        match self.rows.fetched.holds.get(hold_id) {
+            Some(found) => found.as_ref(),
+            None => self.not_fetched(&format!("hold {hold_id}")),
+        }
+    }
+
+    /// An id that was not looked up: fine only if every row out moved during this batch.
+    fn not_fetched<T>(&self, what: &str) -> Option<T> {
+        assert_eq!(
+            self.meta.rows,
+            self.rows.moved.len() as u64,
+            "{what} was not looked up among the rows out of memory before the batch"
+        );
+        None
+    }
+}
+
+impl ColdRows {
+    /// Starts a batch: the rows of the last one are in the node's store by now.
+    pub fn start_batch(&mut self, fetched: ColdFetch) {
+        self.fetched = fetched;
+        self.moved_events.clear();
+        self.moved_holds.clear();
+        self.moved.clear();
+    }
+
+    pub fn moved(&self) -> &[MovedRow] {
+        &self.moved
+    }
+
+    pub fn moved_event(&self, event_id: &EventId) -> Option<&AppliedRow> {
+        self.moved_events.get(event_id)
+    }
+
+    pub fn moved_hold(&self, hold_id: &HoldId) -> Option<&ArchivedHold> {
+        self.moved_holds.get(hold_id)
+    }
+
+    /// Moves an applied row out, counting it in `meta`.
+    pub fn move_event(&mut self, meta: &mut ColdMeta, event_id: EventId, row: AppliedRow) {
+        let body = ColdRowBody::Applied(row);
+        self.push(meta, ColdKey::Event(event_id.clone()), &body);
+        let ColdRowBody::Applied(row) = body else {
+            unreachable!("built as an applied row")
+        };
+        self.moved_events.insert(event_id, row);
+    }
+
+    /// Moves an archived hold out, counting it in `meta`.
+    pub fn move_hold(&mut self, meta: &mut ColdMeta, hold_id: HoldId, hold: ArchivedHold) {
+        let body = ColdRowBody::Hold(hold);
+        self.push(meta, ColdKey::Hold(hold_id.clone()), &body);
+        let ColdRowBody::Hold(hold) = body else {
+            unreachable!("built as a hold")
+        };
+        self.moved_holds.insert(hold_id, hold);
+    }
+
+    fn push(&mut self, meta: &mut ColdMeta, key: ColdKey, body: &ColdRowBody) {
+        let key = key.to_bytes();
+        // Plain ids, integers and enums: a row always encodes.
+        let row = rmp_serde::to_vec(body).expect("a row out of memory always encodes");
+        meta.add(&key, &row);
+        self.moved.push(MovedRow { key, row });
+    }
+}
+
+/// What a read of a stored row answers (`GetEvent`, `GetHold` of a row out of memory).
+pub enum ColdRead {
+    Applied(crate::decision::Decision),
+    Hold(ArchivedHold),
+}
+
+/// Decodes a stored row for a read of `key`.
+pub fn read_stored(key: &ColdKey, bytes: &[u8]) -> Result<ColdRead, ColdRowError> {
+    match (key, decode_body(bytes)?) {
+        (ColdKey::Event(id), ColdRowBody::Applied(row)) => Ok(ColdRead::Applied(row.decision(id))),
+        (ColdKey::Hold(_), ColdRowBody::Hold(hold)) => Ok(ColdRead::Hold(hold)),
+        (key, _) => Err(ColdRowError(format!("{key:?} holds another kind"))),
+    }
+}
+
+impl Command {
+    /// Every id this command may look up among a family's rows out of memory: its event id
+    /// (a replay, a conflict, a resolve) and the hold it names. Apply asserts each lookup was
+    /// answered, so this list and the ledger's lookups cannot drift apart silently.
+    pub fn cold_keys(&self) -> Vec<ColdKey> {
+        match self {
+            Self::Apply(cmd) | Self::Resolve(cmd) => {
+                let mut keys = vec![ColdKey::Event(cmd.header.event_id.clone())];
+                if let Some(hold_id) = cmd.op.hold_id() {
+                    keys.push(ColdKey::Hold(hold_id.clone()));
+                }
+                keys
+            }
+            Self::ExpireHolds { .. } => Vec::new(),
+        }
+    }
+}
+
+/// A family's rows out of memory kept in a map: how tests, benchmarks and tools drive a
+/// family the way a node does (look up what a command names, apply, keep what moved out).
+#[derive(Clone, Debug, Default)]
+pub struct ColdRowsInMemory {
+    rows: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+impl ColdRowsInMemory {
+    /// What a node would hand `family` for a batch of `commands`.
+    pub fn fetch_for<'c>(
+        &self,
+        family: &crate::family::Family,
+        commands: impl IntoIterator<Item = &'c Command>,
+    ) -> ColdFetch {
+        let mut fetch = ColdFetch::default();
+        if family.cold_meta().is_empty() {
+            return fetch;
+        }
+        for key in commands.into_iter().flat_map(Command::cold_keys) {
+            let bytes = self.rows.get(&key.to_bytes()).map(Vec::as_slice);
+            fetch
+                .record(key, bytes)
+                .expect("rows kept in memory decode");
+        }
+        fetch
+    }
+
+    /// Keeps the rows `family`'s last batch moved out.
+    pub fn absorb(&mut self, family: &crate::family::Family) {
+        for moved in family.moved_rows() {
+            let previous = self.rows.insert(moved.key.clone(), moved.row.clone());
+            assert!(previous.is_none(), "a row moved out of memory twice");
+        }
+    }
+
+    /// Applies one command as a batch of its own, as a node would.
+    pub fn apply(
+        &mut self,
+        family: &mut crate::family::Family,
+        command: &Command,
+        ctx: &crate::family::ApplyCtx,
+    ) -> Result<crate::decision::Decision, crate::error::LedgerError> {
+        let fetch = self.fetch_for(family, [command]);
+        family.start_batch(fetch);
+        let result = family.apply(command, ctx);
+        self.absorb(family);
+        result
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The stored row of `key`, if any.
+    pub fn get(&self, key: &ColdKey) -> Option<&[u8]> {
+        self.rows.get(&key.to_bytes()).map(Vec::as_slice)
+    }
+
+    /// Every row, counted and digested as a family's meta is.
+    pub fn meta(&self) -> ColdMeta {
+        let mut meta = ColdMeta::default();
+        for (key, row) in &self.rows {
+            meta.add(key, row);
+        }
+        meta
+    }
+}
+
+/// A read of `event_id` finished the way a node finishes it: `found` is what the family in
+/// memory answered (`Family::get_event`), `stored` the node's stored row for the id, looked
+/// up only when the family did not know it.
+pub fn event_read_with_stored(
+    found: crate::event::EventLookup,
+    event_id: &EventId,
+    stored: Option<&[u8]>,
+) -> Result<crate::event::EventLookup, ColdRowError> {
+    use crate::event::EventLookup;
+    match (found, stored) {
+        (EventLookup::Unknown, Some(bytes)) => {
+            match read_stored(&ColdKey::Event(event_id.clone()), bytes)? {
+                ColdRead::Applied(decision) => Ok(EventLookup::Applied {
+                    decision,
+                    record: None,
+                }),
+                ColdRead::Hold(_) => unreachable!("read_stored checks the kind"),
+            }
+        }
+        (found, _) => Ok(found),
+    }
+}
+
+/// A read of `hold_id` finished the way a node finishes it (see `event_read_with_stored`).
+pub fn hold_read_with_stored(
+    found: Option<crate::hold::HoldView>,
+    hold_id: &HoldId,
+    stored: Option<&[u8]>,
+) -> Result<Option<crate::hold::HoldView>, ColdRowError> {
+    match (found, stored) {
+        (None, Some(bytes)) => match read_stored(&ColdKey::Hold(hold_id.clone()), bytes)? {
+            ColdRead::Hold(hold) => Ok(Some(crate::hold::HoldView::Archived {
+                hold_id: hold_id.clone(),
+                hold,
+            })),
+            ColdRead::Applied(_) => unreachable!("read_stored checks the kind"),
+        },
+        (found, _) => Ok(found),
+    }
+}
+
+impl ColdRowsInMemory {
+    /// `GetEvent` as a node answers it: the family, then the stored rows.
+    pub fn get_event(
+        &self,
+        family: &crate::family::Family,
+        event_id: &EventId,
+    ) -> crate::event::EventLookup {
+        let stored = self.get(&ColdKey::Event(event_id.clone()));
+        event_read_with_stored(family.get_event(event_id), event_id, stored)
+            .expect("rows kept in memory decode")
+    }
+
+    /// `GetHold` as a node answers it: the family, then the stored rows.
+    pub fn get_hold(
+        &self,
+        family: &crate::family::Family,
+        hold_id: &HoldId,
+    ) -> Option<crate::hold::HoldView> {
+        let stored = self.get(&ColdKey::Hold(hold_id.clone()));
+        hold_read_with_stored(family.get_hold(hold_id), hold_id, stored)
+            .expect("rows kept in memory decode")
+    }
+}
