@@ -69,11 +69,20 @@ impl ColdKey {
 #[error("a row out of memory does not decode: {0}")]
 pub struct ColdRowError(String);
 
-/// A row's body, as stored.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A row's body, as stored; `ColdRowRef` writes the same bytes from borrowed parts.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename = "ColdRowBody")]
 enum ColdRowBody {
     Applied(AppliedRow),
     Hold(ArchivedHold),
+}
+
+/// A row's body as it is encoded: `ColdRowBody`'s encoding, borrowed.
+#[derive(Serialize)]
+#[serde(rename = "ColdRowBody")]
+enum ColdRowRef<'r> {
+    Applied(&'r AppliedRow),
+    Hold(&'r ArchivedHold),
 }
 
 /// The rows a family moved out, counted and digested. Replicated: part of the family's
@@ -162,7 +171,7 @@ impl ColdFetch {
             (ColdKey::Hold(id), Some(ColdRowBody::Hold(hold))) => {
                 self.holds.insert(id, Some(hold)).map(drop)
             }
-            (key, Some(_)) => return Err(ColdRowError(format!("{key:?} holds another kind"))),
+            (key, Some(_)) => return Err(another_kind(&key)),
         };
         Ok(())
     }
@@ -186,6 +195,10 @@ impl ColdFetch {
 
 fn decode_body(bytes: &[u8]) -> Result<ColdRowBody, ColdRowError> {
     rmp_serde::from_slice(bytes).map_err(|error| ColdRowError(error.to_string()))
+}
+
+fn another_kind(key: &ColdKey) -> ColdRowError {
+    ColdRowError(format!("{key:?} holds another kind of row"))
 }
 
 /// The node-local side of a family's rows out of memory: what was looked up for the current
@@ -217,37 +230,37 @@ pub(crate) struct ColdLookup<'f> {
 
 impl<'f> ColdLookup<'f> {
     pub fn event(&self, event_id: &EventId) -> Option<&'f AppliedRow> {
-        if self.meta.is_empty() {
-            return None;
-        }
-        if let Some(row) = self.rows.moved_events.get(event_id) {
-            return Some(row);
-        }
-        match self.rows.fetched.events.get(event_id) {
-            Some(found) => found.as_ref(),
-            None => self.not_fetched(&format!("event {event_id}")),
-        }
+        let rows = self.rows;
+        self.find(event_id, &rows.moved_events, &rows.fetched.events, "event")
     }
 
     pub fn hold(&self, hold_id: &HoldId) -> Option<&'f ArchivedHold> {
+        let rows = self.rows;
+        self.find(hold_id, &rows.moved_holds, &rows.fetched.holds, "hold")
+    }
+
+    /// The row of `id` among those this batch moved, then those the node fetched. An id the
+    /// node did not look up is fine only if every row out moved during this batch.
+    fn find<K: Ord + std::fmt::Display, V>(
+        &self,
+        id: &K,
+        moved: &'f BTreeMap<K, V>,
+        fetched: &'f BTreeMap<K, Option<V>>,
+        what: &str,
+    ) -> Option<&'f V> {
         if self.meta.is_empty() {
             return None;
         }
-        if let Some(hold) = self.rows.moved_holds.get(hold_id) {
-            return Some(hold);
+        if let Some(row) = moved.get(id) {
+            return Some(row);
         }
-        match self.rows.fetched.holds.get(hold_id) {
-            Some(found) => found.as_ref(),
-            None => self.not_fetched(&format!("hold {hold_id}")),
+        if let Some(found) = fetched.get(id) {
+            return found.as_ref();
         }
-    }
-
-    /// An id that was not looked up: fine only if every row out moved during this batch.
-    fn not_fetched<T>(&self, what: &str) -> Option<T> {
         assert_eq!(
             self.meta.rows,
-            self.rows.moved.len() as u64,
-            "{what} was not looked up among the rows out of memory before the batch"
+            self.rows.moved_count(),
+            "{what} {id} was not looked up among the rows out of memory before the batch"
         );
         None
     }
@@ -262,8 +275,15 @@ impl ColdRows {
         self.moved.clear();
     }
 
-    pub fn moved(&self) -> &[MovedRow] {
-        &self.moved
+    /// Rows moved out by this batch (or, between batches, the last one), stored or not.
+    fn moved_count(&self) -> u64 {
+        (self.moved_events.len() + self.moved_holds.len()) as u64
+    }
+
+    /// The encoded rows moved out since the last call, for the node to store; the decoded
+    /// ones stay for reads until the next batch.
+    pub fn take_moved(&mut self) -> Vec<MovedRow> {
+        std::mem::take(&mut self.moved)
     }
 
     pub fn moved_event(&self, event_id: &EventId) -> Option<&AppliedRow> {
@@ -276,45 +296,30 @@ impl ColdRows {
 
     /// Moves an applied row out, counting it in `meta`.
     pub fn move_event(&mut self, meta: &mut ColdMeta, event_id: EventId, row: AppliedRow) {
-        let body = ColdRowBody::Applied(row);
-        self.push(meta, ColdKey::Event(event_id.clone()), &body);
-        let ColdRowBody::Applied(row) = body else {
-            unreachable!("built as an applied row")
-        };
+        self.push(
+            meta,
+            ColdKey::Event(event_id.clone()),
+            &ColdRowRef::Applied(&row),
+        );
         self.moved_events.insert(event_id, row);
     }
 
     /// Moves an archived hold out, counting it in `meta`.
     pub fn move_hold(&mut self, meta: &mut ColdMeta, hold_id: HoldId, hold: ArchivedHold) {
-        let body = ColdRowBody::Hold(hold);
-        self.push(meta, ColdKey::Hold(hold_id.clone()), &body);
-        let ColdRowBody::Hold(hold) = body else {
-            unreachable!("built as a hold")
-        };
+        self.push(
+            meta,
+            ColdKey::Hold(hold_id.clone()),
+            &ColdRowRef::Hold(&hold),
+        );
         self.moved_holds.insert(hold_id, hold);
     }
 
-    fn push(&mut self, meta: &mut ColdMeta, key: ColdKey, body: &ColdRowBody) {
+    fn push(&mut self, meta: &mut ColdMeta, key: ColdKey, body: &ColdRowRef<'_>) {
         let key = key.to_bytes();
         // Plain ids, integers and enums: a row always encodes.
         let row = rmp_serde::to_vec(body).expect("a row out of memory always encodes");
         meta.add(&key, &row);
         self.moved.push(MovedRow { key, row });
-    }
-}
-
-/// What a read of a stored row answers (`GetEvent`, `GetHold` of a row out of memory).
-pub enum ColdRead {
-    Applied(crate::decision::Decision),
-    Hold(ArchivedHold),
-}
-
-/// Decodes a stored row for a read of `key`.
-pub fn read_stored(key: &ColdKey, bytes: &[u8]) -> Result<ColdRead, ColdRowError> {
-    match (key, decode_body(bytes)?) {
-        (ColdKey::Event(id), ColdRowBody::Applied(row)) => Ok(ColdRead::Applied(row.decision(id))),
-        (ColdKey::Hold(_), ColdRowBody::Hold(hold)) => Ok(ColdRead::Hold(hold)),
-        (key, _) => Err(ColdRowError(format!("{key:?} holds another kind"))),
     }
 }
 
@@ -364,9 +369,9 @@ impl ColdRowsInMemory {
     }
 
     /// Keeps the rows `family`'s last batch moved out.
-    pub fn absorb(&mut self, family: &crate::family::Family) {
-        for moved in family.moved_rows() {
-            let previous = self.rows.insert(moved.key.clone(), moved.row.clone());
+    pub fn absorb(&mut self, family: &mut crate::family::Family) {
+        for moved in family.take_moved_rows() {
+            let previous = self.rows.insert(moved.key, moved.row);
             assert!(previous.is_none(), "a row moved out of memory twice");
         }
     }
@@ -418,15 +423,13 @@ pub fn event_read_with_stored(
 ) -> Result<crate::event::EventLookup, ColdRowError> {
     use crate::event::EventLookup;
     match (found, stored) {
-        (EventLookup::Unknown, Some(bytes)) => {
-            match read_stored(&ColdKey::Event(event_id.clone()), bytes)? {
-                ColdRead::Applied(decision) => Ok(EventLookup::Applied {
-                    decision,
-                    record: None,
-                }),
-                ColdRead::Hold(_) => unreachable!("read_stored checks the kind"),
-            }
-        }
+        (EventLookup::Unknown, Some(bytes)) => match decode_body(bytes)? {
+            ColdRowBody::Applied(row) => Ok(EventLookup::Applied {
+                decision: row.decision(event_id),
+                record: None,
+            }),
+            ColdRowBody::Hold(_) => Err(another_kind(&ColdKey::Event(event_id.clone()))),
+        },
         (found, _) => Ok(found),
     }
 }
@@ -438,12 +441,12 @@ pub fn hold_read_with_stored(
     stored: Option<&[u8]>,
 ) -> Result<Option<crate::hold::HoldView>, ColdRowError> {
     match (found, stored) {
-        (None, Some(bytes)) => match read_stored(&ColdKey::Hold(hold_id.clone()), bytes)? {
-            ColdRead::Hold(hold) => Ok(Some(crate::hold::HoldView::Archived {
+        (None, Some(bytes)) => match decode_body(bytes)? {
+            ColdRowBody::Hold(hold) => Ok(Some(crate::hold::HoldView::Archived {
                 hold_id: hold_id.clone(),
                 hold,
             })),
-            ColdRead::Applied(_) => unreachable!("read_stored checks the kind"),
+            ColdRowBody::Applied(_) => Err(another_kind(&ColdKey::Hold(hold_id.clone()))),
         },
         (found, _) => Ok(found),
     }

@@ -252,9 +252,10 @@ impl Family {
         self.cold_rows.start_batch(fetched);
     }
 
-    /// The rows the last batch moved out of memory, for the node to store before the next.
-    pub fn moved_rows(&self) -> &[MovedRow] {
-        self.cold_rows.moved()
+    /// The rows moved out of memory since the last call (the last batch's), encoded, for
+    /// the node to store before the next batch.
+    pub fn take_moved_rows(&mut self) -> Vec<MovedRow> {
+        self.cold_rows.take_moved()
     }
 
     /// The count and digest of every row this family moved out of memory.

@@ -103,20 +103,14 @@ impl FamilyRouter {
         if moved.iter().all(|(_, rows)| rows.is_empty()) {
             return Ok(());
         }
-        let rows: Vec<(Vec<u8>, Vec<u8>)> = moved
-            .iter()
-            .flat_map(|(family_id, rows)| {
-                rows.iter()
-                    .map(move |row| (cold_row_key(family_id, &row.key), row.row.clone()))
-            })
-            .collect();
-        let store = self.actors.store().clone();
-        on_blocking_thread("a row write", move || store.write_cold_rows(rows)).await?;
-        for (family_id, rows) in &moved {
-            for row in rows {
-                self.cold.add(family_id, &row.key);
+        let mut rows = Vec::with_capacity(moved.iter().map(|(_, rows)| rows.len()).sum());
+        for (family_id, moved) in moved {
+            for row in moved {
+                self.cold.add(&family_id, &row.key);
+                rows.push((cold_row_key(&family_id, &row.key), row.row));
             }
         }
-        Ok(())
+        let store = self.actors.store().clone();
+        on_blocking_thread("a row write", move || store.write_cold_rows(rows)).await
     }
 }

@@ -134,7 +134,7 @@ fn apply_batch(
         pristine,
         has_live_holds: family.live_hold_count() > 0,
         footprint_bytes: family.footprint_bytes(),
-        moved: family.moved_rows().to_vec(),
+        moved: family.take_moved_rows(),
         cold_rows: family.cold_meta().rows,
     }
 }
