@@ -1,12 +1,9 @@
-//! Rows out of memory on their way into the family store's file. A round hands its rows over
-//! in memory; they are written to the file a few MiB at a time on a thread of their own, so
-//! the apply path never waits on a write transaction or on the disk, and the file gets one
-//! transaction per few thousand rows instead of one per round (each transaction copies the
-//! B-tree pages it touches, and the pages it frees are reused only after a durable commit:
-//! per-round commits grew the file by ~0.8 KB per row where the rows take ~0.15 KB).
+//! Rows out of memory on their way to disk. A round hands its rows over in memory; they are
+//! written a few MiB at a time, as one sorted run (`cold_runs.rs`), on a thread of their
+//! own, so the apply path never waits on the disk and every run is large and in key order.
 //!
-//! Until its transaction commits a row is read from memory: every view of the store
-//! (`StoreView`) holds the rows not yet in the file at the moment it was taken, so lookups,
+//! Until its run is written a row is read from memory: every view of the store
+//! (`StoreView`) holds the rows not yet on disk at the moment it was taken, so lookups,
 //! reads and snapshot cuts see every row handed over before them.
 
 use std::collections::BTreeMap;
@@ -14,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use super::error::RouterError;
 
-/// Rows written to memory before they go to the file in one transaction.
+/// Rows gathered in memory before they go to disk as one run.
 pub(super) const FLUSH_BYTES: usize = 4 << 20;
 
 pub(super) type Rows = BTreeMap<Vec<u8>, Vec<u8>>;
@@ -32,8 +29,20 @@ struct BufferState {
     active: Arc<Rows>,
     active_bytes: usize,
     flushing: Option<Arc<Rows>>,
+    flushing_bytes: usize,
     /// A write to the file that failed: the store is broken from then on (fatal).
     failed: Option<String>,
+}
+
+/// What `ColdBuffer::add` asks of its caller.
+pub(super) enum Added {
+    /// The rows are held in memory; nothing more to do.
+    Held,
+    /// The buffer is full: write these rows to disk, then call `flushed`.
+    Flush(Arc<Rows>),
+    /// The buffer is full while an earlier write is under way: call `flush_when_free`
+    /// (which blocks) before handing more rows over.
+    Full,
 }
 
 /// What a view holds of the buffer: the rows not yet in the file when it was taken.
@@ -64,10 +73,10 @@ impl ColdBuffer {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Adds rows; returns the rows to write to the file now when the buffer is full (the
-    /// caller writes them, then calls `flushed`). Waits while an earlier write is still
-    /// under way and the buffer is full again: the file keeps up, or apply slows to its pace.
-    pub fn add(&self, rows: Vec<(Vec<u8>, Vec<u8>)>) -> Result<Option<Arc<Rows>>, RouterError> {
+    /// Adds rows, never waiting, and says what the caller does next (`Added`). While an
+    /// earlier write is under way and the buffer is full again, the caller waits in
+    /// `flush_when_free`: the disk keeps up, or apply slows to its pace.
+    pub fn add(&self, rows: Vec<(Vec<u8>, Vec<u8>)>) -> Result<Added, RouterError> {
         let mut state = self.lock();
         check(&state)?;
         let active = Arc::make_mut(&mut state.active);
@@ -81,11 +90,23 @@ impl ColdBuffer {
             }
         }
         state.active_bytes += added;
+        Ok(if state.active_bytes < FLUSH_BYTES {
+            Added::Held
+        } else if state.flushing.is_some() {
+            Added::Full
+        } else {
+            Added::Flush(self.start_flush(&mut state))
+        })
+    }
+
+    /// After `Added::Full`: waits until the earlier write is done, then returns the rows to
+    /// write now (the caller writes them, then calls `flushed`). Blocking.
+    pub fn flush_when_free(&self) -> Result<Option<Arc<Rows>>, RouterError> {
+        let mut state = self.wait_for_flush(self.lock());
+        check(&state)?;
         if state.active_bytes < FLUSH_BYTES {
             return Ok(None);
         }
-        let mut state = self.wait_for_flush(state);
-        check(&state)?;
         Ok(Some(self.start_flush(&mut state)))
     }
 
@@ -115,21 +136,22 @@ impl ColdBuffer {
 
     fn start_flush(&self, state: &mut BufferState) -> Arc<Rows> {
         let rows = std::mem::take(&mut state.active);
-        state.active_bytes = 0;
+        state.flushing_bytes = std::mem::take(&mut state.active_bytes);
         state.flushing = Some(Arc::clone(&rows));
         rows
     }
 
-    /// After the write of the rows `add` or `take_all` returned: they are read from the file
-    /// from now on. `after_commit` runs under the buffer's lock (it drops the cached view, so
-    /// no view can hold neither the rows in memory nor the commit that wrote them).
-    pub fn flushed(&self, result: Result<(), RouterError>, after_commit: impl FnOnce()) {
+    /// After the write of the rows `add` or `take_all` returned: they are read from disk from
+    /// now on. `after_commit` runs under the buffer's lock (it adds the run written, so no
+    /// view can hold neither the rows in memory nor the run that holds them).
+    pub fn flushed<T>(&self, result: Result<T, RouterError>, after_commit: impl FnOnce(T)) {
         let mut state = self.lock();
         match result {
-            Ok(()) => after_commit(),
+            Ok(written) => after_commit(written),
             Err(error) => state.failed = Some(error.to_string()),
         }
         state.flushing = None;
+        state.flushing_bytes = 0;
         self.flushed.notify_all();
     }
 
@@ -149,9 +171,7 @@ impl ColdBuffer {
     /// Bytes of rows held in memory now.
     pub fn bytes(&self) -> usize {
         let state = self.lock();
-        state.active_bytes
-            + (state.flushing.as_ref())
-                .map_or(0, |rows| rows.iter().map(|(k, v)| k.len() + v.len()).sum())
+        state.active_bytes + state.flushing_bytes
     }
 }
 
@@ -161,32 +181,5 @@ fn check(state: &BufferState) -> Result<(), RouterError> {
             "an earlier write of rows out of memory failed: {reason}"
         ))),
         None => Ok(()),
-    }
-}
-
-/// Merges two key-ordered sequences of rows with distinct keys.
-pub(super) fn merge_in_key_order<'a>(
-    mut file: impl Iterator<Item = Result<(Vec<u8>, Vec<u8>), RouterError>>,
-    memory: Vec<(&'a [u8], &'a [u8])>,
-    mut each: impl FnMut(&[u8], &[u8]) -> Result<(), RouterError>,
-) -> Result<(), RouterError> {
-    let mut memory = memory.into_iter().peekable();
-    let mut next_file = file.next().transpose()?;
-    loop {
-        match (&next_file, memory.peek()) {
-            (None, None) => return Ok(()),
-            (Some((key, row)), Some((memory_key, _))) if key.as_slice() < *memory_key => {
-                each(key, row)?;
-                next_file = file.next().transpose()?;
-            }
-            (Some((key, row)), None) => {
-                each(key, row)?;
-                next_file = file.next().transpose()?;
-            }
-            (_, Some(_)) => {
-                let (key, row) = memory.next().expect("peeked");
-                each(key, row)?;
-            }
-        }
     }
 }

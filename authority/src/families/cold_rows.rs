@@ -94,8 +94,9 @@ impl FamilyRouter {
         Ok(())
     }
 
-    /// Writes the rows the round moved out of memory (one commit, on a blocking thread) and
-    /// counts them in the index.
+    /// Hands the rows the round moved out of memory to the store and counts them in the
+    /// index. On the router's task: the store only takes them into memory, and a blocking
+    /// thread is needed only while the disk falls behind.
     pub(super) async fn store_moved(
         &mut self,
         moved: Vec<(FamilyId, Vec<MovedRow>)>,
@@ -111,6 +112,9 @@ impl FamilyRouter {
             }
         }
         let store = self.actors.store().clone();
-        on_blocking_thread("a row write", move || store.write_cold_rows(rows)).await
+        if store.hand_over_cold_rows(rows)? {
+            return Ok(());
+        }
+        on_blocking_thread("a row write", move || store.wait_for_cold_rows()).await
     }
 }

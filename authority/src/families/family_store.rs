@@ -1,7 +1,7 @@
 //! Where passivated families and rows out of memory live: a node-local redb file of each
-//! passivated family's canonical encoding and of every row a family moved out of memory
-//! (`tally_ledger::cold`), so a family the router lets go of, and a family's history, cost
-//! disk, not memory (docs/spec.md §5.5).
+//! passivated family's canonical encoding, and beside it sorted runs of every row a family
+//! moved out of memory (`tally_ledger::cold`, `cold_runs.rs`), so a family the router lets go
+//! of, and a family's history, cost disk, not memory (docs/spec.md §5.5).
 //!
 //! The file is a spill area, not a source of truth. The replicated state is the newest
 //! snapshot plus the Raft log; a node rebuilds this file from them whenever it restores, so
@@ -21,18 +21,17 @@ use redb::backends::InMemoryBackend;
 use redb::{Database, Durability, ReadOnlyTable, ReadableDatabase, TableDefinition};
 use tally_ledger::FamilyId;
 
-use super::cold_buffer::{merge_in_key_order, BufferedRows, ColdBuffer, Rows};
+use super::cold_buffer::{Added, BufferedRows, ColdBuffer, Rows};
+use super::cold_runs::{merge_sorted, ColdRuns, RowSource, Run};
 use super::error::RouterError;
 
 /// Family id → the family's canonical encoding (`Family::to_snapshot_bytes`).
 const FAMILIES: TableDefinition<&str, &[u8]> = TableDefinition::new("families");
-/// `cold_row_key(family, key)` → a row the family moved out of memory. Keyed by family first,
-/// so one family's rows are one key range, read in key order for snapshots.
-const COLD_ROWS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("cold_rows");
 
-/// A row's key in the store: the family id's length (two bytes) and bytes, then the row's key
-/// within the family (`ColdKey::to_bytes`). The length makes one family's keys a range no
-/// other family's key falls in.
+/// A row's key in the store: the family id's bytes with each zero byte written as `00 ff`,
+/// then `00 01`, then the row's key within the family (`ColdKey::to_bytes`). One family's
+/// keys are one range no other family's key falls in, and families come in id order (the
+/// order snapshots read them in, so a scan reads each block of a run once).
 pub fn cold_row_key(family_id: &FamilyId, key: &[u8]) -> Vec<u8> {
     let mut bytes = cold_family_prefix(family_id);
     bytes.extend_from_slice(key);
@@ -41,10 +40,14 @@ pub fn cold_row_key(family_id: &FamilyId, key: &[u8]) -> Vec<u8> {
 
 fn cold_family_prefix(family_id: &FamilyId) -> Vec<u8> {
     let id = family_id.as_str().as_bytes();
-    let length = u16::try_from(id.len()).expect("family ids are at most 512 bytes");
-    let mut bytes = Vec::with_capacity(2 + id.len() + 64);
-    bytes.extend_from_slice(&length.to_be_bytes());
-    bytes.extend_from_slice(id);
+    let mut bytes = Vec::with_capacity(id.len() + 2 + 64);
+    for &byte in id {
+        bytes.push(byte);
+        if byte == 0 {
+            bytes.push(0xff);
+        }
+    }
+    bytes.extend_from_slice(&[0, 1]);
     bytes
 }
 
@@ -75,7 +78,10 @@ impl FamilyStoreDir {
             let path = entry
                 .map_err(|e| store_error("list the family stores", e))?
                 .path();
-            if path.extension().is_some_and(|ext| ext == "redb") {
+            if path
+                .extension()
+                .is_some_and(|ext| ext == "redb" || ext == "run")
+            {
                 std::fs::remove_file(&path)
                     .map_err(|e| store_error("remove an old family store", e))?;
             }
@@ -127,35 +133,33 @@ struct Inner {
     reads: AtomicU64,
     /// Lookups of rows out of memory that went to the store, for metrics.
     cold_reads: AtomicU64,
+    /// Rows out of memory on disk.
+    runs: ColdRuns,
     /// The file's part of a view at the last commit, handed to readers until the next write.
-    view: Mutex<Option<FileView>>,
+    /// Only the table: a cached view holding the store itself would keep it (and its files)
+    /// alive for ever.
+    view: Mutex<Option<FamiliesTable>>,
     cache_bytes: AtomicUsize,
     /// Rows out of memory not yet in the file (see `cold_buffer.rs`).
     buffer: ColdBuffer,
 }
 
 impl Inner {
-    /// Writes `put`, removes `remove` and adds `cold_rows` in one commit, durable when
-    /// `durable` or when `SYNC_EVERY_BYTES` were written since the last durable one; then
-    /// drops the cached view. Blocking.
+    /// Writes `put` and removes `remove` in one commit, durable when `SYNC_EVERY_BYTES` were
+    /// written since the last durable one; then drops the cached view. Blocking.
     fn commit(
         &self,
         put: &[(FamilyId, Arc<Vec<u8>>)],
         remove: &[FamilyId],
-        cold_rows: &Rows,
-        durable: bool,
     ) -> Result<(), RouterError> {
-        if put.is_empty() && remove.is_empty() && cold_rows.is_empty() {
+        if put.is_empty() && remove.is_empty() {
             return Ok(());
         }
-        let written: u64 = put.iter().map(|(_, bytes)| bytes.len() as u64).sum::<u64>()
-            + (cold_rows.iter())
-                .map(|(key, row)| (key.len() + row.len()) as u64)
-                .sum::<u64>();
+        let written: u64 = put.iter().map(|(_, bytes)| bytes.len() as u64).sum();
         let before = self
             .written_since_sync
             .fetch_add(written, Ordering::Relaxed);
-        let durable = durable || before + written >= SYNC_EVERY_BYTES;
+        let durable = before + written >= SYNC_EVERY_BYTES;
         let mut txn = self.db.begin_write().map_err(|e| store_error("begin", e))?;
         let durability = if durable {
             Durability::Immediate
@@ -178,19 +182,6 @@ impl Inner {
                     .remove(family_id.as_str())
                     .map_err(|e| store_error("remove a family", e))?;
             }
-            let mut rows = txn
-                .open_table(COLD_ROWS)
-                .map_err(|e| store_error("open the rows table", e))?;
-            for (key, row) in cold_rows {
-                let previous = rows
-                    .insert(key.as_slice(), row.as_slice())
-                    .map_err(|e| store_error("write a row", e))?;
-                if previous.is_some() {
-                    return Err(RouterError::Store(format!(
-                        "a row out of memory was written twice (key {key:02x?})"
-                    )));
-                }
-            }
         }
         txn.commit().map_err(|e| store_error("commit", e))?;
         if durable {
@@ -204,20 +195,32 @@ impl Inner {
         *self.view.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 
-    /// Writes rows the buffer handed out, durably (so the pages the transaction freed are
-    /// reused at once), and tells the buffer. A failure breaks the store: every later use of
-    /// it fails (fatal to the node, which rebuilds the store from its snapshot at start).
+    /// Writes rows the buffer handed out as one run, tells the buffer (the run joins the
+    /// views from then on), then merges runs if some are due. A failure breaks the store:
+    /// every later use of it fails (fatal to the node, which rebuilds the store from its
+    /// snapshot at start).
     fn write_buffered(&self, rows: &Rows) {
-        let result = self.commit(&[], &[], rows, true);
+        let result = self.write_run(rows);
         if let Err(error) = &result {
             tracing::error!(%error, "could not write rows out of memory to the family store");
         }
-        self.buffer.flushed(result, || self.drop_cached_view());
+        self.buffer.flushed(result, |run| self.runs.add(run));
+        self.runs.merge_while_due();
+    }
+
+    fn write_run(&self, rows: &Rows) -> Result<Run, RouterError> {
+        let mut writer = self.runs.writer()?;
+        for (key, row) in rows {
+            writer.push(key, row)?;
+        }
+        writer.finish()
     }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // Before the database goes: the cached table reads from it.
+        self.drop_cached_view();
         if let Some(path) = &self.path {
             // The database is closed right after this; on Linux the open file goes on
             // existing until then. Nothing is lost: the file is a spill area.
@@ -244,7 +247,17 @@ impl FamilyStore {
             .set_cache_size(cache_bytes)
             .create(path)
             .map_err(|e| store_error("create the family store", e))?;
-        Self::from_db(db, Some(path.to_path_buf()), cache_bytes)
+        let runs_prefix = format!(
+            "{}-rows",
+            path.file_stem().unwrap_or_default().to_string_lossy()
+        );
+        let runs_dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        Self::from_db(
+            db,
+            Some(path.to_path_buf()),
+            cache_bytes,
+            ColdRuns::new(Some((runs_dir, runs_prefix))),
+        )
     }
 
     /// A store held in memory: for tests and tools that run a router without a data dir.
@@ -253,19 +266,18 @@ impl FamilyStore {
             .set_cache_size(MIN_STORE_CACHE_BYTES)
             .create_with_backend(InMemoryBackend::new())
             .map_err(|e| store_error("create an in-memory family store", e))?;
-        Self::from_db(db, None, MIN_STORE_CACHE_BYTES)
+        Self::from_db(db, None, MIN_STORE_CACHE_BYTES, ColdRuns::new(None))
     }
 
     fn from_db(
         db: Database,
         path: Option<PathBuf>,
         cache_bytes: usize,
+        runs: ColdRuns,
     ) -> Result<Self, RouterError> {
         let txn = db.begin_write().map_err(|e| store_error("begin", e))?;
         txn.open_table(FAMILIES)
             .map_err(|e| store_error("create the families table", e))?;
-        txn.open_table(COLD_ROWS)
-            .map_err(|e| store_error("create the rows table", e))?;
         txn.commit().map_err(|e| store_error("commit", e))?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -274,6 +286,7 @@ impl FamilyStore {
                 written_since_sync: AtomicU64::new(0),
                 reads: AtomicU64::new(0),
                 cold_reads: AtomicU64::new(0),
+                runs,
                 view: Mutex::new(None),
                 buffer: ColdBuffer::default(),
                 cache_bytes: AtomicUsize::new(cache_bytes),
@@ -287,17 +300,41 @@ impl FamilyStore {
         put: &[(FamilyId, Arc<Vec<u8>>)],
         remove: &[FamilyId],
     ) -> Result<(), RouterError> {
-        self.inner.commit(put, remove, &Rows::new(), false)
+        self.inner.commit(put, remove)
     }
 
     /// Hands over rows moved out of memory (`(cold_row_key, row)`): they are in every view
-    /// taken from now on, and reach the file a few MiB at a time on a thread of their own
-    /// (`cold_buffer.rs`). A row is handed over once: the same key again is a fault of this
-    /// node. Blocks only while the file falls behind.
+    /// taken from now on, and reach disk a few MiB at a time, as one run, on a thread of their
+    /// own (`cold_buffer.rs`, `cold_runs.rs`). A row is handed over once: the same key again
+    /// is a fault of this node. Never blocks: returns `false` when the buffer is full while
+    /// the disk falls behind, and then the caller calls `wait_for_cold_rows` (which blocks)
+    /// before it hands more over.
+    pub fn hand_over_cold_rows(&self, rows: Vec<(Vec<u8>, Vec<u8>)>) -> Result<bool, RouterError> {
+        match self.inner.buffer.add(rows)? {
+            Added::Held => Ok(true),
+            Added::Flush(rows) => self.start_writer(rows).map(|()| true),
+            Added::Full => Ok(false),
+        }
+    }
+
+    /// After `hand_over_cold_rows` returned `false`: waits for the write under way, then
+    /// starts the next. Blocking.
+    pub fn wait_for_cold_rows(&self) -> Result<(), RouterError> {
+        match self.inner.buffer.flush_when_free()? {
+            Some(rows) => self.start_writer(rows),
+            None => Ok(()),
+        }
+    }
+
+    /// `hand_over_cold_rows`, waiting if it must (restores, tests). Blocking.
     pub fn write_cold_rows(&self, rows: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), RouterError> {
-        let Some(rows) = self.inner.buffer.add(rows)? else {
+        if self.hand_over_cold_rows(rows)? {
             return Ok(());
-        };
+        }
+        self.wait_for_cold_rows()
+    }
+
+    fn start_writer(&self, rows: Arc<Rows>) -> Result<(), RouterError> {
         let inner = Arc::clone(&self.inner);
         std::thread::Builder::new()
             .name("tally-cold-rows".into())
@@ -306,7 +343,7 @@ impl FamilyStore {
             .map_err(|error| store_error("start the rows writer", error))
     }
 
-    /// Writes every row handed over to the file now (the end of a restore, tests). Blocking.
+    /// Writes every row handed over to disk now (the end of a restore, tests). Blocking.
     pub fn flush_cold_rows(&self) -> Result<(), RouterError> {
         if let Some(rows) = self.inner.buffer.take_all()? {
             self.inner.write_buffered(&rows);
@@ -315,18 +352,29 @@ impl FamilyStore {
         self.inner.buffer.snapshot(|| Ok(())).map(drop)
     }
 
-    /// Bytes of rows out of memory waiting in memory for the file (counted in the budget).
-    pub fn buffered_bytes(&self) -> usize {
-        self.inner.buffer.bytes()
+    /// Memory that rows out of memory still take in the store: those waiting for disk and
+    /// the runs' block indexes (counted in the budget).
+    pub fn cold_memory_bytes(&self) -> usize {
+        self.inner.buffer.bytes() + self.inner.runs.index_bytes()
     }
 
-    /// A consistent view of the last commit, with the rows out of memory not yet in the
-    /// file: later writes do not change what it reads. Cheap (the file's part is shared until
-    /// the next write); the pages it reads stay on disk for as long as it lives, so readers
-    /// drop it when done.
+    /// How many runs of rows are on disk, and how many merges of runs finished.
+    pub fn cold_run_counts(&self) -> (usize, u64) {
+        self.inner.runs.counts()
+    }
+
+    /// A consistent view of the last commit, with the rows out of memory: later writes do
+    /// not change what it reads. Cheap (the file's part is shared until the next write of a
+    /// family, the runs are shared); what it reads stays on disk for as long as it lives, so
+    /// readers drop it when done.
     pub fn view(&self) -> Result<StoreView, RouterError> {
-        let (buffered, file) = self.inner.buffer.snapshot(|| self.file_view())?;
-        Ok(StoreView { file, buffered })
+        let (buffered, (file, runs)) =
+            (self.inner.buffer).snapshot(|| Ok((self.file_view()?, self.inner.runs.list()?)))?;
+        Ok(StoreView {
+            file,
+            buffered,
+            runs,
+        })
     }
 
     fn file_view(&self) -> Result<FileView, RouterError> {
@@ -335,8 +383,11 @@ impl FamilyStore {
             .view
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(view) = cached.as_ref() {
-            return Ok(view.clone());
+        if let Some(table) = cached.as_ref() {
+            return Ok(FileView {
+                table: Arc::clone(table),
+                store: Arc::clone(&self.inner),
+            });
         }
         let txn = self
             .inner
@@ -346,22 +397,19 @@ impl FamilyStore {
         let table = txn
             .open_table(FAMILIES)
             .map_err(|e| store_error("open the families table", e))?;
-        let cold_rows = txn
-            .open_table(COLD_ROWS)
-            .map_err(|e| store_error("open the rows table", e))?;
-        let view = FileView {
-            table: Arc::new(table),
-            cold_rows: Arc::new(cold_rows),
+        let table = Arc::new(table);
+        *cached = Some(Arc::clone(&table));
+        Ok(FileView {
+            table,
             store: Arc::clone(&self.inner),
-        };
-        *cached = Some(view.clone());
-        Ok(view)
+        })
     }
 
-    /// The store file's size on disk, if it is a file.
+    /// The store's size on disk (its file and its runs of rows), if it is on disk.
     pub fn file_bytes(&self) -> Option<u64> {
         let path = self.inner.path.as_ref()?;
-        std::fs::metadata(path).ok().map(|meta| meta.len())
+        let file = std::fs::metadata(path).ok().map_or(0, |meta| meta.len());
+        Some(file + self.inner.runs.bytes())
     }
 
     /// Reads of a family from the store so far.
@@ -386,13 +434,16 @@ impl FamilyStore {
 pub struct StoreView {
     file: FileView,
     buffered: BufferedRows,
+    /// The runs of rows on disk when the view was taken, oldest first.
+    runs: Vec<Arc<Run>>,
 }
+
+type FamiliesTable = Arc<ReadOnlyTable<&'static str, &'static [u8]>>;
 
 /// The file's part of a view.
 #[derive(Clone)]
 struct FileView {
-    table: Arc<ReadOnlyTable<&'static str, &'static [u8]>>,
-    cold_rows: Arc<ReadOnlyTable<&'static [u8], &'static [u8]>>,
+    table: FamiliesTable,
     /// Keeps the database (and its file) alive while the view is read.
     store: Arc<Inner>,
 }
@@ -419,8 +470,12 @@ impl StoreView {
             return Ok(Some(row.to_vec()));
         }
         self.file.store.cold_reads.fetch_add(1, Ordering::Relaxed);
-        let found = (self.file.cold_rows.get(key)).map_err(|e| store_error("read a row", e))?;
-        Ok(found.map(|row| row.value().to_vec()))
+        for run in self.runs.iter().rev() {
+            if let Some(row) = run.get(key)? {
+                return Ok(Some(row));
+            }
+        }
+        Ok(None)
     }
 
     /// Every row `family_id` moved out of memory, in key order, as `(key within the family,
@@ -434,15 +489,14 @@ impl StoreView {
         let mut end = prefix.clone();
         // Keys within a family start with a kind byte below 0xff.
         end.push(0xff);
-        let file = (self.file.cold_rows)
-            .range(prefix.as_slice()..end.as_slice())
-            .map_err(|e| store_error("read the rows", e))?
-            .map(|item| {
-                let (key, row) = item.map_err(|e| store_error("read a row", e))?;
-                Ok((key.value().to_vec(), row.value().to_vec()))
-            });
+        let mut sources: Vec<RowSource<'_>> = (self.runs.iter())
+            .map(|run| Box::new(run.range(&prefix, Some(&end))) as RowSource<'_>)
+            .collect();
         let memory = self.buffered.range(&prefix, &end);
-        merge_in_key_order(file, memory, |key, row| each(&key[prefix.len()..], row))
+        sources.push(Box::new(
+            (memory.into_iter()).map(|(key, row)| Ok((key.to_vec(), row.to_vec()))),
+        ));
+        merge_sorted(sources, |key, row| each(&key[prefix.len()..], row))
     }
 
     /// The family's encoding. A family the router says is stored but the view lacks is a
@@ -555,15 +609,51 @@ mod tests {
             store.write_cold_rows(vec![row(1)]).is_err(),
             "handed over twice"
         );
+        let runs = || {
+            (std::fs::read_dir(dir.path()).expect("dir"))
+                .filter(|entry| {
+                    let path = entry.as_ref().expect("entry").path();
+                    path.extension().is_some_and(|ext| ext == "run")
+                })
+                .count()
+        };
+        assert_eq!(runs(), 1, "one flush, one run on disk");
+        drop((store, view, before));
+        assert_eq!(runs(), 0, "the runs go with the store");
+    }
+
+    /// One family's rows are one range of keys no other family's key falls in, even where
+    /// one id is a prefix of another or holds zero bytes, and families sort by id.
+    #[test]
+    fn row_keys_keep_families_apart_and_in_id_order() {
+        let ids = ["fa", "fa\0", "fa\0\0", "fa\0x", "fa\u{1}", "fam", "fb"];
+        let prefixes: Vec<Vec<u8>> = (ids.iter())
+            .map(|id| cold_family_prefix(&FamilyId::from(*id)))
+            .collect();
+        for (i, prefix) in prefixes.iter().enumerate() {
+            let mut end = prefix.clone();
+            end.push(0xff);
+            for (j, id) in ids.iter().enumerate() {
+                let key = cold_row_key(&FamilyId::from(*id), &[0, 7]);
+                let inside = prefix.as_slice() <= key.as_slice() && key < end;
+                assert_eq!(inside, i == j, "{:?} in the range of {:?}", id, ids[i]);
+            }
+        }
+        assert!(
+            prefixes.windows(2).all(|pair| pair[0] < pair[1]),
+            "id order"
+        );
     }
 
     #[test]
     fn a_store_dir_starts_empty_and_names_each_store_anew() {
         let dir = tempfile::tempdir().expect("dir");
         std::fs::write(dir.path().join("families-000000.redb"), b"old").expect("write");
+        std::fs::write(dir.path().join("families-000000-rows-000003.run"), b"old").expect("write");
         std::fs::write(dir.path().join("notes.txt"), b"kept").expect("write");
         let stores = FamilyStoreDir::open(dir.path(), 0).expect("open");
         assert!(!dir.path().join("families-000000.redb").exists());
+        assert!(!dir.path().join("families-000000-rows-000003.run").exists());
         assert!(dir.path().join("notes.txt").exists());
         let (first, second) = (stores.create().expect("one"), stores.create().expect("two"));
         assert!(dir.path().join("families-000000.redb").exists());

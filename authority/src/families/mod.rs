@@ -10,6 +10,7 @@ mod batch;
 mod cold_buffer;
 mod cold_index;
 mod cold_rows;
+mod cold_runs;
 mod config;
 mod entry;
 mod error;

@@ -152,10 +152,12 @@ impl FamilyRouter {
         self.store_moved(moved).await?;
         self.actors.forget(&pristine).await;
         let spill_before = round_first_index.saturating_sub(self.config.min_idle_entries_to_spill);
-        // The filters of rows out of memory count against the families' share.
+        // What rows out of memory keep in memory (filters, rows waiting for disk, the runs'
+        // block indexes) counts against the families' share.
+        let cold_bytes = self.cold.filter_bytes() + self.actors.store().cold_memory_bytes();
         let over = self.actors.over_limit(
             self.config.max_live_actors,
-            (self.config.max_live_bytes).saturating_sub(self.cold.filter_bytes()),
+            (self.config.max_live_bytes).saturating_sub(cold_bytes),
             spill_before,
         );
         self.actors.passivate(&over).await?;

@@ -217,6 +217,8 @@ struct FamiliesMemory {
     cold_filter_bytes: usize,
     cold_lookups: (u64, u64),
     cold_reads: u64,
+    cold_memory_bytes: usize,
+    cold_runs: (usize, u64),
 }
 
 /// What a scrape reads besides the counters.
@@ -257,6 +259,8 @@ pub async fn render(sources: &Sources) -> String {
             cold_filter_bytes: router.cold_filter_bytes(),
             cold_lookups: router.cold_lookups(),
             cold_reads: router.store().cold_reads(),
+            cold_memory_bytes: router.store().cold_memory_bytes(),
+            cold_runs: router.store().cold_run_counts(),
         };
         let (live, passivated) = (router.live_actors(), router.passivated_families());
         (live, passivated, families_memory, alarms)
@@ -556,6 +560,28 @@ pub async fn render(sources: &Sources) -> String {
         "counter",
         "Reads of rows out of memory from the family store (batches and point reads).",
         &plain(families_memory.cold_reads.to_string()),
+    );
+    metric(
+        "tally_cold_store_memory_bytes",
+        "gauge",
+        "Memory the store keeps for rows out of memory: rows waiting to be written and the \
+         block indexes of the runs on disk (counted in the families' half of \
+         memory_budget_bytes).",
+        &plain(families_memory.cold_memory_bytes.to_string()),
+    );
+    let (runs, merges) = families_memory.cold_runs;
+    metric(
+        "tally_cold_runs",
+        "gauge",
+        "Sorted runs of rows out of memory on disk (a lookup the filters pass reads one block \
+         of each).",
+        &plain(runs.to_string()),
+    );
+    metric(
+        "tally_cold_run_merges_total",
+        "counter",
+        "Merges of runs of rows out of memory (four runs of one size into one).",
+        &plain(merges.to_string()),
     );
     #[cfg(feature = "stage-stats")]
     render_stage_latency(&mut out, &sources.raft).await;
