@@ -64,10 +64,14 @@ impl Drop for Run {
     fn drop(&mut self) {
         if let RunData::File { path, .. } = &self.data {
             // The last view reading the run is gone; nothing else needs the file.
-            if let Err(error) = std::fs::remove_file(path) {
-                tracing::warn!(path = %path.display(), %error, "could not remove a run of rows");
-            }
+            remove_run_file(path);
         }
+    }
+}
+
+fn remove_run_file(path: &std::path::Path) {
+    if let Err(error) = std::fs::remove_file(path) {
+        tracing::warn!(path = %path.display(), %error, "could not remove a run of rows");
     }
 }
 
@@ -337,12 +341,14 @@ impl RunWriter {
     /// area (module docs).
     pub fn finish(mut self) -> Result<Run, RouterError> {
         self.finish_block()?;
-        let data = match self.out {
-            RunOut::File { out, path } => {
-                let file = (out.into_inner())
-                    .map_err(|e| run_error("write a run of rows", e.into_error()))?;
-                RunData::File { file, path }
-            }
+        let data = match std::mem::replace(&mut self.out, RunOut::Memory(Vec::new())) {
+            RunOut::File { out, path } => match out.into_inner() {
+                Ok(file) => RunData::File { file, path },
+                Err(error) => {
+                    remove_run_file(&path);
+                    return Err(run_error("write a run of rows", error.into_error()));
+                }
+            },
             RunOut::Memory(data) => RunData::Memory(data),
         };
         let index_bytes = (self.blocks.iter())
@@ -351,11 +357,20 @@ impl RunWriter {
         Ok(Run {
             data,
             index_bytes,
-            blocks: self.blocks,
+            blocks: std::mem::take(&mut self.blocks),
             rows: self.rows,
             bytes: self.offset,
             last_block: Mutex::new(None),
         })
+    }
+}
+
+impl Drop for RunWriter {
+    fn drop(&mut self) {
+        // A run not finished (a write or a merge that failed) leaves no file behind.
+        if let RunOut::File { path, .. } = &self.out {
+            remove_run_file(path);
+        }
     }
 }
 
@@ -613,6 +628,12 @@ mod tests {
         writer.push(&key(2), &row(2)).expect("push");
         assert!(writer.push(&key(2), &row(2)).is_err(), "the same key twice");
         assert!(writer.push(&key(1), &row(1)).is_err(), "out of key order");
+        drop(writer);
+        assert_eq!(
+            std::fs::read_dir(dir.path()).expect("dir").count(),
+            0,
+            "a run not finished leaves no file"
+        );
         let run = write(&runs, 0..1_000);
         let RunData::File { path, .. } = &run.data else {
             panic!("a run on disk")
