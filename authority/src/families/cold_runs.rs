@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::error::RouterError;
+use super::family_store::store_error;
 
 /// A run's block size: what a lookup reads from disk (one block per run it checks).
 const BLOCK_BYTES: usize = 32 << 10;
@@ -102,7 +103,7 @@ impl Run {
             RunData::File { file, .. } => {
                 let mut buffer = vec![0; len];
                 (file.read_exact_at(&mut buffer, place.offset))
-                    .map_err(|e| run_error("read a block of rows", e))?;
+                    .map_err(|e| store_error("read a block of rows", e))?;
                 Arc::from(buffer)
             }
         };
@@ -296,8 +297,8 @@ impl RunWriter {
                 "rows out of memory reached a run out of key order".into()
             }));
         }
-        let key_len = u32::try_from(key.len()).map_err(|e| run_error("write a key", e))?;
-        let row_len = u32::try_from(row.len()).map_err(|e| run_error("write a row", e))?;
+        let key_len = u32::try_from(key.len()).map_err(|e| store_error("write a key", e))?;
+        let row_len = u32::try_from(row.len()).map_err(|e| store_error("write a row", e))?;
         if self.first_key.is_none() {
             self.first_key = Some(key.into());
         }
@@ -322,11 +323,11 @@ impl RunWriter {
         self.block.extend_from_slice(&crc.to_le_bytes());
         match &mut self.out {
             RunOut::File { out, .. } => {
-                (out.write_all(&self.block)).map_err(|e| run_error("write a block of rows", e))?
+                (out.write_all(&self.block)).map_err(|e| store_error("write a block of rows", e))?
             }
             RunOut::Memory(data) => data.extend_from_slice(&self.block),
         }
-        let len = u32::try_from(self.block.len()).map_err(|e| run_error("write a block", e))?;
+        let len = u32::try_from(self.block.len()).map_err(|e| store_error("write a block", e))?;
         self.blocks.push(BlockPlace {
             first_key,
             offset: self.offset,
@@ -346,7 +347,7 @@ impl RunWriter {
                 Ok(file) => RunData::File { file, path },
                 Err(error) => {
                     remove_run_file(&path);
-                    return Err(run_error("write a run of rows", error.into_error()));
+                    return Err(store_error("write a run of rows", error.into_error()));
                 }
             },
             RunOut::Memory(data) => RunData::Memory(data),
@@ -411,7 +412,7 @@ impl ColdRuns {
         };
         let number = self.next.fetch_add(1, Ordering::Relaxed);
         let path = dir.join(format!("{prefix}-{number:06}.run"));
-        let file = File::create_new(&path).map_err(|e| run_error("create a run of rows", e))?;
+        let file = File::create_new(&path).map_err(|e| store_error("create a run of rows", e))?;
         Ok(RunWriter::new(RunOut::File {
             out: BufWriter::with_capacity(BLOCK_BYTES * 4, file),
             path,
@@ -561,10 +562,6 @@ pub(super) fn merge_sorted(
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn run_error(what: &str, error: impl std::fmt::Display) -> RouterError {
-    RouterError::Store(format!("could not {what}: {error}"))
 }
 
 #[cfg(test)]

@@ -140,7 +140,7 @@ struct Inner {
     /// alive for ever.
     view: Mutex<Option<FamiliesTable>>,
     cache_bytes: AtomicUsize,
-    /// Rows out of memory not yet in the file (see `cold_buffer.rs`).
+    /// Rows out of memory not yet on disk (see `cold_buffer.rs`).
     buffer: ColdBuffer,
 }
 
@@ -428,8 +428,8 @@ impl FamilyStore {
     }
 }
 
-/// A read-only view of the store at one commit, with the rows out of memory that were not
-/// in the file yet (see `FamilyStore::view`).
+/// A read-only view of the store at one commit, with the rows out of memory on disk and
+/// those not on disk yet (see `FamilyStore::view`).
 #[derive(Clone)]
 pub struct StoreView {
     file: FileView,
@@ -529,7 +529,7 @@ pub(super) async fn on_blocking_thread<T: Send + 'static>(
         .map_err(|error| RouterError::Store(format!("{what} stopped: {error}")))?
 }
 
-fn store_error(what: &str, error: impl std::fmt::Display) -> RouterError {
+pub(super) fn store_error(what: &str, error: impl std::fmt::Display) -> RouterError {
     RouterError::Store(format!("could not {what}: {error}"))
 }
 
@@ -564,7 +564,7 @@ mod tests {
         assert_eq!(store.reads(), 3);
     }
 
-    /// Rows handed over are read from memory until written, then from the file, and a
+    /// Rows handed over are read from memory until written, then from a run on disk, and a
     /// family's rows come out in key order wherever each one is; a view keeps what it saw.
     #[test]
     fn rows_out_of_memory_read_alike_from_the_buffer_and_the_file() {
