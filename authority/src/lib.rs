@@ -12,3 +12,4 @@ pub mod raft;
 pub mod service;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod writeback_file;

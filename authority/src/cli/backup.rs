@@ -54,6 +54,9 @@ pub async fn backup(args: BackupArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How often `fresh_snapshot` asks again while no snapshot covers the index it waits for.
+const RETRIGGER_EVERY: Duration = Duration::from_secs(2);
+
 /// Asks the node for a snapshot and waits until its status reports one at or past the index
 /// it had applied when asked.
 async fn fresh_snapshot(endpoint: &str, args: &BackupArgs) -> anyhow::Result<()> {
@@ -75,10 +78,19 @@ async fn fresh_snapshot(endpoint: &str, args: &BackupArgs) -> anyhow::Result<()>
         .await?;
     println!("asked {endpoint} for a snapshot of index {applied} or later");
     let deadline = Instant::now() + Duration::from_millis(args.timeout_ms);
+    let mut asked_at = Instant::now();
     loop {
         let status = admin.status(pb::StatusRequest {}).await?.into_inner();
         if status.snapshot_index.unwrap_or(0) >= applied {
             return Ok(());
+        }
+        // A snapshot already being written when we asked ends below `applied`, and the node
+        // takes no second request meanwhile: ask again until one covers it.
+        if asked_at.elapsed() >= RETRIGGER_EVERY {
+            admin
+                .trigger_snapshot(pb::TriggerSnapshotRequest {})
+                .await?;
+            asked_at = Instant::now();
         }
         anyhow::ensure!(
             Instant::now() < deadline,

@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::error::RouterError;
 use super::family_store::store_error;
+use crate::writeback_file::WritebackFile;
 
 /// A run's block size: what a lookup reads from disk (one block per run it checks).
 const BLOCK_BYTES: usize = 32 << 10;
@@ -270,7 +271,12 @@ pub(super) struct RunWriter {
 }
 
 enum RunOut {
-    File { out: BufWriter<File>, path: PathBuf },
+    /// Handed to the disk as it is written: a merge or a restore writes gigabytes in one go,
+    /// which left dirty would hold up the Raft log's `fdatasync` (`writeback_file.rs`).
+    File {
+        out: BufWriter<WritebackFile>,
+        path: PathBuf,
+    },
     Memory(Vec<u8>),
 }
 
@@ -344,7 +350,10 @@ impl RunWriter {
         self.finish_block()?;
         let data = match std::mem::replace(&mut self.out, RunOut::Memory(Vec::new())) {
             RunOut::File { out, path } => match out.into_inner() {
-                Ok(file) => RunData::File { file, path },
+                Ok(file) => RunData::File {
+                    file: file.into_inner(),
+                    path,
+                },
                 Err(error) => {
                     remove_run_file(&path);
                     return Err(store_error("write a run of rows", error.into_error()));
@@ -414,7 +423,7 @@ impl ColdRuns {
         let path = dir.join(format!("{prefix}-{number:06}.run"));
         let file = File::create_new(&path).map_err(|e| store_error("create a run of rows", e))?;
         Ok(RunWriter::new(RunOut::File {
-            out: BufWriter::with_capacity(BLOCK_BYTES * 4, file),
+            out: BufWriter::with_capacity(BLOCK_BYTES * 4, WritebackFile::new(file)),
             path,
         }))
     }

@@ -22,7 +22,7 @@ use redb::{Database, Durability, ReadOnlyTable, ReadableDatabase, TableDefinitio
 use tally_ledger::FamilyId;
 
 use super::cold_buffer::{Added, BufferedRows, ColdBuffer, Rows};
-use super::cold_runs::{merge_sorted, ColdRuns, RowSource, Run};
+use super::cold_runs::{merge_sorted, ColdRuns, RowSource, Run, RunWriter};
 use super::error::RouterError;
 
 /// Family id → the family's canonical encoding (`Family::to_snapshot_bytes`).
@@ -39,16 +39,19 @@ pub fn cold_row_key(family_id: &FamilyId, key: &[u8]) -> Vec<u8> {
 }
 
 fn cold_family_prefix(family_id: &FamilyId) -> Vec<u8> {
-    let id = family_id.as_str().as_bytes();
-    let mut bytes = Vec::with_capacity(id.len() + 2 + 64);
-    for &byte in id {
+    let mut bytes = Vec::with_capacity(family_id.as_str().len() + 2 + 64);
+    push_family_prefix(&mut bytes, family_id);
+    bytes
+}
+
+fn push_family_prefix(bytes: &mut Vec<u8>, family_id: &FamilyId) {
+    for &byte in family_id.as_str().as_bytes() {
         bytes.push(byte);
         if byte == 0 {
             bytes.push(0xff);
         }
     }
     bytes.extend_from_slice(&[0, 1]);
-    bytes
 }
 
 /// Bytes written between two durable commits (see the module docs).
@@ -326,7 +329,7 @@ impl FamilyStore {
         }
     }
 
-    /// `hand_over_cold_rows`, waiting if it must (restores, tests). Blocking.
+    /// `hand_over_cold_rows`, waiting if it must (tests). Blocking.
     pub fn write_cold_rows(&self, rows: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), RouterError> {
         if self.hand_over_cold_rows(rows)? {
             return Ok(());
@@ -343,7 +346,18 @@ impl FamilyStore {
             .map_err(|error| store_error("start the rows writer", error))
     }
 
-    /// Writes every row handed over to disk now (the end of a restore, tests). Blocking.
+    /// A writer of rows that come in the store's key order (a snapshot's rows, as a restore
+    /// reads them): they go straight to one run, each written once, without the buffer's
+    /// sorting or later merges. Rows handed over meanwhile stay apart, in the buffer.
+    pub fn sorted_rows(&self) -> SortedRows<'_> {
+        SortedRows {
+            store: self,
+            writer: None,
+            key: Vec::new(),
+        }
+    }
+
+    /// Writes every row handed over to disk now (tests). Blocking.
     pub fn flush_cold_rows(&self) -> Result<(), RouterError> {
         if let Some(rows) = self.inner.buffer.take_all()? {
             self.inner.write_buffered(&rows);
@@ -425,6 +439,45 @@ impl FamilyStore {
     /// The page cache the store was given, counted against the memory budget.
     pub fn cache_bytes(&self) -> usize {
         self.inner.cache_bytes.load(Ordering::Relaxed)
+    }
+}
+
+/// Rows written in the store's key order straight to one run (`FamilyStore::sorted_rows`).
+/// Dropped unfinished, it leaves nothing behind.
+pub struct SortedRows<'s> {
+    store: &'s FamilyStore,
+    writer: Option<RunWriter>,
+    /// The last key's bytes, reused.
+    key: Vec<u8>,
+}
+
+impl SortedRows<'_> {
+    /// Adds the row `key` names within `family_id`. Keys must come in the store's order
+    /// (families in id order, then keys in order), each once: anything else is refused.
+    /// Blocking.
+    pub fn push(
+        &mut self,
+        family_id: &FamilyId,
+        key: &[u8],
+        row: &[u8],
+    ) -> Result<(), RouterError> {
+        let writer = match &mut self.writer {
+            Some(writer) => writer,
+            None => self.writer.insert(self.store.inner.runs.writer()?),
+        };
+        self.key.clear();
+        push_family_prefix(&mut self.key, family_id);
+        self.key.extend_from_slice(key);
+        writer.push(&self.key, row)
+    }
+
+    /// Finishes the run: its rows are in every view taken from now on. Blocking.
+    pub fn finish(self) -> Result<(), RouterError> {
+        if let Some(writer) = self.writer {
+            let run = writer.finish()?;
+            self.store.inner.runs.add(run);
+        }
+        Ok(())
     }
 }
 
@@ -609,17 +662,75 @@ mod tests {
             store.write_cold_rows(vec![row(1)]).is_err(),
             "handed over twice"
         );
-        let runs = || {
-            (std::fs::read_dir(dir.path()).expect("dir"))
-                .filter(|entry| {
-                    let path = entry.as_ref().expect("entry").path();
-                    path.extension().is_some_and(|ext| ext == "run")
-                })
-                .count()
-        };
+        let runs = || run_files(dir.path());
         assert_eq!(runs(), 1, "one flush, one run on disk");
         drop((store, view, before));
         assert_eq!(runs(), 0, "the runs go with the store");
+    }
+
+    /// The run files in `dir`.
+    fn run_files(dir: &Path) -> usize {
+        (std::fs::read_dir(dir).expect("dir"))
+            .filter(|entry| {
+                let path = entry.as_ref().expect("entry").path();
+                path.extension().is_some_and(|ext| ext == "run")
+            })
+            .count()
+    }
+
+    /// Rows in the store's key order go to one run in one pass, read like any other; rows out
+    /// of order, or twice, are refused and leave no run behind.
+    #[test]
+    fn sorted_rows_go_to_one_run_and_refuse_any_other_order() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = FamilyStore::create(&dir.path().join("families.redb"), 0).expect("create");
+        let runs = || run_files(dir.path());
+        // Ids where one is a prefix of another, or holds a zero byte, in id order.
+        let families: Vec<FamilyId> = ["fa", "fa\0", "fam", "fb"].map(FamilyId::from).into();
+        let mut sorted = store.sorted_rows();
+        for family_id in &families {
+            for n in 0u32..3_000 {
+                let row = [family_id.as_str().as_bytes(), &n.to_be_bytes()].concat();
+                sorted
+                    .push(family_id, &n.to_be_bytes(), &row)
+                    .expect("in order");
+            }
+        }
+        sorted.finish().expect("finish");
+        assert_eq!(store.cold_run_counts(), (1, 0), "one run, no merge");
+        assert_eq!(runs(), 1);
+        let view = store.view().expect("view");
+        for family_id in &families {
+            let mut count = 0u32;
+            view.each_cold_row(family_id, |key, row| {
+                assert_eq!(key, count.to_be_bytes());
+                assert_eq!(row, [family_id.as_str().as_bytes(), key].concat());
+                count += 1;
+                Ok(())
+            })
+            .expect("reads");
+            assert_eq!(count, 3_000, "every row of {family_id:?}");
+        }
+        let key = cold_row_key(&families[1], &7u32.to_be_bytes());
+        assert!(view.cold_row(&key).expect("read").is_some());
+
+        for (first, second) in [(5u32, 4u32), (5, 5)] {
+            let mut sorted = store.sorted_rows();
+            (sorted.push(&families[3], &first.to_be_bytes(), b"r")).expect("first");
+            assert!(
+                (sorted.push(&families[3], &second.to_be_bytes(), b"r")).is_err(),
+                "{second} after {first}"
+            );
+            drop(sorted);
+        }
+        let mut sorted = store.sorted_rows();
+        (sorted.push(&families[3], b"x", b"r")).expect("first");
+        assert!(
+            sorted.push(&families[0], b"y", b"r").is_err(),
+            "a family before the last one"
+        );
+        drop(sorted);
+        assert_eq!(runs(), 1, "refused writes left no run");
     }
 
     /// One family's rows are one range of keys no other family's key falls in, even where

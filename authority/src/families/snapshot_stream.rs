@@ -21,7 +21,7 @@ use tally_ledger::{ColdMeta, FamilyId, IdMap};
 use super::cold_index::ColdIndex;
 use super::config::RouterConfig;
 use super::error::RouterError;
-use super::family_store::{cold_row_key, FamilyStore, StoreView};
+use super::family_store::{FamilyStore, StoreView};
 use super::router::FamilyRouter;
 use super::router_state::RouterState;
 use super::snapshot::{
@@ -131,8 +131,8 @@ pub fn restore_from(
     let mut stored = BTreeMap::new();
     let mut chunk: Vec<(FamilyId, Arc<Vec<u8>>)> = Vec::new();
     let mut chunk_bytes = 0;
-    let mut rows: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-    let mut rows_bytes = 0;
+    // The rows come in the store's key order: one run, each row written once.
+    let mut rows = store.sorted_rows();
     let mut cold = ColdIndex::default();
     let read = read_stream(input, |item| {
         match item {
@@ -148,19 +148,13 @@ pub fn restore_from(
             }
             Item::ColdRow(family_id, key, row) => {
                 cold.add(family_id, &key);
-                rows_bytes += key.len() + row.len();
-                rows.push((cold_row_key(family_id, &key), row));
-                if rows_bytes >= RESTORE_CHUNK_BYTES {
-                    store.write_cold_rows(std::mem::take(&mut rows))?;
-                    rows_bytes = 0;
-                }
+                rows.push(family_id, &key, &row)?;
             }
         }
         Ok(())
     })?;
     store.write(&chunk, &[])?;
-    store.write_cold_rows(rows)?;
-    store.flush_cold_rows()?;
+    rows.finish()?;
     let (state, maintenance_due, digest) = read;
     let router = FamilyRouter::from_stored(config, state, maintenance_due, store, stored, cold)?;
     Ok((router, digest))

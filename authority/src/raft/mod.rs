@@ -6,4 +6,3 @@ pub mod network;
 pub mod snapshot_file;
 pub mod state_machine;
 pub mod types;
-pub mod writeback_file;

@@ -6,6 +6,7 @@
 //! Files are written and read as streams, never whole in memory: the data is written as the
 //! router streams it, and openraft gets a handle to the file (`SnapshotFile`), not its bytes.
 
+use std::collections::HashSet;
 use std::fs;
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
@@ -15,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use sha2::{Digest, Sha256};
 
 use super::types::SnapshotMeta;
-use super::writeback_file::WritebackFile;
+use crate::writeback_file::WritebackFile;
 
 const MAGIC: &[u8; 8] = b"TALLYSNP";
 /// The snapshot file's format version, raised whenever the layout or the family encoding
@@ -62,6 +63,8 @@ pub struct SnapshotFile {
     data_offset: u64,
     data_len: u64,
     digest: [u8; 32],
+    /// The snapshot directory whose file this is (`None`: a received stream).
+    saved_in: Option<PathBuf>,
 }
 
 impl SnapshotFile {
@@ -73,6 +76,7 @@ impl SnapshotFile {
             data_offset: 0,
             data_len,
             digest,
+            saved_in: None,
         }
     }
 
@@ -138,6 +142,10 @@ pub struct SnapshotDir {
     /// what the other had just removed, and the install would fail with "No such file", which
     /// openraft treats as fatal.
     writing: Arc<Mutex<()>>,
+    /// Files of this directory whose checksum was read through (or that this process
+    /// wrote): files never change once renamed into place, so each is read through once, not
+    /// at every load (a node loads its newest snapshot twice at start, then at every send).
+    verified: Arc<Mutex<HashSet<PathBuf>>>,
 }
 
 impl SnapshotDir {
@@ -150,6 +158,7 @@ impl SnapshotDir {
         Ok(Self {
             dir,
             writing: Arc::default(),
+            verified: Arc::default(),
         })
     }
 
@@ -220,13 +229,21 @@ impl SnapshotDir {
             .and_then(|d| d.sync_all())
             .map_err(io_err(&self.dir))?;
         let file = fs::File::open(&path).map_err(io_err(&path))?;
+        lock(&self.verified).insert(path);
         self.prune()?;
         Ok(SnapshotFile {
             file: Arc::new(file),
             data_offset,
             data_len,
             digest,
+            saved_in: Some(self.dir.clone()),
         })
+    }
+
+    /// Whether `snapshot` is a file of this directory already (so installing it, as a node
+    /// does with its own newest snapshot at start, needs no copy).
+    pub fn holds(&self, snapshot: &SnapshotFile) -> bool {
+        snapshot.saved_in.as_ref() == Some(&self.dir)
     }
 
     /// Copies a snapshot's data (one received from the leader) into a file of this
@@ -246,10 +263,18 @@ impl SnapshotDir {
     /// are reported and skipped; a file of another format version is an error. Blocking.
     pub fn load_latest(&self) -> Result<Option<(SnapshotMeta, SnapshotFile)>, SnapshotFileError> {
         for path in self.files()?.into_iter().rev() {
-            match read(&path) {
-                Ok(snapshot) => return Ok(Some(snapshot)),
+            let verified = lock(&self.verified).contains(&path);
+            match read(&path, verified) {
+                Ok((meta, mut snapshot)) => {
+                    lock(&self.verified).insert(path);
+                    snapshot.saved_in = Some(self.dir.clone());
+                    return Ok(Some((meta, snapshot)));
+                }
                 Err(error @ SnapshotFileError::Incompatible { .. }) => return Err(error),
-                Err(error) => tracing::error!(%error, "skipping an invalid snapshot file"),
+                Err(error) => {
+                    lock(&self.verified).remove(&path);
+                    tracing::error!(%error, "skipping an invalid snapshot file");
+                }
             }
         }
         Ok(None)
@@ -260,7 +285,7 @@ impl SnapshotDir {
     /// changed once written, so this is safe while the node runs. Blocking.
     pub fn export_latest(&self, out: &Path) -> Result<Option<SnapshotMeta>, SnapshotFileError> {
         for path in self.files()?.into_iter().rev() {
-            match read(&path) {
+            match read(&path, false) {
                 Ok((meta, _)) => {
                     copy_durably(&path, out)?;
                     return Ok(Some(meta));
@@ -276,7 +301,7 @@ impl SnapshotDir {
     /// checking its magic, version and checksum: the node started on this data dir loads it.
     /// Blocking.
     pub fn import(&self, backup: &Path) -> Result<SnapshotMeta, SnapshotFileError> {
-        let (meta, _) = read(backup)?;
+        let (meta, _) = read(backup, false)?;
         let index = meta.last_log_id.map_or(0, |id| id.index);
         let term = meta.last_log_id.map_or(0, |id| id.leader_id.term);
         let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
@@ -306,6 +331,7 @@ impl SnapshotDir {
     fn prune(&self) -> Result<(), SnapshotFileError> {
         let files = self.files()?;
         for old in files.iter().take(files.len().saturating_sub(KEEP)) {
+            lock(&self.verified).remove(old);
             match fs::remove_file(old) {
                 // Gone already (an operator, or a node sharing the directory by mistake):
                 // what pruning wanted.
@@ -361,7 +387,13 @@ fn checksum_of(file: &fs::File, len: u64) -> io::Result<[u8; 32]> {
     Ok(hasher.finalize().into())
 }
 
-fn read(path: &Path) -> Result<(SnapshotMeta, SnapshotFile), SnapshotFileError> {
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Opens the snapshot file at `path`, its checksum read through unless it was `verified`
+/// before.
+fn read(path: &Path, verified: bool) -> Result<(SnapshotMeta, SnapshotFile), SnapshotFileError> {
     let invalid = |reason: &str| SnapshotFileError::Invalid {
         path: path.to_path_buf(),
         reason: reason.to_owned(),
@@ -385,7 +417,7 @@ fn read(path: &Path) -> Result<(SnapshotMeta, SnapshotFile), SnapshotFileError> 
     let mut stored_checksum = [0u8; 32];
     file.read_exact_at(&mut stored_checksum, len - 32)
         .map_err(io_err)?;
-    if checksum_of(&file, len - 32).map_err(io_err)? != stored_checksum {
+    if !verified && checksum_of(&file, len - 32).map_err(io_err)? != stored_checksum {
         return Err(invalid("checksum mismatch"));
     }
     if version != FORMAT_VERSION {
@@ -423,6 +455,7 @@ fn read(path: &Path) -> Result<(SnapshotMeta, SnapshotFile), SnapshotFileError> 
             data_offset,
             data_len,
             digest,
+            saved_in: None,
         },
     ))
 }
@@ -512,6 +545,39 @@ mod tests {
             .save_copy(&SnapshotMeta::default(), &first)
             .expect("copy");
         assert_eq!((data_of(&copied), copied.digest()), (data, [1; 32]));
+    }
+
+    /// A file is read through for its checksum once per directory handle (its writer's, or
+    /// the first load's), and a file of the directory is known as one, so a node installing
+    /// its own snapshot at start neither reads it through again nor copies it.
+    #[test]
+    fn a_file_is_verified_once_and_known_as_the_directorys_own() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let snapshots = SnapshotDir::open(dir.path()).expect("open");
+        let saved = save(&snapshots, 1, &[5; 4096]);
+        assert!(snapshots.holds(&saved));
+        let path = snapshots.files().expect("lists").remove(0);
+        // Damage one byte of the data, leaving the checksum as it was.
+        let mut bytes = fs::read(&path).expect("read");
+        let at = bytes.len() - 32 - 100;
+        bytes[at] ^= 1;
+        fs::write(&path, bytes).expect("write");
+
+        let (_, loaded) = snapshots.load_latest().expect("loads").expect("a file");
+        assert!(snapshots.holds(&loaded), "loaded from this directory");
+        let fresh = SnapshotDir::open(dir.path()).expect("open again");
+        assert!(
+            fresh.load_latest().expect("loads").is_none(),
+            "a new handle reads the checksum through and skips the damaged file"
+        );
+        let other = tempfile::tempdir().expect("tempdir");
+        let other = SnapshotDir::open(other.path()).expect("open");
+        assert!(!other.holds(&saved));
+        let received = SnapshotFile::received(fs::File::open(&path).expect("open"), 10, [0; 32]);
+        assert!(
+            !snapshots.holds(&received),
+            "a received stream is copied in"
+        );
     }
 
     #[test]

@@ -178,7 +178,7 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
 
     /// Streams the snapshot's families into a new family store and checks the state's
     /// digest against the sender's before the new router replaces the old one; then keeps a
-    /// copy of the snapshot in the snapshot directory (both on a blocking thread).
+    /// copy of a received snapshot in the snapshot directory (both on a blocking thread).
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
@@ -194,9 +194,12 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
                     "the snapshot's state does not match the digest its sender gave".into(),
                 ));
             }
-            snapshots
-                .save_copy(&saved_meta, &snapshot)
-                .map_err(|error| crate::families::RouterError::Snapshot(error.to_string()))?;
+            // A node's own newest snapshot, installed at start, is in place already.
+            if !snapshots.holds(&snapshot) {
+                snapshots
+                    .save_copy(&saved_meta, &snapshot)
+                    .map_err(|error| crate::families::RouterError::Snapshot(error.to_string()))?;
+            }
             Ok(router)
         })
         .await

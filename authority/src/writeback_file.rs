@@ -1,6 +1,8 @@
-//! A file writer that hands its pages to the disk as it goes, for snapshot files.
+//! A file writer that hands its pages to the disk as it goes, for snapshot files and the
+//! family store's runs of rows.
 //!
-//! A snapshot of a loaded node is gigabytes written in one go and synced at the end. Left to
+//! A snapshot of a loaded node is gigabytes written in one go and synced at the end (and a
+//! merge of runs, or a restore, is gigabytes written in one go and never synced). Left to
 //! the kernel, those pages stay dirty until the final `fsync` (or the kernel's own writeback)
 //! sends them in one burst, and the Raft log's `fdatasync` on the same disk waits behind it:
 //! every replica writes its snapshot at about the same log index, so commits stall cluster
