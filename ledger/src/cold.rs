@@ -17,6 +17,7 @@
 //! family with rows out is a fault of the node, and apply stops rather than guess.
 
 use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hasher};
 
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
@@ -40,16 +41,16 @@ pub enum ColdKey {
 }
 
 impl ColdKey {
+    pub fn as_key_ref(&self) -> ColdKeyRef<'_> {
+        match self {
+            Self::Event(id) => ColdKeyRef::event(id),
+            Self::Hold(id) => ColdKeyRef::hold(id),
+        }
+    }
+
     /// The key's bytes in the store (within its family): a kind byte, then the id.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let (kind, id) = match self {
-            Self::Event(id) => (EVENT_KIND, id.as_str()),
-            Self::Hold(id) => (HOLD_KIND, id.as_str()),
-        };
-        let mut bytes = Vec::with_capacity(1 + id.len());
-        bytes.push(kind);
-        bytes.extend_from_slice(id.as_bytes());
-        bytes
+        self.as_key_ref().to_bytes()
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, ColdRowError> {
@@ -63,6 +64,72 @@ impl ColdKey {
             HOLD_KIND => Ok(Self::Hold(HoldId::from(id))),
             other => Err(ColdRowError(format!("a key of unknown kind {other}"))),
         }
+    }
+}
+
+/// A `ColdKey` borrowed from the command that names it: how a node looks a batch's ids up
+/// without a copy of each.
+#[derive(Clone, Copy, Debug)]
+pub struct ColdKeyRef<'k> {
+    kind: u8,
+    id: &'k str,
+}
+
+impl<'k> ColdKeyRef<'k> {
+    pub fn event(id: &'k EventId) -> Self {
+        Self {
+            kind: EVENT_KIND,
+            id: id.as_str(),
+        }
+    }
+
+    pub fn hold(id: &'k HoldId) -> Self {
+        Self {
+            kind: HOLD_KIND,
+            id: id.as_str(),
+        }
+    }
+
+    pub fn to_key(self) -> ColdKey {
+        match self.kind {
+            EVENT_KIND => ColdKey::Event(EventId::from(self.id)),
+            _ => ColdKey::Hold(HoldId::from(self.id)),
+        }
+    }
+
+    /// `ColdKey::to_bytes`.
+    pub fn to_bytes(self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(1 + self.id.len());
+        bytes.push(self.kind);
+        bytes.extend_from_slice(self.id.as_bytes());
+        bytes
+    }
+
+    /// The hash of the key's bytes (`ColdKeyHash::of_bytes(&self.to_bytes())`), without them.
+    pub fn key_hash(self) -> ColdKeyHash {
+        let mut hasher = DefaultHasher::new();
+        // A streaming hash: two writes hash as one write of both.
+        hasher.write(&[self.kind]);
+        hasher.write(self.id.as_bytes());
+        ColdKeyHash(hasher.finish())
+    }
+}
+
+/// A 64-bit hash of a key's bytes: what a node's filters over rows out of memory are probed
+/// with, and how a fetch records an id looked up and not stored. The same for the same bytes
+/// within one build (the filters are rebuilt at every start; nothing replicated holds it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ColdKeyHash(u64);
+
+impl ColdKeyHash {
+    pub fn of_bytes(bytes: &[u8]) -> Self {
+        let mut hasher = DefaultHasher::new();
+        hasher.write(bytes);
+        Self(hasher.finish())
+    }
+
+    pub fn value(self) -> u64 {
+        self.0
     }
 }
 
@@ -152,46 +219,60 @@ pub struct MovedRow {
     pub row: Vec<u8>,
 }
 
-/// What the node looked up for one batch: for every id the batch names, the stored row or
-/// `None` (not stored).
+/// What the node looked up for one batch: for every id the batch names, the stored row, or
+/// that it is not stored. Almost every id is fresh and told apart by a filter, so "not
+/// stored" is kept as the id's hash, not as a map entry with a copy of the id.
 #[derive(Clone, Debug, Default)]
 pub struct ColdFetch {
-    events: BTreeMap<EventId, Option<AppliedRow>>,
-    holds: BTreeMap<HoldId, Option<ArchivedHold>>,
+    events: BTreeMap<EventId, AppliedRow>,
+    holds: BTreeMap<HoldId, ArchivedHold>,
+    /// The hashes of the ids looked up and not stored; sorted when the batch starts.
+    absent: Vec<ColdKeyHash>,
 }
 
 impl ColdFetch {
     /// Records the store's answer for `key`: its bytes, or `None`.
     pub fn record(&mut self, key: ColdKey, bytes: Option<&[u8]>) -> Result<(), ColdRowError> {
-        let body = bytes.map(decode_body).transpose()?;
-        match (key, body) {
-            (ColdKey::Event(id), None) => self.events.insert(id, None).map(drop),
-            (ColdKey::Hold(id), None) => self.holds.insert(id, None).map(drop),
-            (ColdKey::Event(id), Some(ColdRowBody::Applied(row))) => {
-                self.events.insert(id, Some(row)).map(drop)
+        let Some(bytes) = bytes else {
+            self.record_absent(key.as_key_ref().key_hash());
+            return Ok(());
+        };
+        match (key, decode_body(bytes)?) {
+            (ColdKey::Event(id), ColdRowBody::Applied(row)) => {
+                self.events.insert(id, row).map(drop)
             }
-            (ColdKey::Hold(id), Some(ColdRowBody::Hold(hold))) => {
-                self.holds.insert(id, Some(hold)).map(drop)
-            }
-            (key, Some(_)) => return Err(another_kind(&key)),
+            (ColdKey::Hold(id), ColdRowBody::Hold(hold)) => self.holds.insert(id, hold).map(drop),
+            (key, _) => return Err(another_kind(&key)),
         };
         Ok(())
     }
 
+    /// Records that the id whose key hashes to `hash` (`ColdKeyRef::key_hash`) is not stored.
+    pub fn record_absent(&mut self, hash: ColdKeyHash) {
+        self.absent.push(hash);
+    }
+
     pub fn is_empty(&self) -> bool {
-        self.events.is_empty() && self.holds.is_empty()
+        self.events.is_empty() && self.holds.is_empty() && self.absent.is_empty()
     }
 
     /// Every id `commands` name, recorded as not stored: for benchmarks and tools that
     /// apply only fresh ids to a family whose rows out of memory they dropped.
     pub fn absent<'c>(commands: impl IntoIterator<Item = &'c Command>) -> Self {
         let mut fetch = Self::default();
-        for key in commands.into_iter().flat_map(Command::cold_keys) {
-            fetch
-                .record(key, None)
-                .expect("recording an absent row cannot fail");
+        for key in commands.into_iter().flat_map(Command::cold_key_refs) {
+            fetch.record_absent(key.key_hash());
         }
         fetch
+    }
+
+    /// Whether the id of `key` was looked up and found not stored (after `seal`).
+    fn is_absent(&self, key: ColdKeyRef<'_>) -> bool {
+        self.absent.binary_search(&key.key_hash()).is_ok()
+    }
+
+    fn seal(&mut self) {
+        self.absent.sort_unstable();
     }
 }
 
@@ -233,12 +314,20 @@ pub(crate) struct ColdLookup<'f> {
 impl<'f> ColdLookup<'f> {
     pub fn event(&self, event_id: &EventId) -> Option<&'f AppliedRow> {
         let rows = self.rows;
-        self.find(event_id, &rows.moved_events, &rows.fetched.events, "event")
+        let key = ColdKeyRef::event(event_id);
+        self.find(
+            event_id,
+            key,
+            &rows.moved_events,
+            &rows.fetched.events,
+            "event",
+        )
     }
 
     pub fn hold(&self, hold_id: &HoldId) -> Option<&'f ArchivedHold> {
         let rows = self.rows;
-        self.find(hold_id, &rows.moved_holds, &rows.fetched.holds, "hold")
+        let key = ColdKeyRef::hold(hold_id);
+        self.find(hold_id, key, &rows.moved_holds, &rows.fetched.holds, "hold")
     }
 
     /// The row of `id` among those this batch moved, then those the node fetched. An id the
@@ -246,18 +335,19 @@ impl<'f> ColdLookup<'f> {
     fn find<K: Ord + std::fmt::Display, V>(
         &self,
         id: &K,
+        key: ColdKeyRef<'_>,
         moved: &'f BTreeMap<K, V>,
-        fetched: &'f BTreeMap<K, Option<V>>,
+        fetched: &'f BTreeMap<K, V>,
         what: &str,
     ) -> Option<&'f V> {
         if self.meta.is_empty() {
             return None;
         }
-        if let Some(row) = moved.get(id) {
+        if let Some(row) = moved.get(id).or_else(|| fetched.get(id)) {
             return Some(row);
         }
-        if let Some(found) = fetched.get(id) {
-            return found.as_ref();
+        if self.rows.fetched.is_absent(key) {
+            return None;
         }
         assert_eq!(
             self.meta.rows,
@@ -270,7 +360,8 @@ impl<'f> ColdLookup<'f> {
 
 impl ColdRows {
     /// Starts a batch: the rows of the last one are in the node's store by now.
-    pub fn start_batch(&mut self, fetched: ColdFetch) {
+    pub fn start_batch(&mut self, mut fetched: ColdFetch) {
+        fetched.seal();
         self.fetched = fetched;
         self.moved_events.clear();
         self.moved_holds.clear();
@@ -332,16 +423,19 @@ impl Command {
     /// (a replay, a conflict, a resolve) and the hold it names. Apply asserts each lookup was
     /// answered, so this list and the ledger's lookups cannot drift apart silently.
     pub fn cold_keys(&self) -> Vec<ColdKey> {
-        match self {
-            Self::Apply(cmd) | Self::Resolve(cmd) => {
-                let mut keys = vec![ColdKey::Event(cmd.header.event_id.clone())];
-                if let Some(hold_id) = cmd.op.hold_id() {
-                    keys.push(ColdKey::Hold(hold_id.clone()));
-                }
-                keys
-            }
-            Self::ExpireHolds { .. } => Vec::new(),
-        }
+        self.cold_key_refs().map(ColdKeyRef::to_key).collect()
+    }
+
+    /// `cold_keys`, borrowed from the command.
+    pub fn cold_key_refs(&self) -> impl Iterator<Item = ColdKeyRef<'_>> {
+        let (event, hold) = match self {
+            Self::Apply(cmd) | Self::Resolve(cmd) => (
+                Some(ColdKeyRef::event(&cmd.header.event_id)),
+                cmd.op.hold_id().map(ColdKeyRef::hold),
+            ),
+            Self::ExpireHolds { .. } => (None, None),
+        };
+        event.into_iter().chain(hold)
     }
 }
 
@@ -477,5 +571,31 @@ impl ColdRowsInMemory {
         let stored = self.get(&ColdKey::Hold(hold_id.clone()));
         hold_read_with_stored(family.get_hold(hold_id), hold_id, stored)
             .expect("rows kept in memory decode")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key's hash is the hash of its bytes, however it is computed, for both kinds and ids
+    /// of any length; and a hold and an event with the same id hash apart.
+    #[test]
+    fn a_borrowed_key_hashes_as_its_bytes() {
+        for id in ["", "e", "event-1", &"x".repeat(300), "\u{0}\u{1}é"] {
+            for key in [
+                ColdKey::Event(EventId::from(id)),
+                ColdKey::Hold(HoldId::from(id)),
+            ] {
+                let bytes = key.to_bytes();
+                assert_eq!(key.as_key_ref().key_hash(), ColdKeyHash::of_bytes(&bytes));
+                assert_eq!(key.as_key_ref().to_key(), key);
+                assert_eq!(ColdKey::from_bytes(&bytes).expect("decodes"), key);
+            }
+            assert_ne!(
+                ColdKeyRef::event(&EventId::from(id)).key_hash(),
+                ColdKeyRef::hold(&HoldId::from(id)).key_hash()
+            );
+        }
     }
 }

@@ -31,7 +31,7 @@ pub mod tables;
 
 pub use account::{Account, AccountKey, GrantLimits, LegacyUnheld, UsageRecord};
 pub use cluster_time::{ClusterParams, ParamsChange};
-pub use cold::{ColdFetch, ColdKey, ColdMeta, ColdRowsInMemory, MovedRow};
+pub use cold::{ColdFetch, ColdKey, ColdKeyHash, ColdKeyRef, ColdMeta, ColdRowsInMemory, MovedRow};
 pub use command::{AncestorAccount, ClientCommand, Command, CommandHeader, Operation};
 pub use commit_index::{BudgetCommitIndex, LogPosition};
 pub use decision::{Decision, DenyReason, DenyRule, Outcome, Resolution};

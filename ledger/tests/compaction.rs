@@ -314,4 +314,19 @@ fn rows_out_of_memory_are_counted_and_a_lookup_the_node_skipped_stops_the_apply(
         .cloned()
         .unwrap_or_default();
     assert!(message.contains("was not looked up"), "{message}");
+
+    // "Not stored" names one id (by its key's hash): another id's answer does not cover it.
+    let other = h.authorize("h2", 40);
+    let mut fetch = ColdFetch::absent([&other]);
+    fetch
+        .record(ColdKey::Event(EventId::from("unrelated")), None)
+        .expect("records");
+    h.family.start_batch(fetch);
+    let skipped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        h.family.apply(&authorize, &ctx)
+    }));
+    assert!(
+        skipped.is_err(),
+        "a replay looked up under other ids must not apply"
+    );
 }

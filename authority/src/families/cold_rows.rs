@@ -13,62 +13,54 @@ use super::error::RouterError;
 use super::family_store::{cold_row_key, on_blocking_thread};
 use super::router::FamilyRouter;
 
-/// One id a round looks up: its family, its key, and its store key when the filters passed it.
-struct Lookup {
-    family_id: FamilyId,
-    key: ColdKey,
-    store_key: Option<Vec<u8>>,
-}
-
 impl FamilyRouter {
     /// For each family of the round with rows out of memory, the answer for every id its
-    /// commands name (`Command::cold_keys`).
+    /// commands name (`Command::cold_key_refs`). An id the filters rule out is recorded as
+    /// not stored by its hash, with no copy of it; only the few they pass go to the store.
     pub(super) async fn fetch_cold(
         &mut self,
         work: &BTreeMap<FamilyId, FamilyWork>,
     ) -> Result<BTreeMap<FamilyId, ColdFetch>, RouterError> {
-        let mut lookups = Vec::new();
+        let mut fetches = BTreeMap::new();
+        // The ids the filters passed on to the store, and their store keys.
+        let mut lookups: Vec<(FamilyId, ColdKey)> = Vec::new();
+        let mut store_keys: Vec<Vec<u8>> = Vec::new();
         for (family_id, family_work) in work {
-            if self.cold.rows(family_id) == 0 {
+            let Some(filters) = self.cold.family(family_id) else {
                 continue;
-            }
+            };
+            let mut fetch = ColdFetch::default();
             for (_, command) in &family_work.commands {
-                for key in command.cold_keys() {
-                    let bytes = key.to_bytes();
-                    let store_key = (self.cold.may_contain(family_id, &bytes))
-                        .then(|| cold_row_key(family_id, &bytes));
-                    lookups.push(Lookup {
-                        family_id: family_id.clone(),
-                        key,
-                        store_key,
-                    });
+                for key in command.cold_key_refs() {
+                    let hash = key.key_hash();
+                    if filters.may_contain(hash) {
+                        lookups.push((family_id.clone(), key.to_key()));
+                        store_keys.push(cold_row_key(family_id, &key.to_bytes()));
+                    } else {
+                        fetch.record_absent(hash);
+                    }
                 }
             }
+            fetches.insert(family_id.clone(), fetch);
         }
         if lookups.is_empty() {
-            return Ok(BTreeMap::new());
+            return Ok(fetches);
         }
-        let found = if lookups.iter().any(|lookup| lookup.store_key.is_some()) {
-            let view = self.actors.view()?;
-            let keys: Vec<Option<Vec<u8>>> = lookups.iter().map(|l| l.store_key.clone()).collect();
-            on_blocking_thread("a row lookup", move || {
-                keys.into_iter()
-                    .map(|key| key.map_or(Ok(None), |key| view.cold_row(&key)))
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .await?
-        } else {
-            vec![None; lookups.len()]
-        };
-        let mut fetches: BTreeMap<FamilyId, ColdFetch> = BTreeMap::new();
-        for (lookup, row) in lookups.into_iter().zip(found) {
-            let fetch = fetches.entry(lookup.family_id.clone()).or_default();
-            fetch.record(lookup.key, row.as_deref()).map_err(|error| {
-                RouterError::FamilyFailed {
-                    family_id: lookup.family_id,
+        let view = self.actors.view()?;
+        let found = on_blocking_thread("a row lookup", move || {
+            (store_keys.iter())
+                .map(|key| view.cold_row(key))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await?;
+        for ((family_id, key), row) in lookups.into_iter().zip(found) {
+            let fetch = (fetches.get_mut(&family_id)).expect("a family with a lookup has a fetch");
+            fetch
+                .record(key, row.as_deref())
+                .map_err(|error| RouterError::FamilyFailed {
+                    family_id,
                     reason: error.to_string(),
-                }
-            })?;
+                })?;
         }
         Ok(fetches)
     }
