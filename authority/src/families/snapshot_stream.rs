@@ -147,8 +147,8 @@ pub fn restore_from(
                 }
             }
             Item::ColdRow(family_id, key, row) => {
-                cold.add(family_id, &key);
-                rows.push(family_id, &key, &row)?;
+                cold.add(family_id, key);
+                rows.push(family_id, key, row)?;
             }
         }
         Ok(())
@@ -163,7 +163,7 @@ pub fn restore_from(
 /// What a snapshot stream hands on, in order: every family, then every row out of memory.
 enum Item<'a> {
     Family(FamilyId, Vec<u8>),
-    ColdRow(&'a FamilyId, Vec<u8>, Vec<u8>),
+    ColdRow(&'a FamilyId, &'a [u8], &'a [u8]),
 }
 
 /// Reads a snapshot stream through, keeping nothing, and returns its digest: how a receiver
@@ -274,16 +274,17 @@ fn read_cold_rows(
         };
         let count = rmp::decode::read_map_len(input).map_err(decode_error)?;
         let mut read = ColdMeta::default();
-        let mut previous_key: Option<Vec<u8>> = None;
-        for _ in 0..count {
-            let key = read_bin(input, || format!("a row of family {family_id}"))?;
-            let row = read_bin(input, || format!("a row of family {family_id}"))?;
-            if previous_key.as_ref().is_some_and(|p| *p >= key) {
+        // Reused row after row: a restore reads millions.
+        let (mut key, mut row, mut previous_key) = (Vec::new(), Vec::new(), Vec::new());
+        for at in 0..count {
+            read_bin_into(input, &mut key, || format!("a row of family {family_id}"))?;
+            read_bin_into(input, &mut row, || format!("a row of family {family_id}"))?;
+            if at > 0 && previous_key >= key {
                 return Err(invalid(format!("rows of family {family_id} out of order")));
             }
             read.add(&key, &row);
-            previous_key = Some(key.clone());
-            each(Item::ColdRow(&family_id, key, row))?;
+            each(Item::ColdRow(&family_id, &key, &row))?;
+            std::mem::swap(&mut previous_key, &mut key);
         }
         if read != *meta {
             return Err(invalid(format!(
@@ -299,16 +300,33 @@ fn read_cold_rows(
 
 /// One MessagePack `bin`; `what` names it when the stream ends inside it.
 fn read_bin(input: &mut impl Read, what: impl Fn() -> String) -> Result<Vec<u8>, RouterError> {
-    let length = rmp::decode::read_bin_len(input).map_err(decode_error)?;
     let mut bytes = Vec::new();
+    read_bin_into(input, &mut bytes, what)?;
+    Ok(bytes)
+}
+
+/// Room reserved up front for a `bin`: its whole length when it is this small or smaller
+/// (every row), so reading it takes no reallocation; larger ones (families) grow as they are
+/// read, so a damaged length cannot make the reader allocate it.
+const BIN_RESERVE_BYTES: usize = 64 << 10;
+
+/// `read_bin` into `bytes`, replacing what it held (buffers reused row after row).
+fn read_bin_into(
+    input: &mut impl Read,
+    bytes: &mut Vec<u8>,
+    what: impl Fn() -> String,
+) -> Result<(), RouterError> {
+    let length = rmp::decode::read_bin_len(input).map_err(decode_error)?;
+    bytes.clear();
+    bytes.reserve((length as usize).min(BIN_RESERVE_BYTES));
     input
         .take(u64::from(length))
-        .read_to_end(&mut bytes)
+        .read_to_end(bytes)
         .map_err(decode_error)?;
     if bytes.len() != length as usize {
         return Err(invalid(format!("{} is cut short", what())));
     }
-    Ok(bytes)
+    Ok(())
 }
 
 fn invalid(reason: String) -> RouterError {
