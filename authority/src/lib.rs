@@ -12,4 +12,5 @@ pub mod raft;
 pub mod service;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod unpoisoned;
 pub mod writeback_file;

@@ -13,7 +13,6 @@
 //! as often at 16 bits per key: 0.17–0.2% in a simulation, over 1% across nine full filters.)
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use tally_ledger::{ColdKeyHash, FamilyId};
 
@@ -32,28 +31,26 @@ pub(crate) struct ColdIndex {
     families: HashMap<FamilyId, ColdFamily, foldhash::fast::RandomState>,
     /// The filters' memory, summed over families.
     filter_bytes: usize,
-    /// Ids looked up before a batch, and those the filters passed on to the store (counted
-    /// through `&self`, by `FamilyFilters`).
-    lookups: AtomicU64,
-    passed: AtomicU64,
+    /// Ids looked up before a batch, and those the filters passed on to the store.
+    lookups: u64,
+    passed: u64,
 }
 
 /// One family's filters, borrowed for a round's lookups (`ColdIndex::family`).
 pub(crate) struct FamilyFilters<'i> {
     family: &'i ColdFamily,
-    index: &'i ColdIndex,
+    lookups: &'i mut u64,
+    passed: &'i mut u64,
 }
 
 impl FamilyFilters<'_> {
     /// Whether the key (within the family) that hashes to `hash` may be among the family's
     /// rows: `false` is certain.
-    pub fn may_contain(&self, hash: ColdKeyHash) -> bool {
+    pub fn may_contain(&mut self, hash: ColdKeyHash) -> bool {
         let hash = hash.value();
         let maybe = (self.family.filters.iter()).any(|filter| filter.may_contain(hash));
-        self.index.lookups.fetch_add(1, Ordering::Relaxed);
-        self.index
-            .passed
-            .fetch_add(u64::from(maybe), Ordering::Relaxed);
+        *self.lookups += 1;
+        *self.passed += u64::from(maybe);
         maybe
     }
 }
@@ -115,11 +112,17 @@ impl ColdIndex {
 
     /// The filters of `family_id`, if it has rows out of memory (one map lookup for all of
     /// a round's ids of the family).
-    pub fn family(&self, family_id: &FamilyId) -> Option<FamilyFilters<'_>> {
-        let family = self.families.get(family_id)?;
+    pub fn family(&mut self, family_id: &FamilyId) -> Option<FamilyFilters<'_>> {
+        let Self {
+            families,
+            lookups,
+            passed,
+            ..
+        } = self;
         Some(FamilyFilters {
-            family,
-            index: self,
+            family: families.get(family_id)?,
+            lookups,
+            passed,
         })
     }
 
@@ -167,10 +170,7 @@ impl ColdIndex {
 
     /// `(ids looked up, ids the filters sent to the store)` so far.
     pub fn lookups(&self) -> (u64, u64) {
-        (
-            self.lookups.load(Ordering::Relaxed),
-            self.passed.load(Ordering::Relaxed),
-        )
+        (self.lookups, self.passed)
     }
 }
 
@@ -191,7 +191,7 @@ mod tests {
         assert_eq!(index.rows(&fam), keys);
         assert!(index.families[&fam].filters.len() >= 3, "the filters grew");
         let hash = |key: String| ColdKeyHash::of_bytes(key.as_bytes());
-        let filters = index.family(&fam).expect("the family has rows");
+        let mut filters = index.family(&fam).expect("the family has rows");
         for n in 0..keys {
             assert!(filters.may_contain(hash(format!("event-{n}"))));
         }

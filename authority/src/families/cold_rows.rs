@@ -10,7 +10,7 @@ use tally_ledger::{ColdFetch, ColdKey, FamilyId, MovedRow};
 
 use super::batch::FamilyWork;
 use super::error::RouterError;
-use super::family_store::{cold_row_key, on_blocking_thread};
+use super::family_store::{cold_family_prefix, cold_row_key, on_blocking_thread};
 use super::router::FamilyRouter;
 
 impl FamilyRouter {
@@ -26,7 +26,7 @@ impl FamilyRouter {
         let mut lookups: Vec<(FamilyId, ColdKey)> = Vec::new();
         let mut store_keys: Vec<Vec<u8>> = Vec::new();
         for (family_id, family_work) in work {
-            let Some(filters) = self.cold.family(family_id) else {
+            let Some(mut filters) = self.cold.family(family_id) else {
                 continue;
             };
             let mut fetch = ColdFetch::default();
@@ -98,9 +98,14 @@ impl FamilyRouter {
         }
         let mut rows = Vec::with_capacity(moved.iter().map(|(_, rows)| rows.len()).sum());
         for (family_id, moved) in moved {
+            // The family's part of every store key, escaped once per family.
+            let prefix = cold_family_prefix(&family_id);
             for row in moved {
                 self.cold.add(&family_id, &row.key);
-                rows.push((cold_row_key(&family_id, &row.key), row.row));
+                let mut key = Vec::with_capacity(prefix.len() + row.key.len());
+                key.extend_from_slice(&prefix);
+                key.extend_from_slice(&row.key);
+                rows.push((key, row.row));
             }
         }
         let store = self.actors.store().clone();

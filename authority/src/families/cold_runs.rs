@@ -22,10 +22,11 @@ use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::error::RouterError;
 use super::family_store::store_error;
+use crate::unpoisoned::lock;
 use crate::writeback_file::WritebackFile;
 
 /// A run's block size: what a lookup reads from disk (one block per run it checks).
@@ -567,10 +568,6 @@ pub(super) fn merge_sorted(
         }
     }
     Ok(())
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

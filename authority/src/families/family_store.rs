@@ -38,7 +38,8 @@ pub fn cold_row_key(family_id: &FamilyId, key: &[u8]) -> Vec<u8> {
     bytes
 }
 
-fn cold_family_prefix(family_id: &FamilyId) -> Vec<u8> {
+/// The family's part of its rows' keys (`cold_row_key`).
+pub(super) fn cold_family_prefix(family_id: &FamilyId) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(family_id.as_str().len() + 2 + 64);
     push_family_prefix(&mut bytes, family_id);
     bytes
@@ -329,7 +330,8 @@ impl FamilyStore {
         }
     }
 
-    /// `hand_over_cold_rows`, waiting if it must (tests). Blocking.
+    /// `hand_over_cold_rows`, waiting if it must. Blocking.
+    #[cfg(test)]
     pub fn write_cold_rows(&self, rows: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), RouterError> {
         if self.hand_over_cold_rows(rows)? {
             return Ok(());

@@ -11,11 +11,12 @@ use std::fs;
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
 use super::types::SnapshotMeta;
+use crate::unpoisoned::lock;
 use crate::writeback_file::WritebackFile;
 
 const MAGIC: &[u8; 8] = b"TALLYSNP";
@@ -63,8 +64,8 @@ pub struct SnapshotFile {
     data_offset: u64,
     data_len: u64,
     digest: [u8; 32],
-    /// The snapshot directory whose file this is (`None`: a received stream).
-    saved_in: Option<PathBuf>,
+    /// The path of the snapshot directory's file this is (`None`: a received stream).
+    saved_as: Option<PathBuf>,
 }
 
 impl SnapshotFile {
@@ -76,7 +77,7 @@ impl SnapshotFile {
             data_offset: 0,
             data_len,
             digest,
-            saved_in: None,
+            saved_as: None,
         }
     }
 
@@ -184,7 +185,7 @@ impl SnapshotDir {
             reason: format!("meta does not encode: {e}"),
         })?;
         // The lock guards no data, so a writer that panicked left nothing half-updated here.
-        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let _writing = lock(&self.writing);
         let digest_at = (MAGIC.len() + 4 + 8 + meta_bytes.len()) as u64;
         let data_offset = digest_at + 32 + 8;
         let (data_len, digest) = {
@@ -229,30 +230,35 @@ impl SnapshotDir {
             .and_then(|d| d.sync_all())
             .map_err(io_err(&self.dir))?;
         let file = fs::File::open(&path).map_err(io_err(&path))?;
-        lock(&self.verified).insert(path);
+        lock(&self.verified).insert(path.clone());
         self.prune()?;
         Ok(SnapshotFile {
             file: Arc::new(file),
             data_offset,
             data_len,
             digest,
-            saved_in: Some(self.dir.clone()),
+            saved_as: Some(path),
         })
     }
 
-    /// Whether `snapshot` is a file of this directory already (so installing it, as a node
-    /// does with its own newest snapshot at start, needs no copy).
-    pub fn holds(&self, snapshot: &SnapshotFile) -> bool {
-        snapshot.saved_in.as_ref() == Some(&self.dir)
+    /// Whether `snapshot` is a file of this directory still in place (not pruned).
+    fn holds(&self, snapshot: &SnapshotFile) -> bool {
+        (snapshot.saved_as.as_ref()).is_some_and(|path| {
+            path.parent() == Some(&self.dir) && lock(&self.verified).contains(path)
+        })
     }
 
     /// Copies a snapshot's data (one received from the leader) into a file of this
-    /// directory. Blocking.
+    /// directory; a file of this directory already (a node's own newest snapshot, installed
+    /// at start) is in place and is not copied. Blocking.
     pub fn save_copy(
         &self,
         meta: &SnapshotMeta,
         data: &SnapshotFile,
     ) -> Result<SnapshotFile, SnapshotFileError> {
+        if self.holds(data) {
+            return Ok(data.clone());
+        }
         self.save_with(meta, |out| {
             io::copy(&mut data.reader(), out)?;
             Ok(data.digest())
@@ -266,8 +272,8 @@ impl SnapshotDir {
             let verified = lock(&self.verified).contains(&path);
             match read(&path, verified) {
                 Ok((meta, mut snapshot)) => {
-                    lock(&self.verified).insert(path);
-                    snapshot.saved_in = Some(self.dir.clone());
+                    lock(&self.verified).insert(path.clone());
+                    snapshot.saved_as = Some(path);
                     return Ok(Some((meta, snapshot)));
                 }
                 Err(error @ SnapshotFileError::Incompatible { .. }) => return Err(error),
@@ -304,7 +310,7 @@ impl SnapshotDir {
         let (meta, _) = read(backup, false)?;
         let index = meta.last_log_id.map_or(0, |id| id.index);
         let term = meta.last_log_id.map_or(0, |id| id.leader_id.term);
-        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let _writing = lock(&self.writing);
         copy_durably(
             backup,
             &self
@@ -387,10 +393,6 @@ fn checksum_of(file: &fs::File, len: u64) -> io::Result<[u8; 32]> {
     Ok(hasher.finalize().into())
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// Opens the snapshot file at `path`, its checksum read through unless it was `verified`
 /// before.
 fn read(path: &Path, verified: bool) -> Result<(SnapshotMeta, SnapshotFile), SnapshotFileError> {
@@ -455,7 +457,7 @@ fn read(path: &Path, verified: bool) -> Result<(SnapshotMeta, SnapshotFile), Sna
             data_offset,
             data_len,
             digest,
-            saved_in: None,
+            saved_as: None,
         },
     ))
 }
@@ -565,6 +567,12 @@ mod tests {
 
         let (_, loaded) = snapshots.load_latest().expect("loads").expect("a file");
         assert!(snapshots.holds(&loaded), "loaded from this directory");
+        (snapshots.save_copy(&SnapshotMeta::default(), &loaded)).expect("in place");
+        assert_eq!(
+            snapshots.files().expect("lists").len(),
+            1,
+            "a file of the directory is not copied into it again"
+        );
         let fresh = SnapshotDir::open(dir.path()).expect("open again");
         assert!(
             fresh.load_latest().expect("loads").is_none(),

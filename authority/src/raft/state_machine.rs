@@ -194,12 +194,9 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
                     "the snapshot's state does not match the digest its sender gave".into(),
                 ));
             }
-            // A node's own newest snapshot, installed at start, is in place already.
-            if !snapshots.holds(&snapshot) {
-                snapshots
-                    .save_copy(&saved_meta, &snapshot)
-                    .map_err(|error| crate::families::RouterError::Snapshot(error.to_string()))?;
-            }
+            snapshots
+                .save_copy(&saved_meta, &snapshot)
+                .map_err(|error| crate::families::RouterError::Snapshot(error.to_string()))?;
             Ok(router)
         })
         .await
