@@ -620,16 +620,7 @@ async fn get_event_answers_exactly_after_the_full_record_is_compacted() {
     init_logs();
     let cluster = TestCluster::start(3).await;
     let leader = cluster.wait_leader().await;
-    cluster
-        .admin(leader)
-        .await
-        .set_params(pb::SetParamsRequest {
-            retention_ms: Some(1_000),
-            max_clock_step_ms: None,
-            preferred_leader_regions: None,
-        })
-        .await
-        .expect("retention of 1 s");
+    set_retention(&cluster, leader, 1_000).await;
     let mut client = cluster.budget(leader).await;
     // Its full record may go once cluster time passes not_after_ms + retention_ms.
     let mut request = authorize("cmp", "k1", 10);

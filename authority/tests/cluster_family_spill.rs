@@ -159,3 +159,113 @@ async fn a_node_that_lost_every_unsynced_store_write_restarts_to_its_peers_state
     }
     cluster.shutdown().await;
 }
+
+/// A node's own snapshots link the store's runs of rows instead of copying them, so the runs
+/// are part of the checkpoint (docs/architecture.md, crash contract): a follower that crashes
+/// after rows left memory, losing every write it had not synced (its store, a snapshot half
+/// written with its runs directory, runs no snapshot names), restarts from its newest linked
+/// snapshot and the log to its peers' state, answers for its rows out of memory, and applied
+/// each command once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarts_from_its_linked_snapshot_after_losing_unsynced_writes() {
+    let mut cluster = TestCluster::start_with(3, |config| {
+        config.snapshot_every_entries = 8;
+    })
+    .await;
+    let leader = cluster.wait_leader().await;
+    set_retention(&cluster, leader, 1_000).await;
+    let mut client = cluster.budget(leader).await;
+    for i in 0..FAMILIES {
+        let mut request = authorize(&format!("fam{i}"), "old", 10);
+        request.header.as_mut().expect("a header").not_after_ms =
+            tally_authority::node::clock::wall_clock_ms() + 1_200;
+        client.authorize_hold(request).await.expect("authorize");
+    }
+    let follower = a_follower(&cluster, leader);
+    // Later commands, once cluster time is past retention, move the old rows out of memory;
+    // snapshots every 8 entries link them.
+    let snapshots = cluster.configs[&follower].data_dir.join("snapshots");
+    let linked_runs = || {
+        (std::fs::read_dir(&snapshots).expect("snapshots"))
+            .filter_map(|entry| {
+                let path = entry.ok()?.path();
+                (path.extension()? == "runs").then(|| std::fs::read_dir(path).ok())?
+            })
+            .map(Iterator::count)
+            .sum::<usize>()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut round = 0;
+    while linked_runs() == 0 || sample(&scrape(&cluster, follower).await, "tally_cold_rows") == 0 {
+        assert!(std::time::Instant::now() < deadline, "no rows left memory");
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        round += 1;
+        for i in 0..FAMILIES {
+            (client
+                .authorize_hold(authorize(&format!("fam{i}"), &format!("r{round}"), 1))
+                .await)
+                .expect("a later command");
+        }
+    }
+    cluster.kill(follower).await;
+
+    // What the crash lost: the store (rebuilt at start anyway), and a snapshot being
+    // written — its file not renamed into place, its runs directory partly linked.
+    let store_dir = cluster.configs[&follower].data_dir.join("families");
+    for entry in std::fs::read_dir(&store_dir).expect("the follower's family store") {
+        let path = entry.expect("entry").path();
+        // A run a snapshot links is one file with two names, synced before the snapshot
+        // was: only runs nothing links can have lost writes.
+        let unlinked = std::os::unix::fs::MetadataExt::nlink(&path.metadata().expect("meta")) == 1;
+        if unlinked {
+            std::fs::write(&path, b"torn").expect("a torn store file");
+        }
+    }
+    let half = snapshots.join(format!("snapshot-{:020}-{:020}", u64::MAX / 2, 1));
+    std::fs::create_dir(half.with_extension("runs")).expect("a half-linked runs dir");
+    std::fs::write(half.with_extension("runs").join("000000.run"), b"torn").expect("write");
+    std::fs::write(half.with_extension("tsnap.tmp"), b"half written").expect("write");
+
+    for i in 0..FAMILIES {
+        (client
+            .authorize_hold(authorize(&format!("fam{i}"), "after", 5))
+            .await)
+            .expect("authorize while the follower is down");
+    }
+    cluster.restart(follower).await;
+    assert_converged(&cluster.converged_digests().await);
+    let adopted = (std::fs::read_dir(&store_dir).expect("the restarted store"))
+        .map(|entry| entry.expect("entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "run"))
+        .filter(|path| std::os::unix::fs::MetadataExt::nlink(&path.metadata().expect("meta")) > 1)
+        .count();
+    assert!(
+        adopted > 0,
+        "the restart took the snapshot's runs in by link, without copying"
+    );
+    let restarted = scrape(&cluster, follower).await;
+    assert!(
+        sample(&restarted, "tally_cold_rows") > 0,
+        "the restarted node has its rows out of memory:\n{restarted}"
+    );
+    let mut on_follower = cluster.budget(follower).await;
+    for i in 0..FAMILIES {
+        let family = format!("fam{i}");
+        // The old hold's authorize was compacted out of memory: still exact on the follower.
+        match get_event(&mut on_follower, &family, "old:authorize").await {
+            pb::event_lookup::Lookup::Applied(applied) => {
+                assert!(applied.decision.is_some(), "{family}: the decision is kept")
+            }
+            other => panic!("{family} old:authorize on the restarted node: {other:?}"),
+        }
+        let account = usage_of(&cluster, follower, &family)
+            .await
+            .expect("an account");
+        assert_eq!(
+            account.total_cost_exposed_units,
+            10 + round as u64 + 5,
+            "{family}: every hold once"
+        );
+    }
+    cluster.shutdown().await;
+}

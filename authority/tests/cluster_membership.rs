@@ -118,6 +118,39 @@ async fn a_learner_joins_by_snapshot_and_membership_goes_3_5_3_under_load() {
         installed.index >= purged.1,
         "snapshot {installed:?} covers the purged log"
     );
+    // The leader sent its linked snapshot expanded into a stream; the learner keeps what it
+    // installed as a linked snapshot of its own, not as a copy of the stream.
+    let snapshots = |id: u64| {
+        let dir = cluster.configs[&id].data_dir.join("snapshots");
+        let mut names: Vec<String> = (std::fs::read_dir(dir).expect("snapshots"))
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        names.sort();
+        names
+    };
+    let kept = format!(
+        "snapshot-{:020}-{:020}",
+        installed.index, installed.leader_id.term
+    );
+    let on_learner = snapshots(4);
+    assert!(
+        on_learner.contains(&format!("{kept}.tsnap"))
+            && on_learner.contains(&format!("{kept}.runs")),
+        "{on_learner:?}"
+    );
+    assert!(
+        snapshots(leader)
+            .iter()
+            .any(|name| name.ends_with(".tstream")),
+        "{:?}",
+        snapshots(leader)
+    );
 
     // 3 → 5 → 3 with writes running all along.
     let mut fifth = config(cluster.dir.path(), 5);

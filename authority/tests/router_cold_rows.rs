@@ -204,3 +204,99 @@ fn count_outcomes(results: &[Result<Decision, LedgerError>], counts: &mut (usize
         }
     }
 }
+
+/// A node's own snapshot links the store's runs instead of copying its rows: a router restored
+/// from it (runs taken in by link, filters loaded, no row read) digests and answers like the
+/// original, even once the original and its store are gone; expanded for another node it is
+/// byte for byte the stream a cut writes; and links that do not hold the rows the families
+/// count are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_linked_snapshot_restores_without_reading_rows_and_expands_to_the_stream(
+) -> anyhow::Result<()> {
+    use tally_authority::families::snapshot_stream::{
+        expand_linked, restore_linked, write_cut, write_linked,
+    };
+    let dir = tempfile::tempdir()?;
+    let store = FamilyStore::create(&dir.path().join("families-a.redb"), 0)?;
+    let config = RouterConfig {
+        max_live_bytes: 16 * 1024,
+        min_idle_entries_to_spill: 0,
+        ..RouterConfig::default()
+    };
+    let mut router = FamilyRouter::with_store(config, store.clone())?;
+    let mut sent = Vec::new();
+    let mut all = vec![short_retention(1)];
+    all.extend(entries(2, 200, &mut sent));
+    for (n, chunk) in all.chunks(3).enumerate() {
+        if n % 10 == 9 {
+            store.flush_cold_rows()?;
+        }
+        router.apply(chunk.to_vec()).await?;
+    }
+    let (runs, _) = store.cold_run_counts();
+    assert!(runs >= 1, "rows on disk in runs");
+    let rows = router.cold_rows();
+    assert!(rows > 150, "only {rows} rows left memory");
+
+    let mut full = Vec::new();
+    let full_digest = write_cut(router.cut().await?, &mut full)?;
+    let runs_dir = dir.path().join("snapshot.runs");
+    std::fs::create_dir(&runs_dir)?;
+    let mut linked = Vec::new();
+    let linked_digest = write_linked(router.cut().await?, &mut linked, &runs_dir)?;
+    assert_eq!(linked_digest, full_digest);
+    assert_eq!(linked_digest, router.digest().await?);
+    // It holds the filters (~2 KiB per family here) instead of the rows.
+    assert!(
+        linked.len() < full.len(),
+        "the linked snapshot copies no rows ({} vs {} bytes)",
+        linked.len(),
+        full.len()
+    );
+    let linked_runs = std::fs::read_dir(&runs_dir)?.count();
+    assert_eq!(
+        linked_runs,
+        runs + 1,
+        "every run, and the buffered rows as one more"
+    );
+
+    let mut expanded = Vec::new();
+    let expanded_digest = expand_linked(|| linked.as_slice(), &runs_dir, &mut expanded)?;
+    assert_eq!(expanded_digest, full_digest);
+    assert!(
+        expanded == full,
+        "the expansion is the stream, byte for byte"
+    );
+
+    let restored_store = FamilyStore::create(&dir.path().join("families-b.redb"), 0)?;
+    let (mut restored, digest) = restore_linked(
+        RouterConfig::default(),
+        &mut linked.as_slice(),
+        &runs_dir,
+        restored_store.clone(),
+    )?;
+    assert_eq!(digest, full_digest);
+    assert_eq!(restored_store.cold_reads(), 0, "no row read to restore");
+    assert_eq!(restored.cold_rows(), rows);
+    assert_eq!(restored.digest().await?, full_digest);
+
+    // The original goes (its runs are removed); the restored router reads the links.
+    let more = entries(202, 60, &mut sent);
+    let expected = router.apply(more.clone()).await?;
+    let expected_digest = router.digest().await?;
+    drop((router, store));
+    assert_eq!(restored.apply(more).await?, expected);
+    assert_eq!(restored.digest().await?, expected_digest);
+    assert!(restored_store.cold_reads() > 0, "rows read from the links");
+
+    // Links that lost a run, or filters cut short, are refused before a router exists.
+    let refused = |bytes: &[u8], runs: &std::path::Path, what: &str| {
+        let store = FamilyStore::in_memory().expect("store");
+        let result = restore_linked(RouterConfig::default(), &mut &bytes[..], runs, store);
+        assert!(result.is_err(), "{what} restored");
+    };
+    refused(&linked[..linked.len() - 9], &runs_dir, "filters cut short");
+    std::fs::remove_file(runs_dir.join("000000.run"))?;
+    refused(&linked, &runs_dir, "a run missing");
+    Ok(())
+}

@@ -59,13 +59,30 @@ impl BufferedRows {
 
     /// The rows with keys in `start..end`, in key order.
     pub fn range(&self, start: &[u8], end: &[u8]) -> Vec<(&[u8], &[u8])> {
-        let mut rows: Vec<(&[u8], &[u8])> = (self.0.iter())
-            .flat_map(|rows| rows.range(start.to_vec()..end.to_vec()))
-            .map(|(key, row)| (key.as_slice(), row.as_slice()))
-            .collect();
-        rows.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        rows
+        sorted((self.0.iter()).flat_map(|rows| rows.range(start.to_vec()..end.to_vec())))
     }
+
+    /// Every row, in key order.
+    pub fn all(&self) -> Vec<(&[u8], &[u8])> {
+        sorted(self.0.iter().flat_map(|rows| rows.iter()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.iter().map(|rows| rows.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|rows| rows.is_empty())
+    }
+}
+
+/// Rows of several maps (whose keys are distinct across them) in one key order.
+fn sorted<'a>(rows: impl Iterator<Item = (&'a Vec<u8>, &'a Vec<u8>)>) -> Vec<(&'a [u8], &'a [u8])> {
+    let mut rows: Vec<(&[u8], &[u8])> = rows
+        .map(|(key, row)| (key.as_slice(), row.as_slice()))
+        .collect();
+    rows.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    rows
 }
 
 impl ColdBuffer {

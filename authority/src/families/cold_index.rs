@@ -1,7 +1,10 @@
 //! Node-local: which families have rows out of memory (`tally_ledger::cold`), how many, and a
 //! filter per family that tells an id that never moved out from one that may have, so a
 //! command with a fresh event id costs no disk read (docs/sizing.md). Derived from the
-//! store's rows (rebuilt when a snapshot is restored); nothing replicated depends on it.
+//! store's rows; nothing replicated depends on it. A node saves it with its own snapshots
+//! (`ColdIndex::share` copies it at the cut, `write_to` and `read_from` persist it), so a
+//! restart loads it instead of re-reading every row; a snapshot received from another node
+//! still rebuilds it from its rows.
 //!
 //! A family's filter is a list of Bloom filters, each for four times as many keys as the one
 //! before, so a family with few rows costs little and a family with 50 million is probed nine
@@ -13,8 +16,14 @@
 //! as often at 16 bits per key: 0.17–0.2% in a simulation, over 1% across nine full filters.)
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt::Display;
+use std::io::{Read, Write};
+use std::sync::Arc;
 
+use tally_ledger::limits::MAX_ID_BYTES;
 use tally_ledger::{ColdKeyHash, FamilyId};
+
+use super::error::RouterError;
 
 /// Bits per key, and probes per key, of every filter.
 const BITS_PER_KEY: usize = 16;
@@ -23,6 +32,15 @@ const PROBES: u64 = 11;
 /// filter's size is a power of two (`positions` relies on it).
 const FIRST_FILTER_KEYS: usize = 1_024;
 const GROWTH: usize = 4;
+
+/// The saved form's format number (`ColdIndex::write_to`).
+const FORMAT: u32 = 1;
+/// Most filters a saved family may claim: 27 already overflow a 64-bit capacity.
+const MAX_FILTERS: usize = 32;
+/// Families a reader makes room for before it has read them: a claimed count is not trusted.
+const MAX_FAMILIES_RESERVED: usize = 1_024;
+/// Words read (and written) at a time, so a claimed count allocates only what arrives.
+const CHUNK_WORDS: usize = 8_192;
 
 #[derive(Default)]
 pub(crate) struct ColdIndex {
@@ -55,12 +73,15 @@ impl FamilyFilters<'_> {
     }
 }
 
-#[derive(Default)]
+/// Shared filters: a copy (`ColdIndex::share`) costs a reference per filter, and an insert
+/// into a filter a copy still holds copies that one filter first (`Arc::make_mut`).
+#[derive(Clone, Default)]
 struct ColdFamily {
     rows: u64,
-    filters: Vec<Bloom>,
+    filters: Vec<Arc<Bloom>>,
 }
 
+#[derive(Clone)]
 struct Bloom {
     bits: Vec<u64>,
     keys: usize,
@@ -69,7 +90,7 @@ struct Bloom {
 
 impl Bloom {
     fn new(capacity: usize) -> Self {
-        let words = (capacity * BITS_PER_KEY).div_ceil(64);
+        let words = filter_words(capacity).expect("a filter's capacity fits in memory");
         Self {
             bits: vec![0; words],
             keys: 0,
@@ -91,6 +112,11 @@ impl Bloom {
     fn may_contain(&self, hash: u64) -> bool {
         positions(self.bits.len(), hash).all(|at| self.bits[at / 64] & (1 << (at % 64)) != 0)
     }
+}
+
+/// The 64-bit words of a filter for `capacity` keys, unless that overflows.
+fn filter_words(capacity: usize) -> Option<usize> {
+    Some(capacity.checked_mul(BITS_PER_KEY)?.div_ceil(64))
 }
 
 /// The bit positions of `hash` in a filter of `words` 64-bit words (double hashing over two
@@ -141,14 +167,102 @@ impl ColdIndex {
                 (family.filters.last()).map_or(FIRST_FILTER_KEYS, |last| last.capacity * GROWTH);
             let filter = Bloom::new(capacity);
             self.filter_bytes += filter.bytes();
-            family.filters.push(filter);
+            family.filters.push(Arc::new(filter));
         }
-        family
-            .filters
-            .last_mut()
-            .expect("a filter with room was just ensured")
-            .insert(ColdKeyHash::of_bytes(key).value());
+        let newest = (family.filters.last_mut()).expect("a filter with room was just ensured");
+        Arc::make_mut(newest).insert(ColdKeyHash::of_bytes(key).value());
         family.rows += 1;
+    }
+
+    /// A copy of the index as it is now, for a snapshot cut: the snapshot holds the state at
+    /// one log index, so rows moved out after the cut must not reach its copy, while the
+    /// apply path (paused for the cut) goes on adding to this one. Costs a reference per
+    /// filter, not the filters' bytes: the next insert into a filter the copy shares copies
+    /// that filter once. The copy's lookup counters start at zero.
+    pub fn share(&self) -> ColdIndex {
+        ColdIndex {
+            families: self.families.clone(),
+            filter_bytes: self.filter_bytes,
+            lookups: 0,
+            passed: 0,
+        }
+    }
+
+    /// Saves the index (with a node's own snapshot), little-endian: the format number (u32),
+    /// the family count (u64), then per family in family-id order its id's length (u32) and
+    /// bytes, its rows (u64) and filter count (u32), and per filter its capacity, keys and
+    /// word count (u64 each) and then its words (u64 each).
+    pub fn write_to(&self, out: &mut impl Write) -> Result<(), RouterError> {
+        let mut families: Vec<_> = self.families.iter().collect();
+        families.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let mut head = Vec::with_capacity(12);
+        head.extend_from_slice(&FORMAT.to_le_bytes());
+        head.extend_from_slice(&(families.len() as u64).to_le_bytes());
+        out.write_all(&head).map_err(io_error)?;
+        let mut buf = Vec::with_capacity(CHUNK_WORDS * 8);
+        for (family_id, family) in families {
+            let id = family_id.as_str().as_bytes();
+            buf.clear();
+            buf.extend_from_slice(&length_u32(id.len())?.to_le_bytes());
+            buf.extend_from_slice(id);
+            buf.extend_from_slice(&family.rows.to_le_bytes());
+            buf.extend_from_slice(&length_u32(family.filters.len())?.to_le_bytes());
+            out.write_all(&buf).map_err(io_error)?;
+            for filter in &family.filters {
+                buf.clear();
+                for field in [filter.capacity, filter.keys, filter.bits.len()] {
+                    buf.extend_from_slice(&(field as u64).to_le_bytes());
+                }
+                out.write_all(&buf).map_err(io_error)?;
+                for chunk in filter.bits.chunks(CHUNK_WORDS) {
+                    buf.clear();
+                    chunk
+                        .iter()
+                        .for_each(|word| buf.extend_from_slice(&word.to_le_bytes()));
+                    out.write_all(&buf).map_err(io_error)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads an index `write_to` saved, checking all of it: an input that does not decode,
+    /// or that no index could have written, is refused (`RouterError::Snapshot`), and no
+    /// more is allocated than the input delivers. Reads no further than the index.
+    pub fn read_from(input: &mut impl Read) -> Result<ColdIndex, RouterError> {
+        let format = read_u32(input, "the format number")?;
+        if format != FORMAT {
+            return Err(invalid(format_args!(
+                "format number {format}, expected {FORMAT}"
+            )));
+        }
+        let count = read_u64(input, "the family count")?;
+        let reserve = usize::try_from(count).map_or(MAX_FAMILIES_RESERVED, |count| {
+            count.min(MAX_FAMILIES_RESERVED)
+        });
+        let mut families = HashMap::with_capacity_and_hasher(reserve, Default::default());
+        let mut filter_bytes = 0;
+        let mut previous: Option<FamilyId> = None;
+        for n in 0..count {
+            let family_id = read_family_id(input, n)?;
+            if let Some(previous) = &previous {
+                if previous.as_str() >= family_id.as_str() {
+                    return Err(invalid(format_args!(
+                        "family ids out of order: {family_id:?} after {previous:?}"
+                    )));
+                }
+            }
+            let family = read_family(input, &family_id)?;
+            filter_bytes += (family.filters.iter()).map(|f| f.bytes()).sum::<usize>();
+            families.insert(family_id.clone(), family);
+            previous = Some(family_id);
+        }
+        Ok(ColdIndex {
+            families,
+            filter_bytes,
+            lookups: 0,
+            passed: 0,
+        })
     }
 
     /// The families with rows out of memory and their counts, in family-id order.
@@ -172,6 +286,154 @@ impl ColdIndex {
     pub fn lookups(&self) -> (u64, u64) {
         (self.lookups, self.passed)
     }
+}
+
+/// One family's rows and filters, after its id (`ColdIndex::read_from`).
+fn read_family(input: &mut impl Read, family_id: &FamilyId) -> Result<ColdFamily, RouterError> {
+    let whose = format!("family {family_id:?}");
+    let rows = read_u64(input, &format!("the rows of {whose}"))?;
+    if rows == 0 {
+        return Err(invalid(format_args!("{whose} has no rows")));
+    }
+    let count = read_u32(input, &format!("the filter count of {whose}"))? as usize;
+    if !(1..=MAX_FILTERS).contains(&count) {
+        return Err(invalid(format_args!(
+            "{whose} has {count} filters, expected 1 to {MAX_FILTERS}"
+        )));
+    }
+    let mut filters = Vec::with_capacity(count);
+    let mut keys_sum: u64 = 0;
+    let mut expected = Some(FIRST_FILTER_KEYS);
+    for n in 0..count {
+        let which = format!("filter {n} of {whose}");
+        let filter = read_filter(input, expected, n + 1 == count, &which)?;
+        keys_sum = keys_sum.saturating_add(filter.keys as u64);
+        expected = filter.capacity.checked_mul(GROWTH);
+        filters.push(Arc::new(filter));
+    }
+    if keys_sum != rows {
+        return Err(invalid(format_args!(
+            "the filters of {whose} hold {keys_sum} keys, but it has {rows} rows"
+        )));
+    }
+    Ok(ColdFamily { rows, filters })
+}
+
+/// A family's id: its length, at most `MAX_ID_BYTES`, then as many bytes of UTF-8.
+fn read_family_id(input: &mut impl Read, n: u64) -> Result<FamilyId, RouterError> {
+    let what = format!("the id of family {n}");
+    let length = read_u32(input, &what)? as usize;
+    if length > MAX_ID_BYTES {
+        return Err(invalid(format_args!(
+            "{what} is {length} bytes long, over {MAX_ID_BYTES}"
+        )));
+    }
+    let mut bytes = vec![0; length];
+    input
+        .read_exact(&mut bytes)
+        .map_err(|error| read_error(&what, error))?;
+    let id = String::from_utf8(bytes).map_err(|_| invalid(format_args!("{what} is not UTF-8")))?;
+    Ok(FamilyId::from(id))
+}
+
+/// The filter at `which`, whose capacity must be `expected` (`None`: past any that fits in
+/// memory), and which must be full unless it is the family's `last`.
+fn read_filter(
+    input: &mut impl Read,
+    expected: Option<usize>,
+    last: bool,
+    which: &str,
+) -> Result<Bloom, RouterError> {
+    let capacity = read_u64(input, &format!("the capacity of {which}"))?;
+    let keys = read_u64(input, &format!("the keys of {which}"))?;
+    let words = read_u64(input, &format!("the word count of {which}"))?;
+    let Some(capacity) = expected.filter(|&expected| capacity == expected as u64) else {
+        let expected = expected.map_or("none: too many filters".into(), |e| e.to_string());
+        return Err(invalid(format_args!(
+            "{which} is for {capacity} keys, expected {expected}"
+        )));
+    };
+    let expected_words = filter_words(capacity).filter(|&expected| words == expected as u64);
+    let Some(words) = expected_words else {
+        return Err(invalid(format_args!(
+            "{which} claims {words} words for {capacity} keys"
+        )));
+    };
+    if keys > capacity as u64 {
+        return Err(invalid(format_args!(
+            "{which} holds {keys} keys, over its capacity of {capacity}"
+        )));
+    }
+    let keys = keys as usize;
+    if (!last && keys != capacity) || (last && keys == 0) {
+        return Err(invalid(format_args!(
+            "{which} holds {keys} of {capacity} keys: only the last filter may have room, \
+             and none may be empty"
+        )));
+    }
+    let bits = read_words(input, words, which)?;
+    Ok(Bloom {
+        bits,
+        keys,
+        capacity,
+    })
+}
+
+/// `words` little-endian words, read a chunk at a time: the vector grows only as the input
+/// delivers, so a claimed count the input does not back fails before it allocates.
+fn read_words(input: &mut impl Read, words: usize, which: &str) -> Result<Vec<u64>, RouterError> {
+    let mut bits: Vec<u64> = Vec::new();
+    let mut buf = vec![0; CHUNK_WORDS.min(words) * 8];
+    while bits.len() < words {
+        let chunk = (words - bits.len()).min(CHUNK_WORDS);
+        let bytes = &mut buf[..chunk * 8];
+        input
+            .read_exact(bytes)
+            .map_err(|error| read_error(&format!("the words of {which}"), error))?;
+        if bits.len() + chunk > bits.capacity() {
+            // Doubling, but never past the claimed count: the filter keeps no slack.
+            let target = (bits.capacity() * 2).max(bits.len() + chunk).min(words);
+            bits.reserve_exact(target - bits.len());
+        }
+        let decoded = bytes
+            .chunks_exact(8)
+            .map(|word| u64::from_le_bytes(word.try_into().expect("chunks of eight bytes")));
+        bits.extend(decoded);
+    }
+    Ok(bits)
+}
+
+fn read_u32(input: &mut impl Read, what: &str) -> Result<u32, RouterError> {
+    let mut bytes = [0; 4];
+    input
+        .read_exact(&mut bytes)
+        .map_err(|error| read_error(what, error))?;
+    Ok(u32::from_le_bytes(bytes))
+}
+
+fn read_u64(input: &mut impl Read, what: &str) -> Result<u64, RouterError> {
+    let mut bytes = [0; 8];
+    input
+        .read_exact(&mut bytes)
+        .map_err(|error| read_error(what, error))?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
+/// A length the format stores in a u32 (an id's bytes, a family's filters).
+fn length_u32(length: usize) -> Result<u32, RouterError> {
+    u32::try_from(length).map_err(|_| invalid(format_args!("a length of {length} over a u32")))
+}
+
+fn invalid(message: impl Display) -> RouterError {
+    RouterError::Snapshot(format!("cold index: {message}"))
+}
+
+fn read_error(what: &str, error: std::io::Error) -> RouterError {
+    invalid(format_args!("reading {what}: {error}"))
+}
+
+fn io_error(error: std::io::Error) -> RouterError {
+    invalid(format_args!("writing: {error}"))
 }
 
 #[cfg(test)]
@@ -206,5 +468,200 @@ mod tests {
         assert!(index.family(&FamilyId::from("other")).is_none());
         assert_eq!(index.counts(), BTreeMap::from([(fam, keys)]));
         assert!(index.filter_bytes() >= keys as usize * BITS_PER_KEY / 8);
+    }
+
+    fn hash(key: &str) -> ColdKeyHash {
+        ColdKeyHash::of_bytes(key.as_bytes())
+    }
+
+    fn index_of(families: &[(&str, u64)]) -> ColdIndex {
+        let mut index = ColdIndex::default();
+        for &(family_id, keys) in families {
+            let family_id = FamilyId::from(family_id);
+            for n in 0..keys {
+                index.add(&family_id, format!("{family_id}-key-{n}").as_bytes());
+            }
+        }
+        index
+    }
+
+    fn encode(index: &ColdIndex) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        index.write_to(&mut bytes).expect("writes to memory");
+        bytes
+    }
+
+    fn decode(bytes: &[u8]) -> Result<ColdIndex, RouterError> {
+        ColdIndex::read_from(&mut &bytes[..])
+    }
+
+    /// The refusal's message, which must name what was wrong.
+    fn refusal(bytes: &[u8]) -> String {
+        match decode(bytes) {
+            Ok(_) => panic!("a bad index was accepted"),
+            Err(RouterError::Snapshot(message)) => message,
+            Err(other) => panic!("refused as {other:?}"),
+        }
+    }
+
+    fn put_u64(bytes: &mut [u8], at: usize, value: u64) {
+        bytes[at..at + 8].copy_from_slice(&value.to_le_bytes());
+    }
+
+    /// Where the first family's id starts (after the format number, the family count and
+    /// the id's length).
+    const FIRST_ID: usize = 4 + 8 + 4;
+
+    /// Where the first family's rows, and its first filter (capacity, keys, word count),
+    /// start, for an id of `id_len` bytes.
+    fn first_family_fields(id_len: usize) -> (usize, usize) {
+        let rows = FIRST_ID + id_len;
+        (rows, rows + 8 + 4)
+    }
+
+    /// The words of a family's first filter: 1,024 keys at 16 bits.
+    const FIRST_WORDS: usize = FIRST_FILTER_KEYS * BITS_PER_KEY / 64;
+
+    /// Saved and loaded, an index answers every lookup as before and saves to the same bytes.
+    #[test]
+    fn written_index_reads_back_identical() {
+        let sizes = [
+            ("big", 1_024 + 4_096 + 700),
+            ("one", 1),
+            ("full", 1_024),
+            ("two", 1_025),
+        ];
+        let mut index = index_of(&sizes);
+        assert!(index.families[&FamilyId::from("big")].filters.len() >= 3);
+        let bytes = encode(&index);
+        let mut back = decode(&bytes).expect("reads back");
+        assert_eq!(back.counts(), index.counts());
+        assert_eq!(back.total_rows(), index.total_rows());
+        assert_eq!(back.filter_bytes(), index.filter_bytes());
+        assert_eq!(back.lookups(), (0, 0));
+        for (family_id, keys) in sizes {
+            let family_id = FamilyId::from(family_id);
+            let mut original = index.family(&family_id).expect("has rows");
+            let mut read = back.family(&family_id).expect("has rows");
+            for n in 0..keys {
+                let key = hash(&format!("{family_id}-key-{n}"));
+                assert!(original.may_contain(key) && read.may_contain(key));
+            }
+            for n in 0..50_000 {
+                let key = hash(&format!("{family_id}-absent-{n}"));
+                assert_eq!(read.may_contain(key), original.may_contain(key), "{n}");
+            }
+        }
+        assert!(back.family(&FamilyId::from("other")).is_none());
+        assert_eq!(encode(&back), bytes, "saved again, the same bytes");
+    }
+
+    /// A shared copy keeps the index as it was: later adds reach only the original.
+    #[test]
+    fn share_is_a_cut() {
+        let mut index = index_of(&[("a", 1_000), ("b", 10)]);
+        let a = FamilyId::from("a");
+        let c = FamilyId::from("c");
+        index.family(&a).expect("has rows").may_contain(hash("x"));
+        let mut copy = index.share();
+        let (counts, bytes, filter_bytes) = (copy.counts(), encode(&copy), copy.filter_bytes());
+        assert_eq!(counts, index.counts());
+        assert_eq!(filter_bytes, index.filter_bytes());
+        assert_eq!(copy.lookups(), (0, 0));
+        let shared = |index: &ColdIndex| Arc::clone(&index.families[&a].filters[0]);
+        assert!(Arc::ptr_eq(&shared(&copy), &shared(&index)));
+        // Keys the copy tells apart now; added to the original, into the shared filter and
+        // past it into a new one, and into a new family.
+        let mut copy_a = copy.family(&a).expect("has rows");
+        let late: Vec<String> = (0..)
+            .map(|n| format!("late-{n}"))
+            .filter(|key| !copy_a.may_contain(hash(key)))
+            .take(2_000)
+            .collect();
+        for key in &late {
+            index.add(&a, key.as_bytes());
+            index.add(&c, key.as_bytes());
+        }
+        assert!(index.filter_bytes() > filter_bytes, "the original grew");
+        assert!(
+            !Arc::ptr_eq(&shared(&copy), &shared(&index)),
+            "copied on write"
+        );
+        assert_eq!(copy.counts(), counts);
+        assert_eq!(copy.filter_bytes(), filter_bytes);
+        assert!(copy.family(&c).is_none());
+        let mut copy_a = copy.family(&a).expect("has rows");
+        assert!(late.iter().all(|key| !copy_a.may_contain(hash(key))));
+        let mut index_a = index.family(&a).expect("has rows");
+        assert!(late.iter().all(|key| index_a.may_contain(hash(key))));
+        assert_eq!(encode(&copy), bytes, "the copy's filters did not change");
+    }
+
+    /// Cut anywhere, an index is refused, never a panic.
+    #[test]
+    fn truncated_index_is_refused() {
+        let bytes = encode(&index_of(&[("a", 3), ("b", 5)]));
+        assert!(decode(&bytes).is_ok());
+        for end in (0..bytes.len()).step_by(7).chain([bytes.len() - 1]) {
+            let message = refusal(&bytes[..end]);
+            assert!(message.contains("reading"), "cut at {end}: {message}");
+        }
+    }
+
+    #[test]
+    fn wrong_format_number_is_refused() {
+        let mut bytes = encode(&index_of(&[("a", 3)]));
+        bytes[..4].copy_from_slice(&2u32.to_le_bytes());
+        assert!(refusal(&bytes).contains("format number 2"));
+    }
+
+    #[test]
+    fn family_ids_out_of_order_or_repeated_are_refused() {
+        let bytes = encode(&index_of(&[("a", 3), ("b", 3)]));
+        assert_eq!(bytes[FIRST_ID], b'a');
+        for id in [b'c', b'b'] {
+            let mut bytes = bytes.clone();
+            bytes[FIRST_ID] = id;
+            assert!(refusal(&bytes).contains("out of order"));
+        }
+    }
+
+    #[test]
+    fn filter_with_wrong_word_count_is_refused() {
+        let mut bytes = encode(&index_of(&[("a", 3)]));
+        let (_, filter) = first_family_fields(1);
+        let words = filter + 16;
+        assert_eq!(bytes[words..words + 8], (FIRST_WORDS as u64).to_le_bytes());
+        put_u64(&mut bytes, words, FIRST_WORDS as u64 - 1);
+        assert!(refusal(&bytes).contains("words for 1024 keys"));
+    }
+
+    #[test]
+    fn keys_that_do_not_sum_to_rows_are_refused() {
+        let mut bytes = encode(&index_of(&[("a", 3)]));
+        let (rows, filter) = first_family_fields(1);
+        put_u64(&mut bytes, rows, 4);
+        assert!(refusal(&bytes).contains("hold 3 keys, but it has 4 rows"));
+        // Nor a capacity the index could not have written.
+        let mut bytes = encode(&index_of(&[("a", 3)]));
+        put_u64(&mut bytes, filter, 2_048);
+        assert!(refusal(&bytes).contains("for 2048 keys"));
+    }
+
+    /// A claimed count the input does not back fails at once, without allocating it.
+    #[test]
+    fn giant_claims_on_short_input_are_refused() {
+        let mut bytes = encode(&index_of(&[("a", 3)]));
+        let (_, filter) = first_family_fields(1);
+        put_u64(&mut bytes, filter + 16, u64::MAX);
+        assert!(refusal(&bytes).contains("words"));
+        // A family count no input holds.
+        let mut bytes = encode(&index_of(&[("a", 3)]));
+        put_u64(&mut bytes, 4, u64::MAX);
+        assert!(refusal(&bytes).contains("reading the id of family 1"));
+        // Words claimed past the input (8 TiB of them): the reader stops at the end.
+        let short = [0xffu8; 100];
+        let result = read_words(&mut &short[..], 1 << 40, "a filter");
+        assert!(matches!(result, Err(RouterError::Snapshot(m)) if m.contains("the words of")));
     }
 }

@@ -5,8 +5,9 @@
 //! copied and wrote a whole 4 KiB page per ~150-byte row (plus its fsync). Profiled on
 //! `tally-node dev` at 6,000 commands/s with a 1 s retention, that write was 15% of the
 //! node's CPU and grew the file by ~1 KB per row. A run is written once, in key order, block
-//! after block, and never changed: ~0.2 KB per row, no page copies, no fsync (the directory
-//! is a spill area rebuilt from the snapshot and the log at every start, like the redb file).
+//! after block, and never changed: ~0.2 KB per row, no page copies, no fsync when written (a
+//! run is synced when a snapshot links it, `Run::link_to`; the store's directory is emptied at
+//! every start and takes back the runs of the snapshot it restores).
 //!
 //! Each flush of the buffer (`cold_buffer.rs`) becomes one run; runs of about the same size
 //! are merged four at a time on a thread of their own (size tiers, so a row is rewritten
@@ -14,13 +15,24 @@
 //! never replaced or removed, so runs can merge in any order; two runs holding the same key
 //! are a fault of this node, found when they merge.
 //!
+//! Format: blocks of about `BLOCK_BYTES`, each entries (key length and row length u32 LE,
+//! then the key and the row) and the CRC-32 of those entries (u32 LE); then a footer, the
+//! block index (per block: first-key length u32 LE, the key, offset u64 LE, length u32 LE), the
+//! row count and block count (u64 LE each) and the CRC-32 of the footer so far (u32 LE); then a
+//! fixed trailer: the footer's offset (u64 LE), its length with its CRC (u32 LE) and the magic
+//! `TALLYRUN`. The footer is there so that a run opens from its file alone (`Run::open`)
+//! without reading its rows: a snapshot links run files (`Run::link_to`) and a restart or a
+//! restore takes them back (`ColdRuns::adopt`) instead of rewriting every row.
+//!
 //! Memory: each run keeps the first key and place of each block (~0.5% of its bytes), counted
-//! by `ColdRuns::index_bytes` against the budget, and the last block it read.
+//! by `ColdRuns::index_bytes` against the budget, and the last block it read. The index is
+//! written once more in the run's footer, so it is read back from there, never rebuilt from
+//! the blocks.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -39,6 +51,18 @@ const ENTRY_HEADER_BYTES: usize = 8;
 const CRC_BYTES: usize = 4;
 /// Memory per block of a run's index, beside its first key.
 const INDEX_ENTRY_BYTES: usize = 40;
+/// The end of every run file, so that a file that is not a whole run is told apart.
+const RUN_MAGIC: [u8; 8] = *b"TALLYRUN";
+/// Run trailer: the footer's offset (u64) and length (u32), then `RUN_MAGIC`.
+const TRAILER_BYTES: usize = 8 + 4 + RUN_MAGIC.len();
+/// End of a footer: the row count and the block count, u64 each, then the footer's CRC-32.
+const FOOTER_END_BYTES: usize = 8 + 8 + CRC_BYTES;
+/// One block in a footer without its key: key length (u32), offset (u64) and length (u32).
+const FOOTER_BLOCK_BYTES: usize = 4 + 8 + 4;
+/// A footer may be this much larger than an eighth of its file. Footers are ~0.1% of a run
+/// (keys far smaller than a block), so the bound only stops a damaged length from making an
+/// open allocate gigabytes.
+const FOOTER_SLACK_BYTES: u64 = 64 << 10;
 
 /// Where one block of a run sits, and the first key in it.
 struct BlockPlace {
@@ -48,7 +72,14 @@ struct BlockPlace {
 }
 
 enum RunData {
-    File { file: File, path: PathBuf },
+    /// `remove_on_drop`: the run's own file, gone with it; a file opened to read only
+    /// (`Run::open` not owned) is someone else's to keep.
+    File {
+        file: File,
+        path: PathBuf,
+        remove_on_drop: bool,
+    },
+    /// The whole run: blocks, footer and trailer.
     Memory(Vec<u8>),
 }
 
@@ -57,7 +88,10 @@ pub(super) struct Run {
     data: RunData,
     blocks: Vec<BlockPlace>,
     rows: u64,
+    /// Bytes of the blocks: what merge tiers go by.
     bytes: u64,
+    /// Bytes of the blocks, the footer and the trailer: what the run takes on disk.
+    file_bytes: u64,
     index_bytes: usize,
     /// The last block read, checked: scans (snapshots) read each block once.
     last_block: Mutex<Option<(usize, Arc<[u8]>)>>,
@@ -65,7 +99,12 @@ pub(super) struct Run {
 
 impl Drop for Run {
     fn drop(&mut self) {
-        if let RunData::File { path, .. } = &self.data {
+        if let RunData::File {
+            path,
+            remove_on_drop: true,
+            ..
+        } = &self.data
+        {
             // The last view reading the run is gone; nothing else needs the file.
             remove_run_file(path);
         }
@@ -83,8 +122,82 @@ impl Run {
         self.rows
     }
 
+    /// Bytes of the blocks (rows and their checksums), without the footer.
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Bytes of the whole run: blocks, footer and trailer (what it takes on disk).
+    pub fn file_bytes(&self) -> u64 {
+        self.file_bytes
+    }
+
+    /// The run's file, if it is on disk.
+    #[cfg(test)]
+    pub fn path(&self) -> Option<&Path> {
+        match &self.data {
+            RunData::File { path, .. } => Some(path),
+            RunData::Memory(_) => None,
+        }
+    }
+
+    fn from_index(data: RunData, index: RunIndex) -> Self {
+        Self {
+            data,
+            index_bytes: index_bytes(&index.blocks),
+            blocks: index.blocks,
+            rows: index.rows,
+            bytes: index.block_bytes,
+            file_bytes: index.file_bytes,
+            last_block: Mutex::new(None),
+        }
+    }
+
+    /// The run in the file at `path`, from its trailer and footer alone (no block is read until
+    /// a lookup needs it), checked as far as that goes: a restart or a restore takes runs back
+    /// without rewriting their rows. `owned`: the run removes the file when dropped (a file of
+    /// this store's), else it leaves it (a snapshot's). Blocking.
+    pub fn open(path: &Path, owned: bool) -> Result<Run, RouterError> {
+        let file = File::open(path).map_err(|e| file_error("open the run of rows", path, e))?;
+        let metadata = (file.metadata()).map_err(|e| file_error("read the size of", path, e))?;
+        let index = read_index(path, metadata.len(), |buffer, offset| {
+            file.read_exact_at(buffer, offset)
+        })?;
+        let data = RunData::File {
+            file,
+            path: path.to_path_buf(),
+            remove_on_drop: owned,
+        };
+        Ok(Run::from_index(data, index))
+    }
+
+    /// The run in the file at `path`, read whole into memory and checked as `open` checks it
+    /// (a store that keeps its runs in memory).
+    fn read_into_memory(path: &Path) -> Result<Run, RouterError> {
+        let data = std::fs::read(path).map_err(|e| file_error("read the run of rows", path, e))?;
+        let file_bytes = u64::try_from(data.len()).expect("a length in memory fits 64 bits");
+        let index = read_index(path, file_bytes, |buffer, offset| {
+            read_slice_at(&data, buffer, offset)
+        })?;
+        Ok(Run::from_index(RunData::Memory(data), index))
+    }
+
+    /// Makes `dest`, which must not exist, a durable copy of this run for a snapshot: its file
+    /// synced (runs are written without fsync) then hard-linked, or copied and the copy synced
+    /// where linking fails (`dest` on another filesystem); a run in memory is written out and
+    /// synced. The caller fsyncs `dest`'s directory, so that the name itself is durable.
+    /// Blocking.
+    pub fn link_to(&self, dest: &Path) -> Result<(), RouterError> {
+        match &self.data {
+            RunData::File { file, path, .. } => {
+                (file.sync_data()).map_err(|e| file_error("sync the run of rows", path, e))?;
+                if let Some(copy) = link_or_copy(path, dest)? {
+                    (copy.sync_all()).map_err(|e| file_error("sync the run of rows", dest, e))?;
+                }
+                Ok(())
+            }
+            RunData::Memory(data) => write_synced(dest, data),
+        }
     }
 
     /// Block `index`, its checksum verified. Blocking.
@@ -158,6 +271,269 @@ impl Run {
             end: end.map(<[u8]>::to_vec),
         }
     }
+}
+
+/// What a run's footer says: where its blocks are and how many rows they hold.
+struct RunIndex {
+    blocks: Vec<BlockPlace>,
+    rows: u64,
+    /// Bytes of the blocks, which is where the footer starts.
+    block_bytes: u64,
+    /// Bytes of the blocks, the footer and the trailer.
+    file_bytes: u64,
+}
+
+/// Memory a run's block index takes (counted in the budget).
+fn index_bytes(blocks: &[BlockPlace]) -> usize {
+    (blocks.iter())
+        .map(|block| block.first_key.len() + INDEX_ENTRY_BYTES)
+        .sum()
+}
+
+/// The footer of a run whose blocks are `blocks` and hold `rows` rows, its CRC included.
+fn encode_footer(blocks: &[BlockPlace], rows: u64) -> Result<Vec<u8>, RouterError> {
+    let keys_bytes: usize = blocks.iter().map(|block| block.first_key.len()).sum();
+    let mut footer =
+        Vec::with_capacity(keys_bytes + blocks.len() * FOOTER_BLOCK_BYTES + FOOTER_END_BYTES);
+    for block in blocks {
+        let key_len =
+            u32::try_from(block.first_key.len()).map_err(|e| store_error("index a key", e))?;
+        footer.extend_from_slice(&key_len.to_le_bytes());
+        footer.extend_from_slice(&block.first_key);
+        footer.extend_from_slice(&block.offset.to_le_bytes());
+        footer.extend_from_slice(&block.len.to_le_bytes());
+    }
+    footer.extend_from_slice(&rows.to_le_bytes());
+    footer.extend_from_slice(&(blocks.len() as u64).to_le_bytes());
+    let crc = crc32fast::hash(&footer);
+    footer.extend_from_slice(&crc.to_le_bytes());
+    Ok(footer)
+}
+
+/// The trailer of a run whose footer starts at `footer_offset` and is `footer_len` long.
+fn encode_trailer(footer_offset: u64, footer_len: u32) -> [u8; TRAILER_BYTES] {
+    let mut trailer = [0; TRAILER_BYTES];
+    trailer[..8].copy_from_slice(&footer_offset.to_le_bytes());
+    trailer[8..12].copy_from_slice(&footer_len.to_le_bytes());
+    trailer[12..].copy_from_slice(&RUN_MAGIC);
+    trailer
+}
+
+/// The error for a run file at `path` that is not a whole, undamaged run.
+fn damaged(path: &Path, what: &str) -> RouterError {
+    RouterError::Store(format!(
+        "the run of rows {} is damaged: {what}",
+        path.display()
+    ))
+}
+
+/// An I/O error on the run file at `path`.
+fn file_error(what: &str, path: &Path, error: impl std::fmt::Display) -> RouterError {
+    store_error(&format!("{what} {}", path.display()), error)
+}
+
+/// Reads `buffer.len()` bytes of `data` at `offset`, as `read_exact_at` reads a file.
+fn read_slice_at(data: &[u8], buffer: &mut [u8], offset: u64) -> std::io::Result<()> {
+    let start = usize::try_from(offset).unwrap_or(usize::MAX);
+    let bytes = (start.checked_add(buffer.len()))
+        .and_then(|end| data.get(start..end))
+        .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+    buffer.copy_from_slice(bytes);
+    Ok(())
+}
+
+/// The index of the run of `file_bytes` bytes at `path`, from its trailer and footer (read
+/// with `read_at`), checked: the trailer's magic and lengths, the footer's CRC, and an index
+/// that tiles the blocks from offset 0 in key order.
+fn read_index(
+    path: &Path,
+    file_bytes: u64,
+    read_at: impl Fn(&mut [u8], u64) -> std::io::Result<()>,
+) -> Result<RunIndex, RouterError> {
+    let (footer_offset, footer_len) = read_trailer(path, file_bytes, &read_at)?;
+    let mut footer = vec![0; footer_len];
+    (read_at(&mut footer, footer_offset))
+        .map_err(|e| file_error("read the footer of the run of rows", path, e))?;
+    let (body, crc) = footer.split_at(footer_len - CRC_BYTES);
+    if crc32fast::hash(body) != u32::from_le_bytes(crc.try_into().expect("four bytes")) {
+        return Err(damaged(path, "the footer's checksum does not match"));
+    }
+    let (blocks, rows) = decode_footer(path, body, footer_offset)?;
+    Ok(RunIndex {
+        blocks,
+        rows,
+        block_bytes: footer_offset,
+        file_bytes,
+    })
+}
+
+/// The footer's offset and length from the trailer of the run of `file_bytes` bytes at
+/// `path`, checked to lie just before the trailer and to be of a size a run's footer can have.
+fn read_trailer(
+    path: &Path,
+    file_bytes: u64,
+    read_at: &impl Fn(&mut [u8], u64) -> std::io::Result<()>,
+) -> Result<(u64, usize), RouterError> {
+    let Some(trailer_offset) = file_bytes.checked_sub(TRAILER_BYTES as u64) else {
+        return Err(damaged(path, "shorter than a run's trailer"));
+    };
+    let mut trailer = [0; TRAILER_BYTES];
+    (read_at(&mut trailer, trailer_offset))
+        .map_err(|e| file_error("read the trailer of the run of rows", path, e))?;
+    if trailer[12..] != RUN_MAGIC {
+        return Err(damaged(path, "not a run (its magic is wrong)"));
+    }
+    let footer_offset = u64::from_le_bytes(trailer[..8].try_into().expect("eight bytes"));
+    let footer_len = u32::from_le_bytes(trailer[8..12].try_into().expect("four bytes"));
+    if footer_offset.checked_add(u64::from(footer_len)) != Some(trailer_offset) {
+        return Err(damaged(path, "the footer is not where the trailer says"));
+    }
+    if (footer_len as usize) < FOOTER_END_BYTES
+        || u64::from(footer_len) > file_bytes / 8 + FOOTER_SLACK_BYTES
+    {
+        return Err(damaged(path, &format!("a footer of {footer_len} bytes")));
+    }
+    Ok((footer_offset, footer_len as usize))
+}
+
+/// The blocks and row count in a footer's `body` (its CRC checked and cut off), checked
+/// against the `block_bytes` the blocks take.
+fn decode_footer(
+    path: &Path,
+    body: &[u8],
+    block_bytes: u64,
+) -> Result<(Vec<BlockPlace>, u64), RouterError> {
+    let (index, counts) = body.split_at(body.len() + CRC_BYTES - FOOTER_END_BYTES);
+    let rows = u64::from_le_bytes(counts[..8].try_into().expect("eight bytes"));
+    let block_count = u64::from_le_bytes(counts[8..].try_into().expect("eight bytes"));
+    if block_count > (index.len() / FOOTER_BLOCK_BYTES) as u64 {
+        return Err(damaged(
+            path,
+            &format!("{block_count} blocks in a short index"),
+        ));
+    }
+    let mut reader = FooterReader { rest: index };
+    let mut blocks = Vec::with_capacity(block_count as usize);
+    for _ in 0..block_count {
+        let block =
+            (reader.block()).ok_or_else(|| damaged(path, "the block index is cut short"))?;
+        check_next_block(path, blocks.last(), &block)?;
+        blocks.push(block);
+    }
+    if !reader.rest.is_empty() {
+        return Err(damaged(path, "bytes after the block index"));
+    }
+    check_counts(path, &blocks, rows, block_bytes)?;
+    Ok((blocks, rows))
+}
+
+/// Checks that `block` follows `previous` (or starts the run): right after it, with a greater
+/// first key, and longer than its checksum.
+fn check_next_block(
+    path: &Path,
+    previous: Option<&BlockPlace>,
+    block: &BlockPlace,
+) -> Result<(), RouterError> {
+    let expected_offset = previous.map_or(0, |previous| {
+        (previous.offset).saturating_add(u64::from(previous.len))
+    });
+    if block.offset != expected_offset {
+        return Err(damaged(path, &format!("a block at {}", block.offset)));
+    }
+    if (block.len as usize) <= CRC_BYTES {
+        return Err(damaged(path, &format!("a block of {} bytes", block.len)));
+    }
+    if previous.is_some_and(|previous| previous.first_key >= block.first_key) {
+        return Err(damaged(path, "block keys out of order"));
+    }
+    Ok(())
+}
+
+/// Checks that the blocks end where the footer starts and can hold `rows` rows (at least one
+/// a block, at most one per entry header's bytes).
+fn check_counts(
+    path: &Path,
+    blocks: &[BlockPlace],
+    rows: u64,
+    block_bytes: u64,
+) -> Result<(), RouterError> {
+    let end = (blocks.last()).map_or(0, |last| last.offset.saturating_add(u64::from(last.len)));
+    if end != block_bytes {
+        return Err(damaged(
+            path,
+            "the blocks do not end where the footer starts",
+        ));
+    }
+    let entries_bytes = block_bytes - (blocks.len() * CRC_BYTES) as u64;
+    if rows < blocks.len() as u64 || rows > entries_bytes / ENTRY_HEADER_BYTES as u64 {
+        return Err(damaged(
+            path,
+            &format!("{rows} rows in {} blocks", blocks.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// Reads a footer's block index front to back.
+struct FooterReader<'a> {
+    rest: &'a [u8],
+}
+
+impl FooterReader<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (bytes, rest) = self.rest.split_first_chunk::<N>()?;
+        self.rest = rest;
+        Some(*bytes)
+    }
+
+    /// The next block's place, `None` if the index ends first.
+    fn block(&mut self) -> Option<BlockPlace> {
+        let key_len = u32::from_le_bytes(self.take()?) as usize;
+        if self.rest.len() < key_len {
+            return None;
+        }
+        let (first_key, rest) = self.rest.split_at(key_len);
+        self.rest = rest;
+        Some(BlockPlace {
+            first_key: first_key.into(),
+            offset: u64::from_le_bytes(self.take()?),
+            len: u32::from_le_bytes(self.take()?),
+        })
+    }
+}
+
+/// Makes `dest` a hard link to `source`, or a copy of it where linking fails (another
+/// filesystem); the copy, not synced, is returned. Blocking.
+fn link_or_copy(source: &Path, dest: &Path) -> Result<Option<File>, RouterError> {
+    let Err(error) = std::fs::hard_link(source, dest) else {
+        return Ok(None);
+    };
+    tracing::warn!(
+        source = %source.display(),
+        dest = %dest.display(),
+        %error,
+        "could not link a run of rows; copying it"
+    );
+    copy_file(source, dest).map(Some)
+}
+
+/// Copies `source` to `dest`, which must not exist; a copy cut short is removed. Blocking.
+fn copy_file(source: &Path, dest: &Path) -> Result<File, RouterError> {
+    let mut from = File::open(source).map_err(|e| file_error("open the run of rows", source, e))?;
+    let mut to = File::create_new(dest).map_err(|e| file_error("create a run of rows", dest, e))?;
+    if let Err(error) = std::io::copy(&mut from, &mut to) {
+        remove_run_file(dest);
+        return Err(file_error("copy the run of rows to", dest, error));
+    }
+    Ok(to)
+}
+
+/// Writes `bytes` to `dest`, which must not exist, and syncs it. Blocking.
+fn write_synced(dest: &Path, bytes: &[u8]) -> Result<(), RouterError> {
+    let mut file =
+        File::create_new(dest).map_err(|e| file_error("create a run of rows", dest, e))?;
+    (file.write_all(bytes)).map_err(|e| file_error("write the run of rows", dest, e))?;
+    (file.sync_all()).map_err(|e| file_error("sync the run of rows", dest, e))
 }
 
 /// Rows of one run in key order, between two keys (`Run::range`).
@@ -328,12 +704,7 @@ impl RunWriter {
         };
         let crc = crc32fast::hash(&self.block);
         self.block.extend_from_slice(&crc.to_le_bytes());
-        match &mut self.out {
-            RunOut::File { out, .. } => {
-                (out.write_all(&self.block)).map_err(|e| store_error("write a block of rows", e))?
-            }
-            RunOut::Memory(data) => data.extend_from_slice(&self.block),
-        }
+        write_out(&mut self.out, &self.block, "write a block of rows")?;
         let len = u32::try_from(self.block.len()).map_err(|e| store_error("write a block", e))?;
         self.blocks.push(BlockPlace {
             first_key,
@@ -349,11 +720,18 @@ impl RunWriter {
     /// area (module docs).
     pub fn finish(mut self) -> Result<Run, RouterError> {
         self.finish_block()?;
+        let footer = encode_footer(&self.blocks, self.rows)?;
+        let footer_len =
+            u32::try_from(footer.len()).map_err(|e| store_error("write a run's index", e))?;
+        write_out(&mut self.out, &footer, "write a run's index")?;
+        let trailer = encode_trailer(self.offset, footer_len);
+        write_out(&mut self.out, &trailer, "write a run's trailer")?;
         let data = match std::mem::replace(&mut self.out, RunOut::Memory(Vec::new())) {
             RunOut::File { out, path } => match out.into_inner() {
                 Ok(file) => RunData::File {
                     file: file.into_inner(),
                     path,
+                    remove_on_drop: true,
                 },
                 Err(error) => {
                     remove_run_file(&path);
@@ -362,17 +740,24 @@ impl RunWriter {
             },
             RunOut::Memory(data) => RunData::Memory(data),
         };
-        let index_bytes = (self.blocks.iter())
-            .map(|block| block.first_key.len() + INDEX_ENTRY_BYTES)
-            .sum();
-        Ok(Run {
-            data,
-            index_bytes,
+        let index = RunIndex {
             blocks: std::mem::take(&mut self.blocks),
             rows: self.rows,
-            bytes: self.offset,
-            last_block: Mutex::new(None),
-        })
+            block_bytes: self.offset,
+            file_bytes: self.offset + footer.len() as u64 + TRAILER_BYTES as u64,
+        };
+        Ok(Run::from_index(data, index))
+    }
+}
+
+/// Appends `bytes` to the run being written; `what` names them in an error.
+fn write_out(out: &mut RunOut, bytes: &[u8], what: &str) -> Result<(), RouterError> {
+    match out {
+        RunOut::File { out, .. } => out.write_all(bytes).map_err(|e| store_error(what, e)),
+        RunOut::Memory(data) => {
+            data.extend_from_slice(bytes);
+            Ok(())
+        }
     }
 }
 
@@ -420,8 +805,7 @@ impl ColdRuns {
         let Some((dir, prefix)) = &self.dir else {
             return Ok(RunWriter::new(RunOut::Memory(Vec::new())));
         };
-        let number = self.next.fetch_add(1, Ordering::Relaxed);
-        let path = dir.join(format!("{prefix}-{number:06}.run"));
+        let path = self.next_run_path(dir, prefix);
         let file = File::create_new(&path).map_err(|e| store_error("create a run of rows", e))?;
         Ok(RunWriter::new(RunOut::File {
             out: BufWriter::with_capacity(BLOCK_BYTES * 4, WritebackFile::new(file)),
@@ -429,9 +813,33 @@ impl ColdRuns {
         }))
     }
 
+    /// Where this store's next run file goes.
+    fn next_run_path(&self, dir: &Path, prefix: &str) -> PathBuf {
+        let number = self.next.fetch_add(1, Ordering::Relaxed);
+        dir.join(format!("{prefix}-{number:06}.run"))
+    }
+
     /// Adds a run just written: every view taken from now on reads it.
     pub fn add(&self, run: Run) {
         self.state().runs.push(Arc::new(run));
+    }
+
+    /// Takes the run file at `source` (a snapshot's) into this store, checked as `Run::open`
+    /// checks it; it merges like any other run. On disk `source` is hard-linked under the
+    /// store's next run name (copied where linking fails), so dropping the store's run removes
+    /// that link only, never the snapshot's file; in memory the file is read whole. Blocking.
+    pub fn adopt(&self, source: &Path) -> Result<(), RouterError> {
+        let run = match &self.dir {
+            Some((dir, prefix)) => {
+                let path = self.next_run_path(dir, prefix);
+                link_or_copy(source, &path)?;
+                // A file that is no run leaves no link behind.
+                Run::open(&path, true).inspect_err(|_| remove_run_file(&path))?
+            }
+            None => Run::read_into_memory(source)?,
+        };
+        self.add(run);
+        Ok(())
     }
 
     /// The runs now, for a view: later adds and merges do not change them.
@@ -450,9 +858,9 @@ impl ColdRuns {
         self.state().runs.iter().map(|run| run.index_bytes).sum()
     }
 
-    /// Bytes of all runs on disk (or in memory).
+    /// Bytes of all runs on disk (or in memory), footers included.
     pub fn bytes(&self) -> u64 {
-        self.state().runs.iter().map(|run| run.bytes()).sum()
+        self.state().runs.iter().map(|run| run.file_bytes()).sum()
     }
 
     /// How many runs there are, and how many merges finished.
@@ -680,5 +1088,198 @@ mod tests {
         ];
         let error = merge_sorted(sources, |_, _| Ok(())).expect_err("a key twice");
         assert!(error.to_string().contains("stored twice"), "{error}");
+    }
+
+    fn run_path(run: &Run) -> PathBuf {
+        run.path().expect("a run on disk").to_path_buf()
+    }
+
+    /// `opened` answers every lookup and range as `written` does, and counts the same.
+    fn assert_same_run(written: &Arc<Run>, opened: &Arc<Run>) {
+        assert_eq!(opened.rows(), written.rows(), "rows");
+        assert_eq!(opened.bytes(), written.bytes(), "bytes");
+        assert_eq!(opened.file_bytes(), written.file_bytes(), "file bytes");
+        assert_eq!(opened.index_bytes, written.index_bytes, "index bytes");
+        assert_eq!(opened.blocks.len(), written.blocks.len(), "blocks");
+        for n in 0..4_000 {
+            let found = opened.get(&key(n)).expect("get");
+            assert_eq!(found, written.get(&key(n)).expect("get"), "key {n}");
+        }
+        let range = |run: &Arc<Run>| -> Vec<_> {
+            (run.range(&key(301), Some(&key(3_001))))
+                .collect::<Result<_, _>>()
+                .expect("reads")
+        };
+        assert_eq!(range(opened), range(written));
+        assert_eq!(all(opened), all(written));
+    }
+
+    /// A run opened from its file alone (written on disk, or in memory and linked out) answers
+    /// as the run written did; the file holds exactly `file_bytes`.
+    #[test]
+    fn a_run_opened_from_its_file_answers_as_written() {
+        let dir = tempfile::tempdir().expect("dir");
+        let on_disk = ColdRuns::new(Some((dir.path().to_path_buf(), "t".into())));
+        let written = Arc::new(write(&on_disk, (0..2_000).map(|n| n * 2)));
+        let path = run_path(&written);
+        assert_eq!(
+            std::fs::metadata(&path).expect("size").len(),
+            written.file_bytes()
+        );
+        assert!(written.file_bytes() > written.bytes(), "a footer");
+        assert_same_run(&written, &Arc::new(Run::open(&path, false).expect("open")));
+
+        let in_memory = Arc::new(write(&ColdRuns::new(None), (0..2_000).map(|n| n * 2)));
+        let linked = dir.path().join("memory.run");
+        in_memory.link_to(&linked).expect("link");
+        assert_eq!(
+            std::fs::metadata(&linked).expect("size").len(),
+            in_memory.file_bytes()
+        );
+        assert_same_run(
+            &in_memory,
+            &Arc::new(Run::open(&linked, false).expect("open")),
+        );
+    }
+
+    /// A file that is not a whole, undamaged run is refused with an error, by `open` and by
+    /// an adopt into memory alike.
+    #[test]
+    fn open_refuses_a_damaged_or_cut_short_run() {
+        let dir = tempfile::tempdir().expect("dir");
+        let runs = ColdRuns::new(Some((dir.path().to_path_buf(), "t".into())));
+        let run = write(&runs, 0..2_000);
+        let spill = dir.path().join("spill");
+        std::fs::create_dir(&spill).expect("dir");
+        let file_bytes = run.file_bytes();
+        let footer_offset = run.bytes();
+        let trailer_offset = file_bytes - TRAILER_BYTES as u64;
+        let mut huge_footer = encode_trailer(0, trailer_offset as u32).to_vec();
+        huge_footer.truncate(12);
+        type Damage = Box<dyn Fn(&File)>;
+        let cases: Vec<(&str, Damage, &str)> = vec![
+            (
+                "cut short",
+                Box::new(move |file| file.set_len(file_bytes - 1).expect("cut")),
+                "damaged",
+            ),
+            (
+                "a byte of the footer flipped",
+                Box::new(move |file| file.write_all_at(&[0xaa], footer_offset + 5).expect("flip")),
+                "checksum",
+            ),
+            (
+                "a wrong magic",
+                Box::new(move |file| file.write_all_at(b"X", file_bytes - 1).expect("magic")),
+                "magic",
+            ),
+            (
+                "a footer claimed to be most of the file",
+                Box::new(move |file| {
+                    file.write_all_at(&huge_footer, trailer_offset)
+                        .expect("len")
+                }),
+                "a footer of",
+            ),
+            (
+                "empty",
+                Box::new(|file| file.set_len(0).expect("empty")),
+                "damaged",
+            ),
+        ];
+        for (number, (case, damage, message)) in cases.iter().enumerate() {
+            let path = dir.path().join(format!("case-{number}.run"));
+            std::fs::copy(run_path(&run), &path).expect("copy");
+            Run::open(&path, false).expect("opens before the damage");
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .expect("open");
+            damage(&file);
+            let error = Run::open(&path, false).err().expect(case);
+            assert!(error.to_string().contains(message), "{case}: {error}");
+            let in_memory = ColdRuns::new(None);
+            assert!(in_memory.adopt(&path).is_err(), "{case}: adopted");
+            assert_eq!(in_memory.counts(), (0, 0), "{case}");
+            let on_disk = ColdRuns::new(Some((spill.clone(), "t".into())));
+            assert!(on_disk.adopt(&path).is_err(), "{case}: adopted on disk");
+            assert_eq!(on_disk.counts(), (0, 0), "{case}");
+            let left = std::fs::read_dir(&spill).expect("dir").count();
+            assert_eq!(left, 0, "{case}: a refused file leaves no link");
+            assert!(path.exists(), "{case}: a file opened not owned stays");
+        }
+    }
+
+    /// A linked run outlives the run it came from; a run opened not owned leaves its file; an
+    /// adopted run is the store's own link, removed with the store while the snapshot's file
+    /// stays and still opens.
+    #[test]
+    fn linked_and_adopted_runs_remove_only_their_own_files() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (first, second, snapshot) = (dir.path().join("a"), dir.path().join("b"), dir.path());
+        std::fs::create_dir(&first).expect("dir");
+        std::fs::create_dir(&second).expect("dir");
+        let files = |dir: &Path| std::fs::read_dir(dir).expect("dir").count();
+        let written = Arc::new(write(
+            &ColdRuns::new(Some((first.clone(), "t".into()))),
+            0..1_000,
+        ));
+        let expected = all(&written);
+        let linked = snapshot.join("linked.run");
+        written.link_to(&linked).expect("link");
+        drop(written);
+        assert_eq!(files(&first), 0, "the written run removed its file");
+        let opened = Arc::new(Run::open(&linked, false).expect("open"));
+        assert_eq!(all(&opened), expected);
+        drop(opened);
+        assert!(linked.exists(), "a run opened not owned leaves its file");
+
+        let store = ColdRuns::new(Some((second.clone(), "t".into())));
+        store.adopt(&linked).expect("adopt");
+        let adopted = store.list().expect("list");
+        assert_eq!(adopted.len(), 1);
+        let own = run_path(&adopted[0]);
+        assert_eq!(own, second.join("t-000000.run"), "the store's own name");
+        assert_eq!(all(&adopted[0]), expected);
+        assert_eq!(store.bytes(), std::fs::metadata(&own).expect("size").len());
+        drop(adopted);
+        drop(store);
+        assert_eq!(files(&second), 0, "the store's link removed");
+        let again = Arc::new(Run::open(&linked, false).expect("the snapshot's file opens"));
+        assert_eq!(all(&again), expected);
+    }
+
+    /// An adopted run merges with runs written after it, on disk and in memory, and the
+    /// merged run holds every row in key order; the snapshot's file stays.
+    #[test]
+    fn an_adopted_run_merges_with_written_ones() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (spill, snapshot) = (dir.path().join("spill"), dir.path().join("snapshot"));
+        std::fs::create_dir(&spill).expect("dir");
+        std::fs::create_dir(&snapshot).expect("dir");
+        let source = snapshot.join("0.run");
+        (write(&ColdRuns::new(None), (0..500).map(|n| n * 4)))
+            .link_to(&source)
+            .expect("link");
+        for runs in [
+            ColdRuns::new(None),
+            ColdRuns::new(Some((spill.clone(), "t".into()))),
+        ] {
+            runs.adopt(&source).expect("adopt");
+            for part in 1..MERGE_FAN_IN as u32 {
+                runs.add(write(&runs, (0..500).map(|n| n * 4 + part)));
+                runs.merge_while_due();
+            }
+            assert_eq!(runs.counts(), (1, 1), "merged");
+            let merged = runs.list().expect("list").remove(0);
+            let expected: Vec<_> = (0..2_000).map(|n| (key(n), row(n))).collect();
+            assert_eq!(all(&merged), expected);
+        }
+        assert_eq!(
+            std::fs::read_dir(&spill).expect("dir").count(),
+            0,
+            "the merged runs and the store's link are gone with the store"
+        );
+        assert_eq!(Run::open(&source, false).expect("open").rows(), 500);
     }
 }

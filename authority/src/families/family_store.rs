@@ -6,7 +6,9 @@
 //! The file is a spill area, not a source of truth. The replicated state is the newest
 //! snapshot plus the Raft log; a node rebuilds this file from them whenever it restores, so
 //! the file is created empty at start and commits without waiting for the disk
-//! (`Durability::None`): a crash loses nothing the node needs. Every `SYNC_EVERY_BYTES` one
+//! (`Durability::None`): a crash loses nothing the node needs. The runs are the exception
+//! that keeps a restart short: a node's own snapshot links them (synced) instead of copying
+//! their rows, and a restore from it takes them back by link (`adopt_run`). Every `SYNC_EVERY_BYTES` one
 //! commit is durable anyway, because redb reuses the pages freed by non-durable commits only
 //! after a durable one, and the file would otherwise only grow.
 //!
@@ -21,8 +23,9 @@ use redb::backends::InMemoryBackend;
 use redb::{Database, Durability, ReadOnlyTable, ReadableDatabase, TableDefinition};
 use tally_ledger::FamilyId;
 
-use super::cold_buffer::{Added, BufferedRows, ColdBuffer, Rows};
-use super::cold_runs::{merge_sorted, ColdRuns, RowSource, Run, RunWriter};
+use super::cold_buffer::{Added, ColdBuffer, Rows};
+use super::cold_runs::{ColdRuns, Run, RunWriter};
+use super::cold_view::ColdView;
 use super::error::RouterError;
 
 /// Family id → the family's canonical encoding (`Family::to_snapshot_bytes`).
@@ -359,6 +362,12 @@ impl FamilyStore {
         }
     }
 
+    /// Takes a run file of a node's own snapshot into the store (`ColdRuns::adopt`): a link,
+    /// not a copy, read like any run written here. Blocking.
+    pub fn adopt_run(&self, path: &Path) -> Result<(), RouterError> {
+        self.inner.runs.adopt(path)
+    }
+
     /// Writes every row handed over to disk now (tests). Blocking.
     pub fn flush_cold_rows(&self) -> Result<(), RouterError> {
         if let Some(rows) = self.inner.buffer.take_all()? {
@@ -388,8 +397,7 @@ impl FamilyStore {
             (self.inner.buffer).snapshot(|| Ok((self.file_view()?, self.inner.runs.list()?)))?;
         Ok(StoreView {
             file,
-            buffered,
-            runs,
+            rows: ColdView { buffered, runs },
         })
     }
 
@@ -488,9 +496,7 @@ impl SortedRows<'_> {
 #[derive(Clone)]
 pub struct StoreView {
     file: FileView,
-    buffered: BufferedRows,
-    /// The runs of rows on disk when the view was taken, oldest first.
-    runs: Vec<Arc<Run>>,
+    rows: ColdView,
 }
 
 type FamiliesTable = Arc<ReadOnlyTable<&'static str, &'static [u8]>>;
@@ -521,16 +527,11 @@ impl StoreView {
 
     /// The stored row under `key` (`cold_row_key`), if any. Blocking.
     pub fn cold_row(&self, key: &[u8]) -> Result<Option<Vec<u8>>, RouterError> {
-        if let Some(row) = self.buffered.get(key) {
-            return Ok(Some(row.to_vec()));
+        let (row, from_disk) = self.rows.cold_row(key)?;
+        if from_disk {
+            self.file.store.cold_reads.fetch_add(1, Ordering::Relaxed);
         }
-        self.file.store.cold_reads.fetch_add(1, Ordering::Relaxed);
-        for run in self.runs.iter().rev() {
-            if let Some(row) = run.get(key)? {
-                return Ok(Some(row));
-            }
-        }
-        Ok(None)
+        Ok(row)
     }
 
     /// Every row `family_id` moved out of memory, in key order, as `(key within the family,
@@ -538,20 +539,14 @@ impl StoreView {
     pub fn each_cold_row(
         &self,
         family_id: &FamilyId,
-        mut each: impl FnMut(&[u8], &[u8]) -> Result<(), RouterError>,
+        each: impl FnMut(&[u8], &[u8]) -> Result<(), RouterError>,
     ) -> Result<(), RouterError> {
-        let prefix = cold_family_prefix(family_id);
-        let mut end = prefix.clone();
-        // Keys within a family start with a kind byte below 0xff.
-        end.push(0xff);
-        let mut sources: Vec<RowSource<'_>> = (self.runs.iter())
-            .map(|run| Box::new(run.range(&prefix, Some(&end))) as RowSource<'_>)
-            .collect();
-        let memory = self.buffered.range(&prefix, &end);
-        sources.push(Box::new(
-            (memory.into_iter()).map(|(key, row)| Ok((key.to_vec(), row.to_vec()))),
-        ));
-        merge_sorted(sources, |key, row| each(&key[prefix.len()..], row))
+        self.rows.each_cold_row(family_id, each)
+    }
+
+    /// The rows out of memory the view holds (`cold_view.rs`).
+    pub(super) fn cold_rows(&self) -> &ColdView {
+        &self.rows
     }
 
     /// The family's encoding. A family the router says is stored but the view lacks is a

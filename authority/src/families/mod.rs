@@ -11,6 +11,7 @@ mod cold_buffer;
 mod cold_index;
 mod cold_rows;
 mod cold_runs;
+mod cold_view;
 mod config;
 mod entry;
 mod error;

@@ -84,8 +84,9 @@ pub struct RouterCut {
     /// from (later passivations do not change what it reads).
     pub(super) stored: Vec<FamilyId>,
     pub(super) view: StoreView,
-    /// The families with rows out of memory at the cut and how many (read from `view`).
-    pub(super) cold: BTreeMap<FamilyId, u64>,
+    /// The families with rows out of memory at the cut, how many, and their filters (shared
+    /// with the router's index, copy on write; read the rows from `view`).
+    pub(super) cold: ColdIndex,
 }
 
 impl RouterCut {
@@ -114,7 +115,7 @@ impl FamilyRouter {
             live,
             stored: self.actors.stored().keys().cloned().collect(),
             view: self.actors.view()?,
-            cold: self.cold.counts(),
+            cold: self.cold.share(),
         })
     }
 

@@ -8,10 +8,18 @@
 //! family's encoding (which is) counts and digests its rows (`ColdMeta`), and the receiver
 //! checks every family's rows against that as they stream in.
 //!
+//! A node's own snapshots are *linked* (`write_linked`): the same stream without the rows,
+//! then the names of the run files that hold the rows (hard links beside the snapshot file,
+//! `cold_view.rs`) and the node's filters over them (`cold_index.rs`). Writing one costs the
+//! families, not the history; a restart opens the runs (`restore_linked`) instead of
+//! streaming every row into a new store. Only a snapshot sent to another node, or backed up,
+//! is expanded into the full stream (`expand_linked`), byte for byte what `write_cut` writes.
+//!
 //! Every function here blocks on I/O: callers run them on blocking threads.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
+use std::path::Path;
 use std::sync::Arc;
 
 use sha2::Digest;
@@ -19,9 +27,11 @@ use tally_ledger::snapshot::digest_bytes;
 use tally_ledger::{ColdMeta, FamilyId, IdMap};
 
 use super::cold_index::ColdIndex;
+use super::cold_runs::Run;
+use super::cold_view::ColdView;
 use super::config::RouterConfig;
 use super::error::RouterError;
-use super::family_store::{FamilyStore, StoreView};
+use super::family_store::FamilyStore;
 use super::router::FamilyRouter;
 use super::router_state::RouterState;
 use super::snapshot::{
@@ -34,17 +44,65 @@ const SNAPSHOT_FIELDS: u32 = 5;
 const SNAPSHOT_FIELDS_WITHOUT_COLD_ROWS: u32 = 4;
 /// Bytes of families written to the store per commit while restoring.
 const RESTORE_CHUNK_BYTES: usize = 64 << 20;
+/// Run files a linked snapshot may name (a store holds a few dozen).
+const MAX_LINKED_RUNS: u32 = 4_096;
 
 /// Writes the cut to `out` (reading its passivated families from the store's view at the
 /// cut) and returns the state's digest, equal to `FamilyRouter::digest` at the cut.
 pub fn write_cut(cut: RouterCut, out: &mut impl Write) -> Result<[u8; 32], RouterError> {
+    let counts = cut.cold.counts();
+    let fields = if counts.is_empty() {
+        SNAPSHOT_FIELDS_WITHOUT_COLD_ROWS
+    } else {
+        SNAPSHOT_FIELDS
+    };
+    let (digest, view) = write_families(cut, fields, out)?;
+    if !counts.is_empty() {
+        write_cold_rows(&view, &counts, out)?;
+    }
+    Ok(digest)
+}
+
+/// Writes the cut as a node's own, linked snapshot: the stream without its rows, then the
+/// names of the run files in `runs_dir` (empty, and synced here) that hold them, then the
+/// filters over them. Returns the state's digest, as `write_cut` would.
+pub fn write_linked(
+    cut: RouterCut,
+    out: &mut impl Write,
+    runs_dir: &Path,
+) -> Result<[u8; 32], RouterError> {
+    let cold = cut.cold.share();
+    let names = cut.view.cold_rows().link_into(runs_dir)?;
+    assert_eq!(
+        cut.view.cold_rows().rows(),
+        cold.total_rows(),
+        "the store's view at the cut holds another number of rows than the index counts"
+    );
+    let (digest, _) = write_families(cut, SNAPSHOT_FIELDS_WITHOUT_COLD_ROWS, out)?;
+    let count = u32::try_from(names.len()).map_err(encode_error)?;
+    rmp::encode::write_array_len(out, count).map_err(encode_error)?;
+    for name in &names {
+        rmp::encode::write_str(out, name).map_err(encode_error)?;
+    }
+    cold.write_to(out)?;
+    Ok(digest)
+}
+
+/// The MessagePack array header, version, router state, schedule and every family, in id
+/// order (live ones encoded as they go, passivated ones read from the cut's view). Returns
+/// the state's digest and the view, to read the rows from.
+fn write_families(
+    cut: RouterCut,
+    fields: u32,
+    out: &mut impl Write,
+) -> Result<([u8; 32], super::family_store::StoreView), RouterError> {
     let RouterCut {
         state,
         maintenance_due,
         mut live,
         stored,
         view,
-        cold,
+        cold: _,
     } = cut;
     let mut ids: Vec<FamilyId> = stored.iter().cloned().chain(live.keys().cloned()).collect();
     ids.sort();
@@ -56,11 +114,6 @@ pub fn write_cut(cut: RouterCut, out: &mut impl Write) -> Result<[u8; 32], Route
         "a family is both live and passivated at the cut"
     );
 
-    let fields = if cold.is_empty() {
-        SNAPSHOT_FIELDS_WITHOUT_COLD_ROWS
-    } else {
-        SNAPSHOT_FIELDS
-    };
     rmp::encode::write_array_len(out, fields).map_err(encode_error)?;
     rmp_serde::encode::write(out, &SNAPSHOT_FORMAT_VERSION).map_err(encode_error)?;
     rmp_serde::encode::write(out, &state).map_err(encode_error)?;
@@ -81,16 +134,13 @@ pub fn write_cut(cut: RouterCut, out: &mut impl Write) -> Result<[u8; 32], Route
         out.write_all(&bytes).map_err(encode_error)?;
         add_family_digest(&mut digest, &family_id, &digest_bytes(&bytes));
     }
-    if !cold.is_empty() {
-        write_cold_rows(&view, &cold, out)?;
-    }
-    Ok(digest.finalize().into())
+    Ok((digest.finalize().into(), view))
 }
 
 /// The rows out of memory, family by family in id order, each a map of key → row in key
-/// order, read from the store's view at the cut.
+/// order, read from the store's view at the cut (or a linked snapshot's runs).
 fn write_cold_rows(
-    view: &StoreView,
+    view: &impl EachColdRow,
     cold: &BTreeMap<FamilyId, u64>,
     out: &mut impl Write,
 ) -> Result<(), RouterError> {
@@ -114,6 +164,35 @@ fn write_cold_rows(
     Ok(())
 }
 
+/// Where `write_cold_rows` reads a family's rows from.
+trait EachColdRow {
+    fn each_cold_row(
+        &self,
+        family_id: &FamilyId,
+        each: impl FnMut(&[u8], &[u8]) -> Result<(), RouterError>,
+    ) -> Result<(), RouterError>;
+}
+
+impl EachColdRow for super::family_store::StoreView {
+    fn each_cold_row(
+        &self,
+        family_id: &FamilyId,
+        each: impl FnMut(&[u8], &[u8]) -> Result<(), RouterError>,
+    ) -> Result<(), RouterError> {
+        self.cold_rows().each_cold_row(family_id, each)
+    }
+}
+
+impl EachColdRow for ColdView {
+    fn each_cold_row(
+        &self,
+        family_id: &FamilyId,
+        each: impl FnMut(&[u8], &[u8]) -> Result<(), RouterError>,
+    ) -> Result<(), RouterError> {
+        ColdView::each_cold_row(self, family_id, each)
+    }
+}
+
 fn write_bin(out: &mut impl Write, bytes: &[u8]) -> Result<(), RouterError> {
     let length = u32::try_from(bytes.len()).map_err(encode_error)?;
     rmp::encode::write_bin_len(out, length).map_err(encode_error)?;
@@ -128,36 +207,201 @@ pub fn restore_from(
     input: &mut impl Read,
     store: FamilyStore,
 ) -> Result<(FamilyRouter, [u8; 32]), RouterError> {
-    let mut stored = BTreeMap::new();
-    let mut chunk: Vec<(FamilyId, Arc<Vec<u8>>)> = Vec::new();
-    let mut chunk_bytes = 0;
+    let mut families = StoredFamilies::new(&store);
     // The rows come in the store's key order: one run, each row written once.
     let mut rows = store.sorted_rows();
     let mut cold = ColdIndex::default();
-    let read = read_stream(input, |item| {
-        match item {
-            Item::Family(family_id, bytes) => {
-                stored.insert(family_id.clone(), bytes.len());
-                chunk_bytes += bytes.len();
-                chunk.push((family_id, Arc::new(bytes)));
-                if chunk_bytes >= RESTORE_CHUNK_BYTES {
-                    store.write(&chunk, &[])?;
-                    chunk.clear();
-                    chunk_bytes = 0;
-                }
-            }
-            Item::ColdRow(family_id, key, row) => {
-                cold.add(family_id, key);
-                rows.push(family_id, key, row)?;
-            }
+    let head = read_stream(input, RowsAt::Stream, |item| match item {
+        Item::Family(family_id, bytes) => families.add(family_id, bytes),
+        Item::ColdRow(family_id, key, row) => {
+            cold.add(family_id, key);
+            rows.push(family_id, key, row)
+        }
+    })?;
+    let stored = families.finish()?;
+    rows.finish()?;
+    head.into_router(config, store, stored, cold)
+}
+
+/// Reads a linked snapshot (`write_linked`) into `store` (which must be empty): the families
+/// as `restore_from` does, the runs in `runs_dir` taken in by link (no row is read), the
+/// filters loaded. Checks that the filters count, family by family, the rows each family's
+/// encoding says it has out of memory, and the runs hold that many rows. Returns the router
+/// and the digest of its state.
+pub fn restore_linked(
+    config: RouterConfig,
+    input: &mut impl Read,
+    runs_dir: &Path,
+    store: FamilyStore,
+) -> Result<(FamilyRouter, [u8; 32]), RouterError> {
+    let mut families = StoredFamilies::new(&store);
+    let head = read_stream(input, RowsAt::Links, |item| match item {
+        Item::Family(family_id, bytes) => families.add(family_id, bytes),
+        Item::ColdRow(..) => unreachable!("a linked snapshot streams no rows"),
+    })?;
+    let stored = families.finish()?;
+    let (names, cold) = read_links(input, &head)?;
+    for name in &names {
+        store.adopt_run(&runs_dir.join(name))?;
+    }
+    let linked = store.view()?.cold_rows().rows();
+    if linked != cold.total_rows() {
+        return Err(invalid(format!(
+            "the snapshot's runs hold {linked} rows, its families count {}",
+            cold.total_rows()
+        )));
+    }
+    head.into_router(config, store, stored, cold)
+}
+
+/// Writes a linked snapshot (`write_linked`, runs in `runs_dir`) out as the full stream
+/// `write_cut` would have written at its cut, byte for byte: the families copied as they are,
+/// the rows read from the runs. `open` reads the snapshot from its start; it is read twice
+/// (the array header, which says whether rows follow, depends on what comes after the
+/// families). Returns the state's digest. Reads every row: for a snapshot sent to another
+/// node or backed up, never on the apply path.
+pub fn expand_linked<R: Read>(
+    open: impl Fn() -> R,
+    runs_dir: &Path,
+    out: &mut impl Write,
+) -> Result<[u8; 32], RouterError> {
+    let mut input = open();
+    let head = read_stream(&mut input, RowsAt::Links, |_| Ok(()))?;
+    let (names, cold) = read_links(&mut input, &head)?;
+    let runs = (names.iter())
+        .map(|name| Run::open(&runs_dir.join(name), false).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()?;
+    let view = ColdView::of_runs(runs);
+    if view.rows() != cold.total_rows() {
+        return Err(invalid(format!(
+            "the snapshot's runs hold {} rows, its families count {}",
+            view.rows(),
+            cold.total_rows()
+        )));
+    }
+    let counts = cold.counts();
+    let fields = if counts.is_empty() {
+        SNAPSHOT_FIELDS_WITHOUT_COLD_ROWS
+    } else {
+        SNAPSHOT_FIELDS
+    };
+    rmp::encode::write_array_len(out, fields).map_err(encode_error)?;
+    let mut input = open();
+    // The header is one byte in both forms (a fixarray), checked as `read_stream` reads it.
+    let mut header = [0u8; 1];
+    input.read_exact(&mut header).map_err(decode_error)?;
+    let mut tee = Tee {
+        input: (&header[..]).chain(input),
+        out: &mut *out,
+        failed: None,
+    };
+    let again = read_stream(&mut tee, RowsAt::Links, |_| Ok(()));
+    if let Some(error) = tee.failed.take() {
+        return Err(encode_error(error));
+    }
+    assert_eq!(
+        again?.digest, head.digest,
+        "the snapshot changed while read"
+    );
+    if !counts.is_empty() {
+        write_cold_rows(&view, &counts, out)?;
+    }
+    Ok(head.digest)
+}
+
+/// Reads `input`, writing every byte read, but the first, to `out` too.
+struct Tee<R, W> {
+    input: R,
+    out: W,
+    failed: Option<std::io::Error>,
+}
+
+impl<R: Read, W: Write> Read for Tee<std::io::Chain<&[u8], R>, W> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let header = !self.input.get_ref().0.is_empty();
+        let read = self.input.read(buf)?;
+        let copied = if header {
+            &buf[1.min(read)..read]
+        } else {
+            &buf[..read]
+        };
+        if let Err(error) = self.out.write_all(copied) {
+            let kind = error.kind();
+            self.failed = Some(error);
+            return Err(kind.into());
+        }
+        Ok(read)
+    }
+}
+
+/// What follows the families in a linked snapshot: the run files' names and the filters,
+/// checked against the families' own counts (`head.cold_meta`), and nothing after them.
+fn read_links(input: &mut impl Read, head: &Head) -> Result<(Vec<String>, ColdIndex), RouterError> {
+    let count = rmp::decode::read_array_len(input).map_err(decode_error)?;
+    if count > MAX_LINKED_RUNS {
+        return Err(invalid(format!(
+            "a linked snapshot names {count} runs, at most {MAX_LINKED_RUNS}"
+        )));
+    }
+    let mut names = Vec::with_capacity(count as usize);
+    for at in 0..count {
+        let mut name = [0u8; 16];
+        let name = rmp::decode::read_str(input, &mut name)
+            .map_err(|error| invalid(format!("run name {at} does not decode: {error:?}")))?;
+        if name != format!("{at:06}.run") {
+            return Err(invalid(format!("run {at} is named {name:?}")));
+        }
+        names.push(name.to_string());
+    }
+    let cold = ColdIndex::read_from(input)?;
+    let mut rest = [0u8; 1];
+    if input.read(&mut rest).map_err(decode_error)? != 0 {
+        return Err(invalid("bytes after the filters".into()));
+    }
+    let counted = (head.cold_meta.iter()).map(|(id, meta)| (id.clone(), meta.rows));
+    if !counted.eq(cold.counts()) {
+        return Err(invalid(
+            "the filters count other rows than the families say they have out of memory".into(),
+        ));
+    }
+    Ok((names, cold))
+}
+
+/// Families read from a stream, written to the store a chunk at a time.
+struct StoredFamilies<'s> {
+    store: &'s FamilyStore,
+    stored: BTreeMap<FamilyId, usize>,
+    chunk: Vec<(FamilyId, Arc<Vec<u8>>)>,
+    chunk_bytes: usize,
+}
+
+impl<'s> StoredFamilies<'s> {
+    fn new(store: &'s FamilyStore) -> Self {
+        Self {
+            store,
+            stored: BTreeMap::new(),
+            chunk: Vec::new(),
+            chunk_bytes: 0,
+        }
+    }
+
+    fn add(&mut self, family_id: FamilyId, bytes: Vec<u8>) -> Result<(), RouterError> {
+        self.stored.insert(family_id.clone(), bytes.len());
+        self.chunk_bytes += bytes.len();
+        self.chunk.push((family_id, Arc::new(bytes)));
+        if self.chunk_bytes >= RESTORE_CHUNK_BYTES {
+            self.store.write(&self.chunk, &[])?;
+            self.chunk.clear();
+            self.chunk_bytes = 0;
         }
         Ok(())
-    })?;
-    store.write(&chunk, &[])?;
-    rows.finish()?;
-    let (state, maintenance_due, digest) = read;
-    let router = FamilyRouter::from_stored(config, state, maintenance_due, store, stored, cold)?;
-    Ok((router, digest))
+    }
+
+    /// Writes the last chunk; returns every family and its length.
+    fn finish(self) -> Result<BTreeMap<FamilyId, usize>, RouterError> {
+        self.store.write(&self.chunk, &[])?;
+        Ok(self.stored)
+    }
 }
 
 /// What a snapshot stream hands on, in order: every family, then every row out of memory.
@@ -169,22 +413,66 @@ enum Item<'a> {
 /// Reads a snapshot stream through, keeping nothing, and returns its digest: how a receiver
 /// checks a snapshot before handing it on.
 pub fn digest_of(input: &mut impl Read) -> Result<[u8; 32], RouterError> {
-    let (_, _, digest) = read_stream(input, |_| Ok(()))?;
-    Ok(digest)
+    Ok(read_stream(input, RowsAt::Stream, |_| Ok(()))?.digest)
+}
+
+/// Where a stream's rows out of memory are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RowsAt {
+    /// In the stream, after the families (`write_cut`).
+    Stream,
+    /// In run files the stream names after the families (`write_linked`).
+    Links,
+}
+
+/// What a stream's head says, once its families are read.
+struct Head {
+    state: RouterState,
+    maintenance_due: IdMap<FamilyId, u64>,
+    digest: [u8; 32],
+    /// Each family's count and digest of rows out of memory, as its encoding says.
+    cold_meta: BTreeMap<FamilyId, ColdMeta>,
+}
+
+impl Head {
+    /// The router the stream restores, its families in `store` (`stored` names them), and
+    /// the digest of its state.
+    fn into_router(
+        self,
+        config: RouterConfig,
+        store: FamilyStore,
+        stored: BTreeMap<FamilyId, usize>,
+        cold: ColdIndex,
+    ) -> Result<(FamilyRouter, [u8; 32]), RouterError> {
+        let router = FamilyRouter::from_stored(
+            config,
+            self.state,
+            self.maintenance_due,
+            store,
+            stored,
+            cold,
+        )?;
+        Ok((router, self.digest))
+    }
 }
 
 /// Decodes the stream's header, hands each family and then each row out of memory to `each`
 /// in order, and checks the whole (version, alarms, order, no bytes after the end,
 /// maintenance only for families present, every family's rows against its `ColdMeta`).
+/// With `RowsAt::Links` it stops after the families (the caller reads the links).
 fn read_stream(
     input: &mut impl Read,
+    rows_at: RowsAt,
     mut each: impl FnMut(Item<'_>) -> Result<(), RouterError>,
-) -> Result<(RouterState, IdMap<FamilyId, u64>, [u8; 32]), RouterError> {
+) -> Result<Head, RouterError> {
     let fields = rmp::decode::read_array_len(input).map_err(decode_error)?;
-    if fields != SNAPSHOT_FIELDS && fields != SNAPSHOT_FIELDS_WITHOUT_COLD_ROWS {
+    let allowed: &[u32] = match rows_at {
+        RowsAt::Stream => &[SNAPSHOT_FIELDS, SNAPSHOT_FIELDS_WITHOUT_COLD_ROWS],
+        RowsAt::Links => &[SNAPSHOT_FIELDS_WITHOUT_COLD_ROWS],
+    };
+    if !allowed.contains(&fields) {
         return Err(invalid(format!(
-            "a router snapshot has {SNAPSHOT_FIELDS_WITHOUT_COLD_ROWS} or {SNAPSHOT_FIELDS} \
-             fields, got {fields}"
+            "a router snapshot here has {allowed:?} fields, got {fields}"
         )));
     }
     let version: u32 = rmp_serde::decode::from_read(&mut *input).map_err(decode_error)?;
@@ -223,24 +511,31 @@ fn read_stream(
         }
         each(Item::Family(family_id, bytes))?;
     }
-    if with_cold_rows {
-        read_cold_rows(input, &expected, &mut each)?;
-    } else if let Some((family_id, meta)) = expected.first_key_value() {
-        return Err(invalid(format!(
-            "family {family_id} counts {} rows out of memory, the snapshot holds none",
-            meta.rows
-        )));
-    }
-    let mut rest = [0u8; 1];
-    if input.read(&mut rest).map_err(decode_error)? != 0 {
-        return Err(invalid("bytes after the last family".into()));
-    }
     if scheduled_present != maintenance_due.len() {
         return Err(invalid(
             "maintenance scheduled for a family which has no state".into(),
         ));
     }
-    Ok((state, maintenance_due, digest.finalize().into()))
+    if rows_at == RowsAt::Stream {
+        if with_cold_rows {
+            read_cold_rows(input, &expected, &mut each)?;
+        } else if let Some((family_id, meta)) = expected.first_key_value() {
+            return Err(invalid(format!(
+                "family {family_id} counts {} rows out of memory, the snapshot holds none",
+                meta.rows
+            )));
+        }
+        let mut rest = [0u8; 1];
+        if input.read(&mut rest).map_err(decode_error)? != 0 {
+            return Err(invalid("bytes after the last family".into()));
+        }
+    }
+    Ok(Head {
+        state,
+        maintenance_due,
+        digest: digest.finalize().into(),
+        cold_meta: expected,
+    })
 }
 
 /// Reads the rows out of memory: families in id order, each with exactly the rows its

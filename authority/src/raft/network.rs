@@ -199,7 +199,13 @@ impl RaftNetworkV2<TypeConfig> for Connection {
         _option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
         let mut client = self.client().await.map_err(StreamingError::from)?;
-        let data = snapshot.snapshot;
+        // A node's own snapshot links its rows: the follower gets them as a stream, written
+        // once beside the snapshot (the first send reads every row, on a blocking thread).
+        let (linked, meta) = (snapshot.snapshot, snapshot.meta.clone());
+        let data = tokio::task::spawn_blocking(move || linked.streamable(&meta))
+            .await
+            .map_err(|e| StreamingError::from(network(&e)))?
+            .map_err(|e| StreamingError::from(network(&e)))?;
         let header = encode_raft(&(vote, snapshot.meta.clone(), data.digest()))
             .map_err(|e| StreamingError::from(network(&e)))?;
         let chunk_bytes = SNAPSHOT_CHUNK_BYTES as u64;

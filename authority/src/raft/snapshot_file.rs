@@ -5,6 +5,15 @@
 //! starting without it would lose state; the node stops with an error that says what to do.
 //! Files are written and read as streams, never whole in memory: the data is written as the
 //! router streams it, and openraft gets a handle to the file (`SnapshotFile`), not its bytes.
+//!
+//! Two kinds of file. A *stream* (format 3) holds the whole state, rows out of memory
+//! included: what a node receives from the leader, sends, backs up and restores from. A
+//! node's own snapshots are *linked* (format 4): the file holds the families, and the rows
+//! stay in run files hard-linked into `<name>.runs/` beside it (synced before the file is
+//! renamed into place, so a file in place always has its runs), so a snapshot costs what
+//! changed, not the history, and a restart opens the runs instead of reading every row.
+//! A linked snapshot is expanded into a stream (`<name>.tstream`, kept and pruned with it)
+//! the first time it is sent, and straight into the output file when it is backed up.
 
 use std::collections::HashSet;
 use std::fs;
@@ -16,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use sha2::{Digest, Sha256};
 
 use super::types::SnapshotMeta;
+use crate::families::snapshot_stream::expand_linked;
 use crate::unpoisoned::lock;
 use crate::writeback_file::WritebackFile;
 
@@ -24,7 +34,12 @@ const MAGIC: &[u8; 8] = b"TALLYSNP";
 /// changes: a file of another version would not decode, so it is refused by its version, not
 /// misread. Version 3 carries the state digest before the data, so the data can be streamed.
 const FORMAT_VERSION: u32 = 3;
+/// A linked snapshot's format version (module docs).
+const LINKED_FORMAT_VERSION: u32 = 4;
 const SUFFIX: &str = ".tsnap";
+/// Beside `<name>.tsnap`: the run files of a linked snapshot, and its expansion.
+const RUNS_EXTENSION: &str = "runs";
+const STREAM_EXTENSION: &str = "tstream";
 /// Snapshots kept on disk: the newest and one fallback.
 const KEEP: usize = 2;
 /// The buffer of a streamed read or write.
@@ -66,18 +81,43 @@ pub struct SnapshotFile {
     digest: [u8; 32],
     /// The path of the snapshot directory's file this is (`None`: a received stream).
     saved_as: Option<PathBuf>,
+    /// For a linked snapshot (module docs): its directory of runs, and the snapshot
+    /// directory that expands it.
+    linked: Option<(PathBuf, SnapshotDir)>,
 }
 
 impl SnapshotFile {
     /// `data_len` bytes of data at the start of `file` (a received stream), whose state the
     /// sender says has `digest`.
     pub fn received(file: fs::File, data_len: u64, digest: [u8; 32]) -> Self {
+        Self::at(file, 0, data_len, digest)
+    }
+
+    /// `data_len` bytes of data at `data_offset` in `file`, whose state has `digest`; not
+    /// known as a file of a snapshot directory, nor linked, until its directory says so.
+    fn at(file: fs::File, data_offset: u64, data_len: u64, digest: [u8; 32]) -> Self {
         Self {
             file: Arc::new(file),
-            data_offset: 0,
+            data_offset,
             data_len,
             digest,
             saved_as: None,
+            linked: None,
+        }
+    }
+
+    /// The directory of run files holding a linked snapshot's rows (`None`: a stream).
+    pub fn runs_dir(&self) -> Option<&Path> {
+        self.linked.as_ref().map(|(runs, _)| runs.as_path())
+    }
+
+    /// This snapshot as a stream, the form another node receives: itself, or a linked
+    /// snapshot's expansion, written beside it the first time (it reads every row) and kept
+    /// until the snapshot is pruned. Blocking.
+    pub fn streamable(&self, meta: &SnapshotMeta) -> Result<SnapshotFile, SnapshotFileError> {
+        match &self.linked {
+            None => Ok(self.clone()),
+            Some((runs, dir)) => dir.expanded(meta, self, runs),
         }
     }
 
@@ -156,6 +196,8 @@ impl SnapshotDir {
             path: dir.clone(),
             source,
         })?;
+        // What a crash left half-written goes at the next save's pruning, not here: another
+        // process (`tally-node backup`) may open the directory of a running node.
         Ok(Self {
             dir,
             writing: Arc::default(),
@@ -163,7 +205,7 @@ impl SnapshotDir {
         })
     }
 
-    /// Writes a snapshot durably, its data streamed by `write_data` (which returns the
+    /// Writes a stream snapshot durably, its data streamed by `write_data` (which returns the
     /// state's digest), then removes all but the newest `KEEP` files. The file is written,
     /// then read back once for its checksum: never held in memory whole. Blocking.
     pub fn save_with(
@@ -171,78 +213,92 @@ impl SnapshotDir {
         meta: &SnapshotMeta,
         write_data: impl FnOnce(&mut BufWriter<WritebackFile>) -> io::Result<[u8; 32]>,
     ) -> Result<SnapshotFile, SnapshotFileError> {
-        let index = meta.last_log_id.map_or(0, |id| id.index);
-        let term = meta.last_log_id.map_or(0, |id| id.leader_id.term);
-        let name = format!("snapshot-{index:020}-{term:020}{SUFFIX}");
-        let path = self.dir.join(&name);
-        let tmp = self.dir.join(format!("{name}.tmp"));
-        let io_err = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| SnapshotFileError::Io { path, source }
-        };
-        let meta_bytes = rmp_serde::to_vec(meta).map_err(|e| SnapshotFileError::Invalid {
-            path: path.clone(),
-            reason: format!("meta does not encode: {e}"),
-        })?;
+        let path = self.path_of(meta);
         // The lock guards no data, so a writer that panicked left nothing half-updated here.
         let _writing = lock(&self.writing);
-        let digest_at = (MAGIC.len() + 4 + 8 + meta_bytes.len()) as u64;
-        let data_offset = digest_at + 32 + 8;
-        let (data_len, digest) = {
-            // Read as well: the checksum is read back from it.
-            let file = fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)
-                .map_err(io_err(&tmp))?;
-            // Handed to the disk as it is written: a burst of gigabytes at the final sync
-            // would hold up the Raft log's fdatasync (writeback_file.rs).
-            let mut out = BufWriter::with_capacity(IO_BUFFER_BYTES, WritebackFile::new(file));
-            let header = (|| {
-                out.write_all(MAGIC)?;
-                out.write_all(&FORMAT_VERSION.to_be_bytes())?;
-                out.write_all(&(meta_bytes.len() as u64).to_be_bytes())?;
-                out.write_all(&meta_bytes)?;
-                // The digest and the data length, filled in once the data is written.
-                out.write_all(&[0; 40])
-            })();
-            header.map_err(io_err(&tmp))?;
-            let digest = write_data(&mut out).map_err(io_err(&tmp))?;
-            let mut file = out
-                .into_inner()
-                .map_err(|e| io_err(&tmp)(e.into_error()))?
-                .into_inner();
-            let end = file.stream_position().map_err(io_err(&tmp))?;
-            let data_len = end - data_offset;
-            let mut fill = digest.to_vec();
-            fill.extend_from_slice(&data_len.to_be_bytes());
-            file.write_all_at(&fill, digest_at).map_err(io_err(&tmp))?;
-            let checksum = checksum_of(&file, end).map_err(io_err(&tmp))?;
-            file.seek(SeekFrom::End(0)).map_err(io_err(&tmp))?;
-            file.write_all(&checksum).map_err(io_err(&tmp))?;
-            file.sync_all().map_err(io_err(&tmp))?;
-            (data_len, digest)
+        let file = write_container(&path, FORMAT_VERSION, meta, write_data)?;
+        self.saved(path, file)
+    }
+
+    /// Writes a linked snapshot durably (module docs): `write_data` gets the empty directory
+    /// its runs go to (it syncs them there) and streams the rest, then the file is written
+    /// as `save_with` writes one. Blocking.
+    pub fn save_linked(
+        &self,
+        meta: &SnapshotMeta,
+        write_data: impl FnOnce(&mut BufWriter<WritebackFile>, &Path) -> io::Result<[u8; 32]>,
+    ) -> Result<SnapshotFile, SnapshotFileError> {
+        let path = self.path_of(meta);
+        let runs = path.with_extension(RUNS_EXTENSION);
+        let _writing = lock(&self.writing);
+        remove_if_present(&runs)?;
+        fs::create_dir(&runs).map_err(io_error(&runs))?;
+        let file = write_container(&path, LINKED_FORMAT_VERSION, meta, |out| {
+            write_data(out, &runs)
+        });
+        let file = match file {
+            Ok(file) => file,
+            Err(error) => {
+                let _ = remove_if_present(&runs);
+                return Err(error);
+            }
         };
-        fs::rename(&tmp, &path).map_err(io_err(&path))?;
-        fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err(&self.dir))?;
-        let file = fs::File::open(&path).map_err(io_err(&path))?;
+        let mut file = self.saved(path, file)?;
+        file.linked = Some((runs, self.clone()));
+        Ok(file)
+    }
+
+    /// `snapshot-<index>-<term>.tsnap` in this directory.
+    fn path_of(&self, meta: &SnapshotMeta) -> PathBuf {
+        let index = meta.last_log_id.map_or(0, |id| id.index);
+        let term = meta.last_log_id.map_or(0, |id| id.leader_id.term);
+        self.dir
+            .join(format!("snapshot-{index:020}-{term:020}{SUFFIX}"))
+    }
+
+    /// A file just written into place: known as verified and as this directory's own; older
+    /// ones pruned. Called with `writing` held.
+    fn saved(
+        &self,
+        path: PathBuf,
+        mut file: SnapshotFile,
+    ) -> Result<SnapshotFile, SnapshotFileError> {
         lock(&self.verified).insert(path.clone());
+        file.saved_as = Some(path);
         self.prune()?;
-        Ok(SnapshotFile {
-            file: Arc::new(file),
-            data_offset,
-            data_len,
-            digest,
-            saved_as: Some(path),
-        })
+        Ok(file)
+    }
+
+    /// A linked snapshot of this directory as a stream (`SnapshotFile::streamable`). Holds
+    /// `writing`: a snapshot being expanded is not pruned meanwhile. Blocking.
+    fn expanded(
+        &self,
+        meta: &SnapshotMeta,
+        linked: &SnapshotFile,
+        runs: &Path,
+    ) -> Result<SnapshotFile, SnapshotFileError> {
+        let saved_as =
+            (linked.saved_as.as_ref()).expect("a linked snapshot is a file of its directory");
+        let path = saved_as.with_extension(STREAM_EXTENSION);
+        let _writing = lock(&self.writing);
+        if lock(&self.verified).contains(&path) {
+            if let Ok((_, stream, false)) = read(&path, true) {
+                return Ok(stream);
+            }
+        }
+        if !saved_as.exists() {
+            return Err(SnapshotFileError::Invalid {
+                path: saved_as.clone(),
+                reason: "pruned before it could be expanded for sending".into(),
+            });
+        }
+        let stream = write_expansion(&path, meta, linked, runs)?;
+        lock(&self.verified).insert(path);
+        Ok(stream)
     }
 
     /// Whether `snapshot` is a file of this directory still in place (not pruned).
-    fn holds(&self, snapshot: &SnapshotFile) -> bool {
+    pub fn holds(&self, snapshot: &SnapshotFile) -> bool {
         (snapshot.saved_as.as_ref()).is_some_and(|path| {
             path.parent() == Some(&self.dir) && lock(&self.verified).contains(path)
         })
@@ -259,6 +315,7 @@ impl SnapshotDir {
         if self.holds(data) {
             return Ok(data.clone());
         }
+        let data = data.streamable(meta)?;
         self.save_with(meta, |out| {
             io::copy(&mut data.reader(), out)?;
             Ok(data.digest())
@@ -270,10 +327,9 @@ impl SnapshotDir {
     pub fn load_latest(&self) -> Result<Option<(SnapshotMeta, SnapshotFile)>, SnapshotFileError> {
         for path in self.files()?.into_iter().rev() {
             let verified = lock(&self.verified).contains(&path);
-            match read(&path, verified) {
-                Ok((meta, mut snapshot)) => {
-                    lock(&self.verified).insert(path.clone());
-                    snapshot.saved_as = Some(path);
+            match read(&path, verified).and_then(|read| self.own(path.clone(), read)) {
+                Ok((meta, snapshot)) => {
+                    lock(&self.verified).insert(path);
                     return Ok(Some((meta, snapshot)));
                 }
                 Err(error @ SnapshotFileError::Incompatible { .. }) => return Err(error),
@@ -286,14 +342,39 @@ impl SnapshotDir {
         Ok(None)
     }
 
-    /// Copies the newest snapshot that verifies to `out` (a backup): written under a temporary
-    /// name, synced and renamed, so `out` is either absent or whole. Files here are never
-    /// changed once written, so this is safe while the node runs. Blocking.
+    /// A file read from this directory as its own: a linked one with its runs, which must
+    /// be in place.
+    fn own(
+        &self,
+        path: PathBuf,
+        (meta, mut snapshot, linked): (SnapshotMeta, SnapshotFile, bool),
+    ) -> Result<(SnapshotMeta, SnapshotFile), SnapshotFileError> {
+        if linked {
+            let runs = path.with_extension(RUNS_EXTENSION);
+            if !runs.is_dir() {
+                return Err(SnapshotFileError::Invalid {
+                    path,
+                    reason: format!("its runs ({}) are missing", runs.display()),
+                });
+            }
+            snapshot.linked = Some((runs, self.clone()));
+        }
+        snapshot.saved_as = Some(path);
+        Ok((meta, snapshot))
+    }
+
+    /// Copies the newest snapshot that verifies to `out` (a backup), as a stream (a linked
+    /// one expanded into it): written under a temporary name, synced and renamed, so `out`
+    /// is either absent or whole. Files here are never changed once written, so this is safe
+    /// while the node runs. Blocking.
     pub fn export_latest(&self, out: &Path) -> Result<Option<SnapshotMeta>, SnapshotFileError> {
         for path in self.files()?.into_iter().rev() {
-            match read(&path, false) {
-                Ok((meta, _)) => {
-                    copy_durably(&path, out)?;
+            match read(&path, false).and_then(|read| self.own(path.clone(), read)) {
+                Ok((meta, snapshot)) => {
+                    match snapshot.runs_dir() {
+                        None => copy_durably(&path, out)?,
+                        Some(runs) => drop(write_expansion(out, &meta, &snapshot, runs)?),
+                    }
                     return Ok(Some(meta));
                 }
                 Err(error @ SnapshotFileError::Incompatible { .. }) => return Err(error),
@@ -307,7 +388,15 @@ impl SnapshotDir {
     /// checking its magic, version and checksum: the node started on this data dir loads it.
     /// Blocking.
     pub fn import(&self, backup: &Path) -> Result<SnapshotMeta, SnapshotFileError> {
-        let (meta, _) = read(backup, false)?;
+        let (meta, _, linked) = read(backup, false)?;
+        if linked {
+            return Err(SnapshotFileError::Invalid {
+                path: backup.to_path_buf(),
+                reason: "a node's own snapshot file, not a backup: make one with \
+                         `tally-node backup`"
+                    .into(),
+            });
+        }
         let index = meta.last_log_id.map_or(0, |id| id.index);
         let term = meta.last_log_id.map_or(0, |id| id.leader_id.term);
         let _writing = lock(&self.writing);
@@ -334,49 +423,166 @@ impl SnapshotDir {
         Ok(files)
     }
 
+    /// Removes all but the newest `KEEP` snapshots, each with its runs and expansion, and
+    /// whatever no snapshot in place owns (left by a crash mid-write). Called with `writing`
+    /// held.
     fn prune(&self) -> Result<(), SnapshotFileError> {
         let files = self.files()?;
-        for old in files.iter().take(files.len().saturating_sub(KEEP)) {
-            lock(&self.verified).remove(old);
-            match fs::remove_file(old) {
-                // Gone already (an operator, or a node sharing the directory by mistake):
-                // what pruning wanted.
-                Err(source) if source.kind() != io::ErrorKind::NotFound => {
-                    return Err(SnapshotFileError::Io {
-                        path: old.clone(),
-                        source,
-                    })
-                }
-                _ => {}
+        let kept = &files[files.len().saturating_sub(KEEP)..];
+        let entries = fs::read_dir(&self.dir).map_err(io_error(&self.dir))?;
+        for entry in entries {
+            let path = entry.map_err(io_error(&self.dir))?.path();
+            let owner = path.with_extension(SUFFIX.trim_start_matches('.'));
+            if !kept.contains(&owner) {
+                lock(&self.verified).remove(&path);
+                remove_if_present(&path)?;
             }
         }
         Ok(())
     }
 }
 
+/// Removes the file or directory at `path`; gone already (an operator, or a node sharing the
+/// directory by mistake) is what was wanted.
+fn remove_if_present(path: &Path) -> Result<(), SnapshotFileError> {
+    let removed = if path.is_dir() {
+        fs::remove_dir_all(path)
+    } else {
+        fs::remove_file(path)
+    };
+    match removed {
+        Err(source) if source.kind() != io::ErrorKind::NotFound => Err(SnapshotFileError::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn io_error(path: &Path) -> impl FnOnce(io::Error) -> SnapshotFileError {
+    let path = path.to_path_buf();
+    move |source| SnapshotFileError::Io { path, source }
+}
+
+/// Writes a snapshot file durably at `path` (through `<path>.tmp`: written, checksummed,
+/// synced, renamed, directory synced) with the data `write_data` streams (it returns the
+/// state's digest), and opens it. Blocking.
+fn write_container(
+    path: &Path,
+    version: u32,
+    meta: &SnapshotMeta,
+    write_data: impl FnOnce(&mut BufWriter<WritebackFile>) -> io::Result<[u8; 32]>,
+) -> Result<SnapshotFile, SnapshotFileError> {
+    let tmp = tmp_path(path);
+    let meta_bytes = rmp_serde::to_vec(meta).map_err(|e| SnapshotFileError::Invalid {
+        path: path.to_path_buf(),
+        reason: format!("meta does not encode: {e}"),
+    })?;
+    let digest_at = (MAGIC.len() + 4 + 8 + meta_bytes.len()) as u64;
+    let data_offset = digest_at + 32 + 8;
+    let (data_len, digest) = {
+        // Read as well: the checksum is read back from it.
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(io_error(&tmp))?;
+        // Handed to the disk as it is written: a burst of gigabytes at the final sync
+        // would hold up the Raft log's fdatasync (writeback_file.rs).
+        let mut out = BufWriter::with_capacity(IO_BUFFER_BYTES, WritebackFile::new(file));
+        let header = (|| {
+            out.write_all(MAGIC)?;
+            out.write_all(&version.to_be_bytes())?;
+            out.write_all(&(meta_bytes.len() as u64).to_be_bytes())?;
+            out.write_all(&meta_bytes)?;
+            // The digest and the data length, filled in once the data is written.
+            out.write_all(&[0; 40])
+        })();
+        let written = header.and_then(|()| write_data(&mut out));
+        let digest = match written {
+            Ok(digest) => digest,
+            Err(error) => {
+                drop(out);
+                let _ = fs::remove_file(&tmp);
+                return Err(io_error(&tmp)(error));
+            }
+        };
+        let mut file = out
+            .into_inner()
+            .map_err(|e| io_error(&tmp)(e.into_error()))?
+            .into_inner();
+        let end = file.stream_position().map_err(io_error(&tmp))?;
+        let data_len = end - data_offset;
+        let mut fill = digest.to_vec();
+        fill.extend_from_slice(&data_len.to_be_bytes());
+        file.write_all_at(&fill, digest_at)
+            .map_err(io_error(&tmp))?;
+        let checksum = checksum_of(&file, end).map_err(io_error(&tmp))?;
+        file.seek(SeekFrom::End(0)).map_err(io_error(&tmp))?;
+        file.write_all(&checksum).map_err(io_error(&tmp))?;
+        file.sync_all().map_err(io_error(&tmp))?;
+        (data_len, digest)
+    };
+    rename_durably(&tmp, path)?;
+    let file = fs::File::open(path).map_err(io_error(path))?;
+    Ok(SnapshotFile::at(file, data_offset, data_len, digest))
+}
+
+/// Writes the linked snapshot `linked` (runs in `runs`) at `path` as a stream, and checks
+/// that the expansion holds the state the snapshot names. Blocking; reads every row.
+fn write_expansion(
+    path: &Path,
+    meta: &SnapshotMeta,
+    linked: &SnapshotFile,
+    runs: &Path,
+) -> Result<SnapshotFile, SnapshotFileError> {
+    let stream = write_container(path, FORMAT_VERSION, meta, |out| {
+        expand_linked(|| linked.reader(), runs, out).map_err(io::Error::other)
+    })?;
+    if stream.digest() != linked.digest() {
+        remove_if_present(path)?;
+        return Err(SnapshotFileError::Invalid {
+            path: path.to_path_buf(),
+            reason: "its expansion holds another state than the digest it was saved with".into(),
+        });
+    }
+    Ok(stream)
+}
+
 /// Copies `from` to `to` through `<to>.tmp`: written, synced, renamed, directory synced.
 fn copy_durably(from: &Path, to: &Path) -> Result<(), SnapshotFileError> {
-    let io_err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| SnapshotFileError::Io { path, source }
-    };
-    let mut name = to.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    name.push(".tmp");
-    let tmp = to.with_file_name(name);
+    let tmp = tmp_path(to);
     {
-        let mut source = fs::File::open(from).map_err(io_err(from))?;
-        let mut target = fs::File::create(&tmp).map_err(io_err(&tmp))?;
-        io::copy(&mut source, &mut target).map_err(io_err(&tmp))?;
-        target.sync_all().map_err(io_err(&tmp))?;
+        let mut source = fs::File::open(from).map_err(io_error(from))?;
+        let mut target = fs::File::create(&tmp).map_err(io_error(&tmp))?;
+        io::copy(&mut source, &mut target).map_err(io_error(&tmp))?;
+        target.sync_all().map_err(io_error(&tmp))?;
     }
-    fs::rename(&tmp, to).map_err(io_err(to))?;
+    rename_durably(&tmp, to)
+}
+
+/// `<path>.tmp`, where a file is written before it is renamed into place.
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    name.push(".tmp");
+    path.with_file_name(name)
+}
+
+/// Renames the synced `tmp` to `to` and syncs the directory, so the name is durable too.
+fn rename_durably(tmp: &Path, to: &Path) -> Result<(), SnapshotFileError> {
+    fs::rename(tmp, to).map_err(io_error(to))?;
     let dir = match to.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
         _ => PathBuf::from("."),
     };
     fs::File::open(&dir)
         .and_then(|d| d.sync_all())
-        .map_err(io_err(&dir))
+        .map_err(io_error(&dir))
 }
 
 /// SHA-256 of the file's first `len` bytes, read through once.
@@ -395,7 +601,10 @@ fn checksum_of(file: &fs::File, len: u64) -> io::Result<[u8; 32]> {
 
 /// Opens the snapshot file at `path`, its checksum read through unless it was `verified`
 /// before.
-fn read(path: &Path, verified: bool) -> Result<(SnapshotMeta, SnapshotFile), SnapshotFileError> {
+fn read(
+    path: &Path,
+    verified: bool,
+) -> Result<(SnapshotMeta, SnapshotFile, bool), SnapshotFileError> {
     let invalid = |reason: &str| SnapshotFileError::Invalid {
         path: path.to_path_buf(),
         reason: reason.to_owned(),
@@ -422,7 +631,7 @@ fn read(path: &Path, verified: bool) -> Result<(SnapshotMeta, SnapshotFile), Sna
     if !verified && checksum_of(&file, len - 32).map_err(io_err)? != stored_checksum {
         return Err(invalid("checksum mismatch"));
     }
-    if version != FORMAT_VERSION {
+    if version != FORMAT_VERSION && version != LINKED_FORMAT_VERSION {
         return Err(SnapshotFileError::Incompatible {
             path: path.to_path_buf(),
             version,
@@ -452,13 +661,8 @@ fn read(path: &Path, verified: bool) -> Result<(SnapshotMeta, SnapshotFile), Sna
     }
     Ok((
         meta,
-        SnapshotFile {
-            file: Arc::new(file),
-            data_offset,
-            data_len,
-            digest,
-            saved_as: None,
-        },
+        SnapshotFile::at(file, data_offset, data_len, digest),
+        version == LINKED_FORMAT_VERSION,
     ))
 }
 
@@ -585,6 +789,100 @@ mod tests {
         assert!(
             !snapshots.holds(&received),
             "a received stream is copied in"
+        );
+    }
+
+    fn meta_at(index: u64) -> SnapshotMeta {
+        SnapshotMeta {
+            last_log_id: Some(openraft::testing::log_id::<crate::raft::types::TypeConfig>(
+                1, 1, index,
+            )),
+            ..SnapshotMeta::default()
+        }
+    }
+
+    fn save_linked(snapshots: &SnapshotDir, index: u64) -> Result<SnapshotFile, SnapshotFileError> {
+        snapshots.save_linked(&meta_at(index), |out, runs| {
+            fs::write(runs.join("000000.run"), index.to_be_bytes())?;
+            out.write_all(b"linked")?;
+            Ok([index as u8; 32])
+        })
+    }
+
+    /// A linked snapshot keeps its runs beside it, and pruning takes them (and an expansion)
+    /// with the file, as it takes whatever a crash left half-written; a linked file whose
+    /// runs are gone is skipped for the older snapshot; a linked file is no backup, and a
+    /// failed save leaves nothing.
+    #[test]
+    fn linked_snapshots_keep_their_runs_and_go_with_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let snapshots = SnapshotDir::open(dir.path()).expect("open");
+        save(&snapshots, 1, b"stream");
+        let linked = save_linked(&snapshots, 2).expect("saved");
+        let runs = linked.runs_dir().expect("linked").to_path_buf();
+        assert_eq!(
+            fs::read(runs.join("000000.run")).expect("run"),
+            2u64.to_be_bytes()
+        );
+        let (meta, loaded) = snapshots.load_latest().expect("loads").expect("a file");
+        assert_eq!(meta.last_log_id.map(|id| id.index), Some(2));
+        assert_eq!(
+            (loaded.runs_dir(), data_of(&loaded)),
+            (Some(runs.as_path()), b"linked".to_vec())
+        );
+
+        let hidden = dir.path().join("hidden");
+        fs::rename(&runs, &hidden).expect("hide the runs");
+        let fresh = SnapshotDir::open(dir.path()).expect("open again");
+        let (meta, older) = fresh.load_latest().expect("loads").expect("the older file");
+        assert_eq!(
+            meta.last_log_id.map(|id| id.index),
+            Some(1),
+            "runs gone: skipped"
+        );
+        assert_eq!(older.runs_dir(), None);
+        fs::rename(&hidden, &runs).expect("put the runs back");
+
+        let name = |index: u64, tail: &str| {
+            dir.path()
+                .join(format!("snapshot-{index:020}-{:020}{tail}", 1))
+        };
+        fs::write(name(9, ".tsnap.tmp"), b"half written").expect("write");
+        fs::create_dir(name(7, ".runs")).expect("an orphan run dir");
+        fs::write(name(2, ".tstream"), b"an expansion").expect("write");
+        let refused = snapshots
+            .import(&name(2, ".tsnap"))
+            .expect_err("not a backup");
+        assert!(
+            refused.to_string().contains("tally-node backup"),
+            "{refused}"
+        );
+
+        save_linked(&snapshots, 3).expect("saved");
+        save_linked(&snapshots, 4).expect("saved");
+        let mut left: Vec<String> = (fs::read_dir(dir.path()).expect("dir"))
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        left.sort();
+        let expected: Vec<String> = [(3, ".runs"), (3, ".tsnap"), (4, ".runs"), (4, ".tsnap")]
+            .map(|(index, tail)| format!("snapshot-{index:020}-{:020}{tail}", 1))
+            .into();
+        assert_eq!(left, expected);
+
+        let failed = snapshots.save_linked(&meta_at(5), |_, runs| {
+            fs::write(runs.join("000000.run"), b"x")?;
+            Err(io::Error::other("the cut could not be written"))
+        });
+        assert!(failed.is_err());
+        assert!(
+            !name(5, ".runs").exists() && !name(5, ".tsnap.tmp").exists(),
+            "nothing left"
         );
     }
 

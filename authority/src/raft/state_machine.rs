@@ -1,7 +1,9 @@
 //! openraft's `RaftStateMachine` over the family router. Live families are in memory,
 //! passivated ones in the family store on disk (a spill area); snapshots are on disk.
 //! Restart = newest valid snapshot + replay of the committed log after it (openraft drives
-//! both, from `get_current_snapshot` and the persisted committed id).
+//! both, from `get_current_snapshot` and the persisted committed id). A node's own snapshots
+//! link the store's runs of rows instead of copying them, so a restart takes them back in
+//! without reading them; a snapshot from the leader is a stream and is read row by row.
 
 use std::io;
 use std::sync::Arc;
@@ -176,9 +178,10 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
         }
     }
 
-    /// Streams the snapshot's families into a new family store and checks the state's
-    /// digest against the sender's before the new router replaces the old one; then keeps a
-    /// copy of a received snapshot in the snapshot directory (both on a blocking thread).
+    /// Streams the snapshot's families into a new family store (a linked snapshot's runs are
+    /// taken in by link) and checks the state's digest against the sender's before the new
+    /// router replaces the old one; a received snapshot is then kept as a snapshot of the
+    /// node's own, linked to the restored runs (both on blocking threads).
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
@@ -186,22 +189,56 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
     ) -> Result<(), io::Error> {
         let (config, stores) = (self.router_config, self.family_stores.clone());
         let (snapshots, saved_meta) = (self.snapshots.clone(), meta.clone());
+        let began = std::time::Instant::now();
+        let linked = snapshot.runs_dir().is_some();
+        tracing::info!(
+            last_log_id = ?meta.last_log_id,
+            bytes = snapshot.len(),
+            linked,
+            "installing snapshot"
+        );
+        let own = self.snapshots.clone();
         let restored = tokio::task::spawn_blocking(move || {
-            let (router, digest) =
-                snapshot_stream::restore_from(config, &mut snapshot.reader(), stores.create()?)?;
+            let (router, digest) = match snapshot.runs_dir() {
+                // The node's own snapshot, at start: its runs are taken in, not read.
+                Some(runs) => snapshot_stream::restore_linked(
+                    config,
+                    &mut snapshot.reader(),
+                    runs,
+                    stores.create()?,
+                )?,
+                None => {
+                    snapshot_stream::restore_from(config, &mut snapshot.reader(), stores.create()?)?
+                }
+            };
             if digest != snapshot.digest() {
                 return Err(crate::families::RouterError::Snapshot(
                     "the snapshot's state does not match the digest its sender gave".into(),
                 ));
             }
-            snapshots
-                .save_copy(&saved_meta, &snapshot)
-                .map_err(|error| crate::families::RouterError::Snapshot(error.to_string()))?;
-            Ok(router)
+            Ok((router, snapshot.digest(), own.holds(&snapshot)))
         })
         .await
         .map_err(io::Error::other)?
         .map_err(io::Error::other)?;
+        let (restored, digest, in_place) = restored;
+        if !in_place {
+            // A received stream: the node keeps the state as a snapshot of its own, which
+            // links the restored run instead of copying the stream's rows again.
+            let cut = restored.cut().await.map_err(io::Error::other)?;
+            let saved = tokio::task::spawn_blocking(move || {
+                snapshots.save_linked(&saved_meta, |out, runs| {
+                    snapshot_stream::write_linked(cut, out, runs).map_err(io::Error::other)
+                })
+            })
+            .await
+            .map_err(io::Error::other)??;
+            assert_eq!(
+                saved.digest(),
+                digest,
+                "a snapshot of the state just restored holds another state"
+            );
+        }
         let old = std::mem::replace(&mut *self.router.lock().await, restored);
         old.shutdown().await;
         // Every restored family starts passivated and uncounted in the hold index: count them
@@ -216,7 +253,12 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
         self.applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         self.applied_tx.send_replace(self.applied);
-        tracing::info!(last_log_id = ?meta.last_log_id, "installed snapshot");
+        tracing::info!(
+            last_log_id = ?meta.last_log_id,
+            linked,
+            elapsed_ms = began.elapsed().as_millis() as u64,
+            "installed snapshot"
+        );
         Ok(())
     }
 
@@ -247,11 +289,12 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotCut {
         let meta = self.meta.clone();
         let dir = self.snapshots.clone();
         // Encoding every family is CPU-heavy and reading passivated ones is disk I/O: a
-        // blocking thread, not an async worker. The families stream to the file one by one.
+        // blocking thread, not an async worker. The families stream to the file one by one;
+        // the rows out of memory stay where they are, linked (`snapshot_file.rs`).
         let saved_meta = meta.clone();
         let file = tokio::task::spawn_blocking(move || {
-            dir.save_with(&saved_meta, |out| {
-                snapshot_stream::write_cut(router_cut, out).map_err(io::Error::other)
+            dir.save_linked(&saved_meta, |out, runs| {
+                snapshot_stream::write_linked(router_cut, out, runs).map_err(io::Error::other)
             })
         })
         .await

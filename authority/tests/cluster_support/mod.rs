@@ -322,6 +322,18 @@ pub async fn scrape(cluster: &TestCluster, id: u64) -> String {
     .await
 }
 
+/// Sets the cluster's retention of full events through `leader` (and nothing else).
+pub async fn set_retention(cluster: &TestCluster, leader: u64, retention_ms: u64) {
+    (cluster.admin(leader).await)
+        .set_params(pb::SetParamsRequest {
+            retention_ms: Some(retention_ms),
+            max_clock_step_ms: None,
+            preferred_leader_regions: None,
+        })
+        .await
+        .expect("the retention is set");
+}
+
 /// `request` is refused by SetParams: INVALID_ARGUMENT, definite, and a message that says
 /// every one of `expected`.
 pub async fn assert_params_refused(
