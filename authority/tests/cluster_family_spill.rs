@@ -162,10 +162,10 @@ async fn a_node_that_lost_every_unsynced_store_write_restarts_to_its_peers_state
 
 /// A node's own snapshots link the store's runs of rows instead of copying them, so the runs
 /// are part of the checkpoint (docs/architecture.md, crash contract): a follower that crashes
-/// after rows left memory, losing every write it had not synced (its store, a snapshot half
-/// written with its runs directory, runs no snapshot names), restarts from its newest linked
-/// snapshot and the log to its peers' state, answers for its rows out of memory, and applied
-/// each command once.
+/// after rows left memory, in the middle of writing a snapshot (its file not in place, its
+/// runs directory half linked), restarts from its newest linked snapshot, taking its runs
+/// back by link, and the log, to its peers' state; it answers for its rows out of memory
+/// and applied each command once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_restarts_from_its_linked_snapshot_after_losing_unsynced_writes() {
     let mut cluster = TestCluster::start_with(3, |config| {
@@ -209,18 +209,9 @@ async fn a_node_restarts_from_its_linked_snapshot_after_losing_unsynced_writes()
     }
     cluster.kill(follower).await;
 
-    // What the crash lost: the store (rebuilt at start anyway), and a snapshot being
-    // written — its file not renamed into place, its runs directory partly linked.
+    // What the crash lost: a snapshot being written, its file not renamed into place, its
+    // runs directory partly linked (the store itself is emptied at start anyway).
     let store_dir = cluster.configs[&follower].data_dir.join("families");
-    for entry in std::fs::read_dir(&store_dir).expect("the follower's family store") {
-        let path = entry.expect("entry").path();
-        // A run a snapshot links is one file with two names, synced before the snapshot
-        // was: only runs nothing links can have lost writes.
-        let unlinked = std::os::unix::fs::MetadataExt::nlink(&path.metadata().expect("meta")) == 1;
-        if unlinked {
-            std::fs::write(&path, b"torn").expect("a torn store file");
-        }
-    }
     let half = snapshots.join(format!("snapshot-{:020}-{:020}", u64::MAX / 2, 1));
     std::fs::create_dir(half.with_extension("runs")).expect("a half-linked runs dir");
     std::fs::write(half.with_extension("runs").join("000000.run"), b"torn").expect("write");
@@ -242,6 +233,15 @@ async fn a_node_restarts_from_its_linked_snapshot_after_losing_unsynced_writes()
     assert!(
         adopted > 0,
         "the restart took the snapshot's runs in by link, without copying"
+    );
+    let leader_snapshots = cluster.configs[&leader].data_dir.join("snapshots");
+    assert!(
+        (std::fs::read_dir(leader_snapshots).expect("snapshots")).all(|entry| !entry
+            .expect("entry")
+            .path()
+            .to_string_lossy()
+            .ends_with(".tstream")),
+        "the follower restarted from its own snapshot, not one the leader sent"
     );
     let restarted = scrape(&cluster, follower).await;
     assert!(

@@ -276,7 +276,16 @@ async fn a_linked_snapshot_restores_without_reading_rows_and_expands_to_the_stre
         restored_store.clone(),
     )?;
     assert_eq!(digest, full_digest);
-    assert_eq!(restored_store.cold_reads(), 0, "no row read to restore");
+    let adopted: Vec<u64> = (std::fs::read_dir(dir.path())?)
+        .map(|entry| entry.expect("entry").path())
+        .filter(|path| path.to_string_lossy().contains("families-b-rows-"))
+        .map(|path| std::os::unix::fs::MetadataExt::nlink(&path.metadata().expect("meta")))
+        .collect();
+    // Linked from the snapshot (and, but for the buffered rows' run, the original store).
+    assert!(
+        adopted.len() == linked_runs && adopted.iter().all(|links| *links >= 2),
+        "every run taken in by link, none rewritten: {adopted:?}"
+    );
     assert_eq!(restored.cold_rows(), rows);
     assert_eq!(restored.digest().await?, full_digest);
 
@@ -298,5 +307,7 @@ async fn a_linked_snapshot_restores_without_reading_rows_and_expands_to_the_stre
     refused(&linked[..linked.len() - 9], &runs_dir, "filters cut short");
     std::fs::remove_file(runs_dir.join("000000.run"))?;
     refused(&linked, &runs_dir, "a run missing");
+    let expanded = expand_linked(|| linked.as_slice(), &runs_dir, &mut Vec::new());
+    assert!(expanded.is_err(), "expanded without a run");
     Ok(())
 }

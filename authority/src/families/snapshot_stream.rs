@@ -58,7 +58,7 @@ pub fn write_cut(cut: RouterCut, out: &mut impl Write) -> Result<[u8; 32], Route
     };
     let (digest, view) = write_families(cut, fields, out)?;
     if !counts.is_empty() {
-        write_cold_rows(&view, &counts, out)?;
+        write_cold_rows(&view, &counts, None, out)?;
     }
     Ok(digest)
 }
@@ -72,6 +72,13 @@ pub fn write_linked(
     runs_dir: &Path,
 ) -> Result<[u8; 32], RouterError> {
     let cold = cut.cold.share();
+    let runs = cut.view.cold_rows().runs.len() + 1;
+    if runs > MAX_LINKED_RUNS as usize {
+        // A snapshot no restore would take: refused here, so the older ones stay.
+        return Err(RouterError::Store(format!(
+            "the store holds {runs} runs of rows, a snapshot links at most {MAX_LINKED_RUNS}"
+        )));
+    }
     let names = cut.view.cold_rows().link_into(runs_dir)?;
     assert_eq!(
         cut.view.cold_rows().rows(),
@@ -139,9 +146,12 @@ fn write_families(
 
 /// The rows out of memory, family by family in id order, each a map of key → row in key
 /// order, read from the store's view at the cut (or a linked snapshot's runs).
+/// With `expected`, each family's rows are also checked against the count and digest its
+/// encoding gives (rows read from files, which the state's digest does not cover).
 fn write_cold_rows(
     view: &impl EachColdRow,
     cold: &BTreeMap<FamilyId, u64>,
+    expected: Option<&BTreeMap<FamilyId, ColdMeta>>,
     out: &mut impl Write,
 ) -> Result<(), RouterError> {
     let families = u32::try_from(cold.len()).map_err(encode_error)?;
@@ -150,16 +160,26 @@ fn write_cold_rows(
         rmp_serde::encode::write(out, family_id).map_err(encode_error)?;
         let count = u32::try_from(*rows).map_err(encode_error)?;
         rmp::encode::write_map_len(out, count).map_err(encode_error)?;
-        let mut written = 0u64;
+        let mut written = ColdMeta::default();
         view.each_cold_row(family_id, |key, row| {
-            written += 1;
+            match expected {
+                Some(_) => written.add(key, row),
+                None => written.rows += 1,
+            }
             write_bin(out, key)?;
             write_bin(out, row)
         })?;
-        assert_eq!(
-            written, *rows,
-            "family {family_id}: the store's view at the cut holds another number of rows"
-        );
+        let matches = match expected.map(|expected| expected.get(family_id)) {
+            Some(meta) => meta == Some(&written),
+            None => written.rows == *rows,
+        };
+        if !matches {
+            return Err(RouterError::Store(format!(
+                "family {family_id}: the rows out of memory read back ({} of them) are not \
+                 those its state counts ({rows})",
+                written.rows
+            )));
+        }
     }
     Ok(())
 }
@@ -265,11 +285,24 @@ pub fn expand_linked<R: Read>(
     runs_dir: &Path,
     out: &mut impl Write,
 ) -> Result<[u8; 32], RouterError> {
+    // The runs first: open, they outlive a prune of the snapshot by the node meanwhile.
+    let mut opened = BTreeMap::new();
+    for entry in std::fs::read_dir(runs_dir).map_err(decode_error)? {
+        let path = entry.map_err(decode_error)?.path();
+        let name = path
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned());
+        opened.insert(name.unwrap_or_default(), Arc::new(Run::open(&path, false)?));
+    }
     let mut input = open();
     let head = read_stream(&mut input, RowsAt::Links, |_| Ok(()))?;
     let (names, cold) = read_links(&mut input, &head)?;
     let runs = (names.iter())
-        .map(|name| Run::open(&runs_dir.join(name), false).map(Arc::new))
+        .map(|name| {
+            opened.remove(name).ok_or_else(|| {
+                invalid(format!("run {name} is missing from {}", runs_dir.display()))
+            })
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let view = ColdView::of_runs(runs);
     if view.rows() != cold.total_rows() {
@@ -299,12 +332,11 @@ pub fn expand_linked<R: Read>(
     if let Some(error) = tee.failed.take() {
         return Err(encode_error(error));
     }
-    assert_eq!(
-        again?.digest, head.digest,
-        "the snapshot changed while read"
-    );
+    if again?.digest != head.digest {
+        return Err(invalid("the snapshot changed while it was read".into()));
+    }
     if !counts.is_empty() {
-        write_cold_rows(&view, &counts, out)?;
+        write_cold_rows(&view, &counts, Some(&head.cold_meta), out)?;
     }
     Ok(head.digest)
 }

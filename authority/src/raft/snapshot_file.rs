@@ -53,8 +53,8 @@ pub enum SnapshotFileError {
     Invalid { path: PathBuf, reason: String },
     #[error(
         "snapshot file {path} has format version {version} and this tally-node reads only \
-         version {reads}: another release wrote it. Run that release, or start this node from \
-         an empty data dir so that it receives a snapshot from the cluster"
+         versions {reads} and 4: another release wrote it. Run that release, or start this \
+         node from an empty data dir so that it receives a snapshot from the cluster"
     )]
     Incompatible {
         path: PathBuf,
@@ -231,8 +231,22 @@ impl SnapshotDir {
         let path = self.path_of(meta);
         let runs = path.with_extension(RUNS_EXTENSION);
         let _writing = lock(&self.writing);
+        // One index and term is one state: a snapshot of it already in place (openraft
+        // builds one at every trigger, even with nothing applied since) is kept as it is,
+        // never rebuilt over its own runs.
+        if path.exists() {
+            let verified = lock(&self.verified).contains(&path);
+            if let Ok((_, in_place)) =
+                read(&path, verified).and_then(|read| self.own(path.clone(), read))
+            {
+                lock(&self.verified).insert(path);
+                return Ok(in_place);
+            }
+        }
+        // What is left here was never in place: a save a crash or an error interrupted.
         remove_if_present(&runs)?;
         fs::create_dir(&runs).map_err(io_error(&runs))?;
+        sync_dir(&self.dir)?;
         let file = write_container(&path, LINKED_FORMAT_VERSION, meta, |out| {
             write_data(out, &runs)
         });
@@ -277,8 +291,12 @@ impl SnapshotDir {
         linked: &SnapshotFile,
         runs: &Path,
     ) -> Result<SnapshotFile, SnapshotFileError> {
-        let saved_as =
-            (linked.saved_as.as_ref()).expect("a linked snapshot is a file of its directory");
+        let Some(saved_as) = linked.saved_as.as_ref() else {
+            return Err(SnapshotFileError::Invalid {
+                path: runs.to_path_buf(),
+                reason: "a linked snapshot that is no file of its directory".into(),
+            });
+        };
         let path = saved_as.with_extension(STREAM_EXTENSION);
         let _writing = lock(&self.writing);
         if lock(&self.verified).contains(&path) {
@@ -430,13 +448,23 @@ impl SnapshotDir {
         let files = self.files()?;
         let kept = &files[files.len().saturating_sub(KEEP)..];
         let entries = fs::read_dir(&self.dir).map_err(io_error(&self.dir))?;
+        let mut gone = Vec::new();
         for entry in entries {
             let path = entry.map_err(io_error(&self.dir))?.path();
+            // Only what a save writes here: anything else an operator put here stays.
+            let ours = (path.file_name())
+                .is_some_and(|name| name.to_string_lossy().starts_with("snapshot-"));
             let owner = path.with_extension(SUFFIX.trim_start_matches('.'));
-            if !kept.contains(&owner) {
-                lock(&self.verified).remove(&path);
-                remove_if_present(&path)?;
+            if ours && !kept.contains(&owner) {
+                gone.push(path);
             }
+        }
+        // Snapshot files first: a crash midway leaves runs without a file (removed at the
+        // next save), never a file without its runs.
+        gone.sort_by_key(|path| !path.to_string_lossy().ends_with(SUFFIX));
+        for path in gone {
+            lock(&self.verified).remove(&path);
+            remove_if_present(&path)?;
         }
         Ok(())
     }
@@ -530,25 +558,19 @@ fn write_container(
     Ok(SnapshotFile::at(file, data_offset, data_len, digest))
 }
 
-/// Writes the linked snapshot `linked` (runs in `runs`) at `path` as a stream, and checks
-/// that the expansion holds the state the snapshot names. Blocking; reads every row.
+/// Writes the linked snapshot `linked` (runs in `runs`) at `path` as a stream. Every row
+/// read from the runs is checked against the count and digest its family's state gives
+/// (`expand_linked`), so a stream that does not hold the snapshot's state is never written.
+/// Blocking; reads every row.
 fn write_expansion(
     path: &Path,
     meta: &SnapshotMeta,
     linked: &SnapshotFile,
     runs: &Path,
 ) -> Result<SnapshotFile, SnapshotFileError> {
-    let stream = write_container(path, FORMAT_VERSION, meta, |out| {
+    write_container(path, FORMAT_VERSION, meta, |out| {
         expand_linked(|| linked.reader(), runs, out).map_err(io::Error::other)
-    })?;
-    if stream.digest() != linked.digest() {
-        remove_if_present(path)?;
-        return Err(SnapshotFileError::Invalid {
-            path: path.to_path_buf(),
-            reason: "its expansion holds another state than the digest it was saved with".into(),
-        });
-    }
-    Ok(stream)
+    })
 }
 
 /// Copies `from` to `to` through `<to>.tmp`: written, synced, renamed, directory synced.
@@ -576,13 +598,17 @@ fn tmp_path(path: &Path) -> PathBuf {
 /// Renames the synced `tmp` to `to` and syncs the directory, so the name is durable too.
 fn rename_durably(tmp: &Path, to: &Path) -> Result<(), SnapshotFileError> {
     fs::rename(tmp, to).map_err(io_error(to))?;
-    let dir = match to.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    fs::File::open(&dir)
+    match to.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent),
+        _ => sync_dir(Path::new(".")),
+    }
+}
+
+/// Syncs a directory, so that the names in it are durable.
+fn sync_dir(dir: &Path) -> Result<(), SnapshotFileError> {
+    fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(io_error(&dir))
+        .map_err(io_error(dir))
 }
 
 /// SHA-256 of the file's first `len` bytes, read through once.
@@ -858,8 +884,23 @@ mod tests {
             "{refused}"
         );
 
+        fs::write(dir.path().join("notes.txt"), b"an operator's").expect("write");
         save_linked(&snapshots, 3).expect("saved");
         save_linked(&snapshots, 4).expect("saved");
+        // The same index and term again (openraft builds at every trigger): the one in place
+        // is kept, its runs untouched, and nothing is written.
+        let again = snapshots
+            .save_linked(&meta_at(4), |_, _| {
+                panic!("rebuilt over the snapshot in place")
+            })
+            .expect("the snapshot in place");
+        let runs_of_4 = again.runs_dir().expect("linked").join("000000.run");
+        assert_eq!(fs::read(runs_of_4).expect("run"), 4u64.to_be_bytes());
+        assert!(
+            dir.path().join("notes.txt").exists(),
+            "not a snapshot's: kept"
+        );
+        fs::remove_file(dir.path().join("notes.txt")).expect("remove");
         let mut left: Vec<String> = (fs::read_dir(dir.path()).expect("dir"))
             .map(|entry| {
                 entry

@@ -233,11 +233,11 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
             })
             .await
             .map_err(io::Error::other)??;
-            assert_eq!(
-                saved.digest(),
-                digest,
-                "a snapshot of the state just restored holds another state"
-            );
+            if saved.digest() != digest {
+                return Err(io::Error::other(
+                    "a snapshot of the state just restored holds another state",
+                ));
+            }
         }
         let old = std::mem::replace(&mut *self.router.lock().await, restored);
         old.shutdown().await;
