@@ -6,6 +6,12 @@
 //! restart loads it instead of re-reading every row; a snapshot received from another node
 //! still rebuilds it from its rows.
 //!
+//! The copy at a cut shares the filters' bits in 64 KiB pages, copied on write: an add after
+//! the cut copies only the pages its key's bits land in (at most 11), never a whole filter.
+//! The cut pauses the apply path, and the adds after it run there; copying a family's newest
+//! filter whole would cost a memcpy there once per snapshot, 128 MiB of it for a family of 50
+//! million rows.
+//!
 //! A family's filter is a list of Bloom filters, each for four times as many keys as the one
 //! before, so a family with few rows costs little and a family with 50 million is probed nine
 //! times. At 16 bits and 11 probes per key a full filter answers "maybe" for about 1 in 2,000
@@ -33,14 +39,18 @@ const PROBES: u64 = 11;
 const FIRST_FILTER_KEYS: usize = 1_024;
 const GROWTH: usize = 4;
 
+/// Words per page of a filter's bits (64 KiB), the unit a cut's copy shares and an insert
+/// copies (`Bloom`); a filter of fewer words is one page of its own size. A power of two, as
+/// every filter's word count is, so pages divide filters evenly.
+const PAGE_WORDS: usize = 1 << PAGE_SHIFT;
+const PAGE_SHIFT: u32 = 13;
+
 /// The saved form's format number (`ColdIndex::write_to`).
 const FORMAT: u32 = 1;
 /// Most filters a saved family may claim: 27 already overflow a 64-bit capacity.
 const MAX_FILTERS: usize = 32;
 /// Families a reader makes room for before it has read them: a claimed count is not trusted.
 const MAX_FAMILIES_RESERVED: usize = 1_024;
-/// Words read (and written) at a time, so a claimed count allocates only what arrives.
-const CHUNK_WORDS: usize = 8_192;
 
 #[derive(Default)]
 pub(crate) struct ColdIndex {
@@ -73,50 +83,79 @@ impl FamilyFilters<'_> {
     }
 }
 
-/// Shared filters: a copy (`ColdIndex::share`) costs a reference per filter, and an insert
-/// into a filter a copy still holds copies that one filter first (`Arc::make_mut`).
+/// Shared filters: a copy (`ColdIndex::share`) costs a reference per page of each filter, and
+/// an insert copies first only those of its pages a copy still holds (`Bloom::insert`).
 #[derive(Clone, Default)]
 struct ColdFamily {
     rows: u64,
-    filters: Vec<Arc<Bloom>>,
+    filters: Vec<Bloom>,
 }
 
+/// A Bloom filter whose bits are pages shared copy-on-write: a clone clones the pages'
+/// references, not their bits.
 #[derive(Clone)]
 struct Bloom {
-    bits: Vec<u64>,
+    /// The filter's words in order, `page_words(words)` to a page.
+    pages: Vec<Arc<[u64]>>,
+    words: usize,
     keys: usize,
     capacity: usize,
 }
 
 impl Bloom {
+    /// An empty filter. Its pages all start as one page of zeros, so the filter costs one
+    /// page up front and each of its pages is written when a key first lands in it: it is
+    /// made on the apply path, and a family's ninth (made at 22 million rows) is 128 MiB.
     fn new(capacity: usize) -> Self {
         let words = filter_words(capacity).expect("a filter's capacity fits in memory");
+        let page_words = page_words(words);
+        let zeros: Arc<[u64]> = std::iter::repeat_n(0, page_words).collect();
         Self {
-            bits: vec![0; words],
+            pages: vec![zeros; words / page_words],
+            words,
             keys: 0,
             capacity,
         }
     }
 
     fn bytes(&self) -> usize {
-        self.bits.len() * 8
+        self.words * 8
     }
 
+    /// Sets the key's bits, first copying each page it writes that is shared (with a cut's
+    /// copy, or a fresh filter's zeros): at most `PROBES` pages, whatever the filter's size.
     fn insert(&mut self, hash: u64) {
-        for at in positions(self.bits.len(), hash) {
-            self.bits[at / 64] |= 1 << (at % 64);
+        for at in positions(self.words, hash) {
+            let (page, word, bit) = locate(at);
+            Arc::make_mut(&mut self.pages[page])[word] |= bit;
         }
         self.keys += 1;
     }
 
     fn may_contain(&self, hash: u64) -> bool {
-        positions(self.bits.len(), hash).all(|at| self.bits[at / 64] & (1 << (at % 64)) != 0)
+        positions(self.words, hash).all(|at| {
+            let (page, word, bit) = locate(at);
+            self.pages[page][word] & bit != 0
+        })
     }
 }
 
 /// The 64-bit words of a filter for `capacity` keys, unless that overflows.
 fn filter_words(capacity: usize) -> Option<usize> {
     Some(capacity.checked_mul(BITS_PER_KEY)?.div_ceil(64))
+}
+
+/// The words per page of a filter of `words` words: `PAGE_WORDS`, or all of a smaller one.
+fn page_words(words: usize) -> usize {
+    assert!(words.is_power_of_two(), "a filter of {words} words");
+    words.min(PAGE_WORDS)
+}
+
+/// Bit `at` of a filter as its page, its word in the page and its mask. A filter smaller
+/// than `PAGE_WORDS` has only words below it, so all of them land in its one page.
+fn locate(at: usize) -> (usize, usize, u64) {
+    let word = at >> 6;
+    (word >> PAGE_SHIFT, word & (PAGE_WORDS - 1), 1 << (at & 63))
 }
 
 /// The bit positions of `hash` in a filter of `words` 64-bit words (double hashing over two
@@ -167,18 +206,19 @@ impl ColdIndex {
                 (family.filters.last()).map_or(FIRST_FILTER_KEYS, |last| last.capacity * GROWTH);
             let filter = Bloom::new(capacity);
             self.filter_bytes += filter.bytes();
-            family.filters.push(Arc::new(filter));
+            family.filters.push(filter);
         }
         let newest = (family.filters.last_mut()).expect("a filter with room was just ensured");
-        Arc::make_mut(newest).insert(ColdKeyHash::of_bytes(key).value());
+        newest.insert(ColdKeyHash::of_bytes(key).value());
         family.rows += 1;
     }
 
     /// A copy of the index as it is now, for a snapshot cut: the snapshot holds the state at
     /// one log index, so rows moved out after the cut must not reach its copy, while the
-    /// apply path (paused for the cut) goes on adding to this one. Costs a reference per
-    /// filter, not the filters' bytes: the next insert into a filter the copy shares copies
-    /// that filter once. The copy's lookup counters start at zero.
+    /// apply path (paused for the cut) goes on adding to this one. Costs a reference per page
+    /// of each filter, not the filters' bytes: an add after the cut copies only the pages it
+    /// writes that the copy still shares (at most 11 of 64 KiB), so the apply path never
+    /// copies a whole filter for a cut. The copy's lookup counters start at zero.
     pub fn share(&self) -> ColdIndex {
         ColdIndex {
             families: self.families.clone(),
@@ -199,7 +239,7 @@ impl ColdIndex {
         head.extend_from_slice(&FORMAT.to_le_bytes());
         head.extend_from_slice(&(families.len() as u64).to_le_bytes());
         out.write_all(&head).map_err(io_error)?;
-        let mut buf = Vec::with_capacity(CHUNK_WORDS * 8);
+        let mut buf = Vec::with_capacity(PAGE_WORDS * 8);
         for (family_id, family) in families {
             let id = family_id.as_str().as_bytes();
             buf.clear();
@@ -210,14 +250,13 @@ impl ColdIndex {
             out.write_all(&buf).map_err(io_error)?;
             for filter in &family.filters {
                 buf.clear();
-                for field in [filter.capacity, filter.keys, filter.bits.len()] {
+                for field in [filter.capacity, filter.keys, filter.words] {
                     buf.extend_from_slice(&(field as u64).to_le_bytes());
                 }
                 out.write_all(&buf).map_err(io_error)?;
-                for chunk in filter.bits.chunks(CHUNK_WORDS) {
+                for page in &filter.pages {
                     buf.clear();
-                    chunk
-                        .iter()
+                    page.iter()
                         .for_each(|word| buf.extend_from_slice(&word.to_le_bytes()));
                     out.write_all(&buf).map_err(io_error)?;
                 }
@@ -309,7 +348,7 @@ fn read_family(input: &mut impl Read, family_id: &FamilyId) -> Result<ColdFamily
         let filter = read_filter(input, expected, n + 1 == count, &which)?;
         keys_sum = keys_sum.saturating_add(filter.keys as u64);
         expected = filter.capacity.checked_mul(GROWTH);
-        filters.push(Arc::new(filter));
+        filters.push(filter);
     }
     if keys_sum != rows {
         return Err(invalid(format_args!(
@@ -371,36 +410,42 @@ fn read_filter(
              and none may be empty"
         )));
     }
-    let bits = read_words(input, words, which)?;
+    let pages = read_pages(input, words, which)?;
     Ok(Bloom {
-        bits,
+        pages,
+        words,
         keys,
         capacity,
     })
 }
 
-/// `words` little-endian words, read a chunk at a time: the vector grows only as the input
-/// delivers, so a claimed count the input does not back fails before it allocates.
-fn read_words(input: &mut impl Read, words: usize, which: &str) -> Result<Vec<u64>, RouterError> {
-    let mut bits: Vec<u64> = Vec::new();
-    let mut buf = vec![0; CHUNK_WORDS.min(words) * 8];
-    while bits.len() < words {
-        let chunk = (words - bits.len()).min(CHUNK_WORDS);
-        let bytes = &mut buf[..chunk * 8];
+/// `words` little-endian words (a power of two), read a page at a time into the filter's
+/// pages: a page is allocated only once its bytes arrived, so a claimed count the input does
+/// not back fails before it allocates.
+fn read_pages(
+    input: &mut impl Read,
+    words: usize,
+    which: &str,
+) -> Result<Vec<Arc<[u64]>>, RouterError> {
+    let page_words = page_words(words);
+    let count = words / page_words;
+    let mut pages: Vec<Arc<[u64]>> = Vec::new();
+    let mut buf = vec![0; page_words * 8];
+    while pages.len() < count {
         input
-            .read_exact(bytes)
+            .read_exact(&mut buf)
             .map_err(|error| read_error(&format!("the words of {which}"), error))?;
-        if bits.len() + chunk > bits.capacity() {
+        if pages.len() == pages.capacity() {
             // Doubling, but never past the claimed count: the filter keeps no slack.
-            let target = (bits.capacity() * 2).max(bits.len() + chunk).min(words);
-            bits.reserve_exact(target - bits.len());
+            let target = (pages.capacity() * 2).clamp(1, count);
+            pages.reserve_exact(target - pages.len());
         }
-        let decoded = bytes
+        let decoded = buf
             .chunks_exact(8)
             .map(|word| u64::from_le_bytes(word.try_into().expect("chunks of eight bytes")));
-        bits.extend(decoded);
+        pages.push(decoded.collect());
     }
-    Ok(bits)
+    Ok(pages)
 }
 
 fn read_u32(input: &mut impl Read, what: &str) -> Result<u32, RouterError> {
@@ -438,6 +483,8 @@ fn io_error(error: std::io::Error) -> RouterError {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     /// Every key added is found; keys never added are almost all told apart, across the
@@ -568,7 +615,7 @@ mod tests {
         assert_eq!(counts, index.counts());
         assert_eq!(filter_bytes, index.filter_bytes());
         assert_eq!(copy.lookups(), (0, 0));
-        let shared = |index: &ColdIndex| Arc::clone(&index.families[&a].filters[0]);
+        let shared = |index: &ColdIndex| Arc::clone(&index.families[&a].filters[0].pages[0]);
         assert!(Arc::ptr_eq(&shared(&copy), &shared(&index)));
         // Keys the copy tells apart now; added to the original, into the shared filter and
         // past it into a new one, and into a new family.
@@ -595,6 +642,108 @@ mod tests {
         let mut index_a = index.family(&a).expect("has rows");
         assert!(late.iter().all(|key| index_a.may_contain(hash(key))));
         assert_eq!(encode(&copy), bytes, "the copy's filters did not change");
+    }
+
+    /// The newest filter of `family_id`.
+    fn newest<'i>(index: &'i ColdIndex, family_id: &FamilyId) -> &'i Bloom {
+        (index.families[family_id].filters.last()).expect("a family has filters")
+    }
+
+    /// After a cut, an add into a filter of many pages copies only the pages its key's bits
+    /// land in: the others stay shared with the copy, whose answers do not change.
+    #[test]
+    fn an_add_after_share_copies_only_the_pages_it_writes() {
+        // Past the filters for 1,024 to 262,144 keys, into one for 1,048,576 keys (262,144
+        // words, 32 pages), with keys enough that every one of its pages was written.
+        let before: u64 = [1_024, 4_096, 16_384, 65_536, 262_144].iter().sum();
+        let mut index = index_of(&[("big", before + 2_000), ("small", 10)]);
+        let big = FamilyId::from("big");
+        let filter = newest(&index, &big);
+        assert_eq!((filter.capacity, filter.keys), (1 << 20, 2_000));
+        assert_eq!((filter.words, filter.pages.len()), (1 << 18, 32));
+        assert!(
+            filter.pages.len() > PROBES as usize,
+            "more pages than an add writes"
+        );
+        assert!(filter.pages.iter().all(|page| page.len() == PAGE_WORDS));
+        assert!(
+            (filter.pages.iter()).all(|page| Arc::strong_count(page) == 1),
+            "every page written, none shared"
+        );
+        let mut copy = index.share();
+        let (bytes, filter_bytes) = (encode(&copy), copy.filter_bytes());
+        for family in index.families.keys() {
+            let filters = index.families[family].filters.iter();
+            for (mine, theirs) in filters.zip(&copy.families[family].filters) {
+                for (mine, theirs) in mine.pages.iter().zip(&theirs.pages) {
+                    assert!(Arc::ptr_eq(mine, theirs), "shared, not copied");
+                    assert_eq!(Arc::strong_count(mine), 2, "held by the index and the copy");
+                }
+            }
+        }
+        // A key the copy tells apart, added to the original only.
+        let key = (0..)
+            .map(|n| format!("late-{n}"))
+            .find(|key| !copy.family(&big).expect("has rows").may_contain(hash(key)))
+            .expect("a key absent from the copy");
+        index.add(&big, key.as_bytes());
+        let words = newest(&index, &big).words;
+        let written: BTreeSet<usize> = (positions(words, hash(&key).value()))
+            .map(|at| locate(at).0)
+            .collect();
+        assert!((1..=PROBES as usize).contains(&written.len()));
+        let pages = (newest(&index, &big).pages.iter()).zip(&newest(&copy, &big).pages);
+        for (n, (mine, theirs)) in pages.enumerate() {
+            if written.contains(&n) {
+                assert!(!Arc::ptr_eq(mine, theirs), "page {n} was written: copied");
+                assert_eq!((Arc::strong_count(mine), Arc::strong_count(theirs)), (1, 1));
+            } else {
+                assert!(
+                    Arc::ptr_eq(mine, theirs),
+                    "page {n} was not written: shared"
+                );
+                assert_eq!(Arc::strong_count(mine), 2, "page {n}");
+            }
+        }
+        let filters = (index.families[&big].filters.iter()).zip(&copy.families[&big].filters);
+        for (mine, theirs) in filters.take(5) {
+            let mut pages = mine.pages.iter().zip(&theirs.pages);
+            let shared = pages.all(|(mine, theirs)| Arc::ptr_eq(mine, theirs));
+            assert!(shared, "the full filters are still shared");
+        }
+        let may_contain = |index: &mut ColdIndex| {
+            let mut filters = index.family(&big).expect("has rows");
+            filters.may_contain(hash(&key))
+        };
+        assert!(may_contain(&mut index) && !may_contain(&mut copy));
+        assert_eq!(index.rows(&big), before + 2_001);
+        assert_eq!(copy.rows(&big), before + 2_000);
+        assert_eq!(copy.filter_bytes(), filter_bytes);
+        assert_eq!(encode(&copy), bytes, "the copy's filters did not change");
+    }
+
+    /// A new filter's pages share one page of zeros until a key lands in them; a filter
+    /// smaller than a page is one page of its own size.
+    #[test]
+    fn a_new_filter_writes_its_pages_as_keys_land() {
+        let mut filter = Bloom::new(1 << 20);
+        assert_eq!((filter.bytes(), filter.pages.len()), (2 << 20, 32));
+        let zeros = Arc::clone(&filter.pages[0]);
+        assert!((filter.pages.iter()).all(|page| Arc::ptr_eq(page, &zeros)));
+        let hash = hash("a key").value();
+        assert!(!filter.may_contain(hash));
+        filter.insert(hash);
+        assert!(filter.may_contain(hash));
+        let written: BTreeSet<usize> = positions(filter.words, hash)
+            .map(|at| locate(at).0)
+            .collect();
+        for (n, page) in filter.pages.iter().enumerate() {
+            assert_eq!(Arc::ptr_eq(page, &zeros), !written.contains(&n), "page {n}");
+        }
+        assert!(zeros.iter().all(|&word| word == 0), "the zeros stay zeros");
+        let small = Bloom::new(FIRST_FILTER_KEYS);
+        assert_eq!(small.pages.len(), 1);
+        assert_eq!(small.pages[0].len(), FIRST_WORDS);
     }
 
     /// Cut anywhere, an index is refused, never a panic.
@@ -661,7 +810,7 @@ mod tests {
         assert!(refusal(&bytes).contains("reading the id of family 1"));
         // Words claimed past the input (8 TiB of them): the reader stops at the end.
         let short = [0xffu8; 100];
-        let result = read_words(&mut &short[..], 1 << 40, "a filter");
+        let result = read_pages(&mut &short[..], 1 << 40, "a filter");
         assert!(matches!(result, Err(RouterError::Snapshot(m)) if m.contains("the words of")));
     }
 }
