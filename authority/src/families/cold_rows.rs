@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 use tally_ledger::{ColdFetch, ColdKey, FamilyId, MovedRow};
 
 use super::batch::FamilyWork;
+use super::cold_keys::{cold_family_prefix, cold_row_key};
 use super::error::RouterError;
-use super::family_store::{cold_family_prefix, cold_row_key, on_blocking_thread};
+use super::family_store::on_blocking_thread;
 use super::router::FamilyRouter;
 
 impl FamilyRouter {

@@ -36,8 +36,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::error::store_error;
 use super::error::RouterError;
-use super::family_store::store_error;
 use crate::unpoisoned::lock;
 use crate::writeback_file::WritebackFile;
 

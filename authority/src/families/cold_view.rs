@@ -11,9 +11,10 @@ use std::sync::Arc;
 use tally_ledger::FamilyId;
 
 use super::cold_buffer::BufferedRows;
+use super::cold_keys::cold_family_prefix;
 use super::cold_runs::{merge_sorted, ColdRuns, RowSource, Run};
+use super::error::store_error;
 use super::error::RouterError;
-use super::family_store::{cold_family_prefix, store_error};
 
 /// Rows out of memory at one moment: later hand-overs and merges do not change them.
 #[derive(Clone, Default)]

@@ -44,3 +44,8 @@ impl RouterError {
         )
     }
 }
+
+/// A store failure: what could not be done, and why.
+pub(super) fn store_error(what: &str, error: impl std::fmt::Display) -> RouterError {
+    RouterError::Store(format!("could not {what}: {error}"))
+}

@@ -9,6 +9,7 @@ mod alarms;
 mod batch;
 mod cold_buffer;
 mod cold_index;
+mod cold_keys;
 mod cold_rows;
 mod cold_runs;
 mod cold_view;

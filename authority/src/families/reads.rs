@@ -46,8 +46,9 @@ use tally_ledger::{
 use tokio::sync::{oneshot, Mutex};
 
 use super::actor_table::{gone, send, ActorTable, Located};
+use super::cold_keys::cold_row_key;
 use super::error::RouterError;
-use super::family_store::{cold_row_key, FamilyStore, StoreView};
+use super::family_store::{FamilyStore, StoreView};
 use super::messages::FamilyMsg;
 use super::router::FamilyRouter;
 
