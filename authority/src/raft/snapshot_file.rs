@@ -187,6 +187,10 @@ pub struct SnapshotDir {
     /// wrote): files never change once renamed into place, so each is read through once, not
     /// at every load (a node loads its newest snapshot twice at start, then at every send).
     verified: Arc<Mutex<HashSet<PathBuf>>>,
+    /// Held while a linked snapshot is expanded for sending (`SnapshotFile::streamable`):
+    /// two sends expand it once. Not `writing`: an expansion reads every row, and the
+    /// node's next snapshot, or an install from a new leader, must not wait for it.
+    expanding: Arc<Mutex<()>>,
 }
 
 impl SnapshotDir {
@@ -202,6 +206,7 @@ impl SnapshotDir {
             dir,
             writing: Arc::default(),
             verified: Arc::default(),
+            expanding: Arc::default(),
         })
     }
 
@@ -283,8 +288,11 @@ impl SnapshotDir {
         Ok(file)
     }
 
-    /// A linked snapshot of this directory as a stream (`SnapshotFile::streamable`). Holds
-    /// `writing`: a snapshot being expanded is not pruned meanwhile. Blocking.
+    /// A linked snapshot of this directory as a stream (`SnapshotFile::streamable`). A prune
+    /// meanwhile cannot pull what it reads away (the file and its runs are open before it
+    /// reads them) and leaves the expansion of a kept snapshot alone; the expansion of a
+    /// pruned one fails or is removed at the next prune, and the send is retried with the
+    /// newest snapshot. Blocking.
     fn expanded(
         &self,
         meta: &SnapshotMeta,
@@ -298,7 +306,7 @@ impl SnapshotDir {
             });
         };
         let path = saved_as.with_extension(STREAM_EXTENSION);
-        let _writing = lock(&self.writing);
+        let _expanding = lock(&self.expanding);
         if lock(&self.verified).contains(&path) {
             if let Ok((_, stream, false)) = read(&path, true) {
                 return Ok(stream);
@@ -454,7 +462,10 @@ impl SnapshotDir {
             // Only what a save writes here: anything else an operator put here stays.
             let ours = (path.file_name())
                 .is_some_and(|name| name.to_string_lossy().starts_with("snapshot-"));
-            let owner = path.with_extension(SUFFIX.trim_start_matches('.'));
+            // `<name>.<ext>` and its `<name>.<ext>.tmp` belong to `<name>.tsnap`.
+            let written = path.to_string_lossy();
+            let owner = Path::new(written.strip_suffix(".tmp").unwrap_or(&written))
+                .with_extension(SUFFIX.trim_start_matches('.'));
             if ours && !kept.contains(&owner) {
                 gone.push(path);
             }
@@ -916,13 +927,18 @@ mod tests {
             .into();
         assert_eq!(left, expected);
 
-        let failed = snapshots.save_linked(&meta_at(5), |_, runs| {
+        // An expansion under way (for a send) of a snapshot that stays is left alone.
+        fs::write(name(4, ".tstream.tmp"), b"being expanded").expect("write");
+        save_linked(&snapshots, 5).expect("saved");
+        assert!(name(4, ".tstream.tmp").exists() && !name(3, ".tsnap").exists());
+
+        let failed = snapshots.save_linked(&meta_at(6), |_, runs| {
             fs::write(runs.join("000000.run"), b"x")?;
             Err(io::Error::other("the cut could not be written"))
         });
         assert!(failed.is_err());
         assert!(
-            !name(5, ".runs").exists() && !name(5, ".tsnap.tmp").exists(),
+            !name(6, ".runs").exists() && !name(6, ".tsnap.tmp").exists(),
             "nothing left"
         );
     }
