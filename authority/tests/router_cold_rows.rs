@@ -261,7 +261,7 @@ async fn a_linked_snapshot_restores_without_reading_rows_and_expands_to_the_stre
     );
 
     let mut expanded = Vec::new();
-    let expanded_digest = expand_linked(|| linked.as_slice(), &runs_dir, &mut expanded)?;
+    let expanded_digest = expand_linked(linked.as_slice(), &runs_dir, &mut expanded)?;
     assert_eq!(expanded_digest, full_digest);
     assert!(
         expanded == full,
@@ -307,7 +307,7 @@ async fn a_linked_snapshot_restores_without_reading_rows_and_expands_to_the_stre
     refused(&linked[..linked.len() - 9], &runs_dir, "filters cut short");
     std::fs::remove_file(runs_dir.join("000000.run"))?;
     refused(&linked, &runs_dir, "a run missing");
-    let expanded = expand_linked(|| linked.as_slice(), &runs_dir, &mut Vec::new());
+    let expanded = expand_linked(linked.as_slice(), &runs_dir, &mut Vec::new());
     assert!(expanded.is_err(), "expanded without a run");
     Ok(())
 }

@@ -580,7 +580,7 @@ fn write_expansion(
     runs: &Path,
 ) -> Result<SnapshotFile, SnapshotFileError> {
     write_container(path, FORMAT_VERSION, meta, |out| {
-        expand_linked(|| linked.reader(), runs, out).map_err(io::Error::other)
+        expand_linked(linked.reader(), runs, out).map_err(io::Error::other)
     })
 }
 
