@@ -60,6 +60,7 @@ pub mod failpoint;
 mod frame;
 mod legacy;
 mod metrics;
+mod preallocate;
 mod reader;
 mod store;
 mod wal;

@@ -15,6 +15,11 @@
 //! the newer ones do not, and is deleted as soon as no live entry is in it (after a purge).
 //! A segment is created under a temporary name and renamed into place once its header is
 //! durable, so a segment file without a valid header is damage, never "not written yet".
+//!
+//! The newest segment has room reserved ahead of its write point (`preallocate.rs`), so a
+//! frame's `fdatasync` writes data only; the room reads as zeros, is cut off at open and at a
+//! clean close, and a full segment is cut to its frames before the next one starts, so only
+//! the newest segment can end in zeros.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
@@ -33,6 +38,7 @@ use serde::de::DeserializeOwned;
 use crate::codec::decode;
 use crate::error::StoreError;
 use crate::frame::{self, Ending, FrameBuilder, Record};
+use crate::preallocate::{self, Reserved};
 
 /// The on-disk format this build reads and writes. Bump it on any change to the framing or the
 /// encoding of a record. (Version 1 was the single redb file of earlier builds.)
@@ -138,7 +144,21 @@ impl WalIndex {
 pub(crate) struct ActiveSegment {
     sequence: u64,
     file: Arc<File>,
+    /// Where the next frame goes: the end of the last one.
     len: u64,
+    /// The file's size: `len` plus the room reserved after it.
+    allocated: u64,
+}
+
+impl ActiveSegment {
+    fn new(sequence: u64, file: Arc<File>, len: u64) -> Self {
+        Self {
+            sequence,
+            file,
+            len,
+            allocated: len,
+        }
+    }
 }
 
 /// The open log directory, shared by the store, its readers and its writer thread.
@@ -150,8 +170,24 @@ pub(crate) struct Wal {
     pub(crate) active: Mutex<ActiveSegment>,
     /// The newest committed-id hint not yet in a frame.
     pending_hint: Mutex<Option<Vec<u8>>>,
+    /// Whether room is reserved ahead of writes; off for good once the filesystem says it
+    /// cannot.
+    reserving: std::sync::atomic::AtomicBool,
     /// Holds the directory's lock for as long as the log is open.
     _lock: File,
+}
+
+/// A clean close gives the reserved room back, so a closed log's files hold only frames.
+impl Drop for Wal {
+    fn drop(&mut self) {
+        let Ok(active) = self.active.get_mut() else {
+            return;
+        };
+        let path = self.dir.join(segment_name(active.sequence));
+        if let Err(error) = Self::release_room(active, &path) {
+            tracing::warn!(%error, "the room reserved ahead of the raft log was not given back");
+        }
+    }
 }
 
 fn io_error(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
@@ -205,19 +241,13 @@ impl Wal {
             last_len = replay_segment(dir, *sequence, is_last, &mut index)?;
         }
         let active = match sequences.last() {
-            Some(sequence) => ActiveSegment {
-                sequence: *sequence,
-                file: index.segments[sequence].clone(),
-                len: last_len,
-            },
+            Some(sequence) => {
+                ActiveSegment::new(*sequence, index.segments[sequence].clone(), last_len)
+            }
             None => {
                 let (file, len) = create_segment(dir, 1, &index)?;
                 index.segments.insert(1, file.clone());
-                ActiveSegment {
-                    sequence: 1,
-                    file,
-                    len,
-                }
+                ActiveSegment::new(1, file, len)
             }
         };
         if let (Some((upto, _)), Some((first, _))) = (&index.purged, index.range()) {
@@ -236,6 +266,7 @@ impl Wal {
             index: RwLock::new(index),
             active: Mutex::new(active),
             pending_hint: Mutex::new(None),
+            reserving: std::sync::atomic::AtomicBool::new(true),
             _lock: lock,
         };
         wal.delete_unneeded_segments()?;
@@ -350,23 +381,62 @@ impl Wal {
         let bytes = builder.finish();
         let offset = active.len;
         let path = self.dir.join(segment_name(active.sequence));
-        (&*active.file).write_all(&bytes).map_err(io_error(&path))?;
+        self.reserve_room(&mut active, bytes.len() as u64, &path);
+        active
+            .file
+            .write_all_at(&bytes, offset)
+            .map_err(io_error(&path))?;
         active.len += bytes.len() as u64;
+        active.allocated = active.allocated.max(active.len);
         active.file.sync_data().map_err(io_error(&path))?;
         Ok((active.sequence, offset))
+    }
+
+    /// Reserves room for a frame of `frame_bytes` and the ones after it, unless it is there.
+    /// A reservation that fails (say, no space for a whole step) leaves the frame to grow the
+    /// file, which fails only if the frame itself has no room.
+    fn reserve_room(&self, active: &mut ActiveSegment, frame_bytes: u64, path: &Path) {
+        use std::sync::atomic::Ordering;
+        if active.len + frame_bytes <= active.allocated || !self.reserving.load(Ordering::Relaxed) {
+            return;
+        }
+        let room = frame_bytes.max(preallocate::STEP_BYTES);
+        match preallocate::reserve(&active.file, active.len, room) {
+            Ok(Reserved::Done) => active.allocated = active.len + room,
+            Ok(Reserved::Unsupported) => {
+                tracing::info!(
+                    path = %path.display(),
+                    "this filesystem cannot reserve room ahead of the raft log: appends grow the file"
+                );
+                self.reserving.store(false, Ordering::Relaxed);
+            }
+            Err(error) => tracing::warn!(
+                path = %path.display(),
+                %error,
+                "could not reserve room ahead of the raft log; appending without it"
+            ),
+        }
+    }
+
+    /// Cuts the room reserved after the active segment's last frame, durably: before the
+    /// segment stops being the newest (only the newest may end in zeros), and at a clean close.
+    fn release_room(active: &mut ActiveSegment, path: &Path) -> Result<(), StoreError> {
+        if active.allocated > active.len {
+            active.file.set_len(active.len).map_err(io_error(path))?;
+            active.file.sync_all().map_err(io_error(path))?;
+            active.allocated = active.len;
+        }
+        Ok(())
     }
 
     /// Starts the next segment, its header repeating the vote, hint and purged id (the full
     /// segment's frames are all synced already).
     fn roll(&self, active: &mut ActiveSegment) -> Result<(), StoreError> {
+        Self::release_room(active, &self.dir.join(segment_name(active.sequence)))?;
         let sequence = active.sequence + 1;
         let (file, len) = create_segment(&self.dir, sequence, &self.read_index())?;
         self.write_index().segments.insert(sequence, file.clone());
-        *active = ActiveSegment {
-            sequence,
-            file,
-            len,
-        };
+        *active = ActiveSegment::new(sequence, file, len);
         tracing::debug!(sequence, "raft log rolled to a new segment");
         Ok(())
     }
@@ -604,7 +674,7 @@ fn list_segments(dir: &Path) -> Result<Vec<u64>, StoreError> {
 
 /// Creates segment `sequence` with a header frame carrying `index`'s vote, hint and purged id:
 /// written and synced under a temporary name, then renamed into place and the directory
-/// synced. Returns the file, open for reading and appending, and its length.
+/// synced. Returns the file, open for reading and writing, and its length.
 fn create_segment(
     dir: &Path,
     sequence: u64,
@@ -638,7 +708,7 @@ fn create_segment(
     sync_dir(dir)?;
     let file = OpenOptions::new()
         .read(true)
-        .append(true)
+        .write(true)
         .open(&path)
         .map_err(io_error(&path))?;
     Ok((Arc::new(file), bytes.len() as u64))
@@ -685,11 +755,21 @@ fn replay_segment(
     let valid_len = match ending {
         Ending::Clean => data.len(),
         Ending::Torn { valid_len } if is_last => {
-            tracing::warn!(
-                path = %path.display(),
-                dropped_bytes = data.len() - valid_len,
-                "cutting off a torn write at the end of the raft log (a crash interrupted it)"
-            );
+            if data[valid_len..].iter().all(|&b| b == 0) {
+                // Room reserved ahead of the writes (`preallocate.rs`), or a write of which
+                // nothing reached the disk: nothing was lost either way.
+                tracing::debug!(
+                    path = %path.display(),
+                    zero_bytes = data.len() - valid_len,
+                    "cutting off the zeros after the raft log's last frame"
+                );
+            } else {
+                tracing::warn!(
+                    path = %path.display(),
+                    dropped_bytes = data.len() - valid_len,
+                    "cutting off a torn write at the end of the raft log (a crash interrupted it)"
+                );
+            }
             let file = OpenOptions::new()
                 .write(true)
                 .open(&path)
@@ -706,7 +786,7 @@ fn replay_segment(
     };
     let file = OpenOptions::new()
         .read(true)
-        .append(true)
+        .write(true)
         .open(&path)
         .map_err(io_error(&path))?;
     index.segments.insert(sequence, Arc::new(file));

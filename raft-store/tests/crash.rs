@@ -43,6 +43,16 @@ async fn write_log(path: &Path) -> anyhow::Result<VoteOf<C>> {
     Ok(vote)
 }
 
+/// Segments of five entries, so a few appends roll the log.
+fn small_segments() -> StoreConfig {
+    StoreConfig {
+        wal: WalConfig {
+            segment_bytes: 5 * PAYLOAD as u64,
+        },
+        ..StoreConfig::default()
+    }
+}
+
 fn log_dir(dir: &TempDir) -> PathBuf {
     dir.path().join("raft-log")
 }
@@ -219,12 +229,7 @@ async fn garbage_block_in_the_middle_is_an_error_at_open() -> anyhow::Result<()>
 async fn segments_roll_are_deleted_once_purged_and_a_gap_is_an_error() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let path = log_dir(&dir);
-    let config = StoreConfig {
-        wal: WalConfig {
-            segment_bytes: 5 * PAYLOAD as u64,
-        },
-        ..StoreConfig::default()
-    };
+    let config = small_segments();
     {
         let mut store = LogStore::<C>::open_with(&path, config.clone())?;
         for start in (0..60).step_by(4) {
@@ -316,5 +321,70 @@ fn a_log_open_elsewhere_is_refused() -> anyhow::Result<()> {
     );
     drop(first);
     drop(LogStore::<C>::open(&path)?);
+    Ok(())
+}
+
+/// The room reserved ahead of the writes (`preallocate.rs`): a crash leaves it as zeros after
+/// the last frame, which the next open cuts off with every durable entry kept; a clean close
+/// gives it back; and only the newest segment ever has it, so zeros at the end of an older
+/// segment are still damage.
+#[tokio::test]
+async fn reserved_room_is_cut_at_open_and_close_and_only_the_newest_segment_has_it(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = log_dir(&dir);
+    let config = small_segments();
+    let mut store = LogStore::<C>::open_with(&path, config.clone())?;
+    for start in (0..40).step_by(4) {
+        append_durable(&mut store, entries(start..start + 4)).await?;
+    }
+    let files = segments(&path)?;
+    assert!(files.len() >= 3, "the log rolled: {} segments", files.len());
+    // What a crash now would leave on disk: the newest segment with its room, as it is.
+    let newest = newest_segment(&path)?;
+    let crashed = fs::read(&newest)?;
+    for older in &files[..files.len() - 1] {
+        let bytes = fs::read(older)?;
+        assert_ne!(
+            bytes.last(),
+            Some(&0),
+            "{}: a full segment is cut to its frames before the next starts",
+            older.display()
+        );
+    }
+    drop(store);
+    let closed = fs::read(&newest)?;
+    assert!(
+        crashed.len() >= closed.len() && crashed[..closed.len()] == closed[..],
+        "the open file is the closed one plus its room"
+    );
+    assert!(
+        crashed[closed.len()..].iter().all(|&b| b == 0),
+        "the room reads as zeros"
+    );
+    let reserved = crashed.len() > closed.len();
+
+    // Reopen from the crash's state: the zeros go, the entries stay, the log goes on.
+    fs::write(&newest, &crashed)?;
+    let mut store = LogStore::<C>::open_with(&path, config.clone())?;
+    assert_eq!(all_entries(&mut store).await?, entries(0..40));
+    assert_eq!(
+        fs::metadata(&newest)?.len(),
+        closed.len() as u64,
+        "the open cut the room off (reserved here: {reserved})"
+    );
+    append_durable(&mut store, entries(40..41)).await?;
+    drop(store);
+    let mut store = LogStore::<C>::open_with(&path, config.clone())?;
+    assert_eq!(all_entries(&mut store).await?, entries(0..41));
+    drop(store);
+
+    // Zeros at the end of a segment that is not the newest were never room: damage.
+    let files = segments(&path)?;
+    let older = &files[files.len() - 2];
+    let mut bytes = fs::read(older)?;
+    bytes.extend(std::iter::repeat_n(0u8, 4096));
+    fs::write(older, &bytes)?;
+    assert_corrupt_at_open(&path);
     Ok(())
 }
