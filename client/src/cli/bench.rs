@@ -71,6 +71,9 @@ pub struct BenchReport {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
+    /// The slowest command that ended in each second of the run (index 0: the first second),
+    /// so a script can tell a stall's moment (say, before or after a change it made).
+    pub max_ms_by_second: Vec<f64>,
     pub batch: usize,
     pub concurrency: usize,
     /// The offered commands/s of `--rate`, when the load had one.
@@ -102,9 +105,12 @@ pub async fn run(client: Arc<TallyClient>, args: BenchArgs, json: bool) -> anyho
             );
         }
         println!(
-            "{} calls ({} commands, {} errors) in {:.1} s: {:.0} commands/s; latency per command p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (batch {}, concurrency {})",
+            "{} calls ({} commands, {} errors) in {:.1} s: {:.0} commands/s; latency per command p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms{} (batch {}, concurrency {})",
             report.calls, report.commands, report.errors, report.seconds, report.commands_per_s, report.p50_ms,
-            report.p99_ms, report.max_ms, report.batch, report.concurrency
+            report.p99_ms, report.max_ms, slowest_second(&report.max_ms_by_second)
+                .map(|second| format!(", ended in second {second} of the run"))
+                .unwrap_or_default(),
+            report.batch, report.concurrency
         );
     }
     Ok(if report.commands == 0 { 1 } else { 0 })
@@ -138,10 +144,12 @@ pub async fn drive_counted(
         calls: AtomicU64::new(0),
         commands: decided,
         errors: AtomicU64::new(0),
+        start: Instant::now(),
+        slowest_by_second: Mutex::new(Vec::new()),
     });
     let submitter = Arc::new(Submitter { client, batching });
-    let deadline = Instant::now() + Duration::from_secs(args.duration_s);
-    let start = Instant::now();
+    let start = meter.start;
+    let deadline = start + Duration::from_secs(args.duration_s);
     let schedule = args.rate.map(|rate| Arc::new(Schedule::new(start, rate)));
     let mut workers = Vec::new();
     for worker in 0..args.concurrency {
@@ -194,7 +202,13 @@ pub async fn drive_counted(
         .map(|h| h.clone())
         .unwrap_or_else(|p| p.into_inner().clone());
     let commands = meter.commands.load(Ordering::Relaxed);
+    let max_ms_by_second = meter
+        .slowest_by_second
+        .lock()
+        .map(|by_second| by_second.iter().map(|&us| us as f64 / 1_000.0).collect())
+        .unwrap_or_default();
     BenchReport {
+        max_ms_by_second,
         offered_commands_per_s: args.rate,
         calls: meter.calls.load(Ordering::Relaxed),
         commands,
@@ -256,6 +270,37 @@ struct Meter {
     /// Shared with the caller of [`drive_counted`].
     commands: Arc<AtomicU64>,
     errors: AtomicU64,
+    /// When the load began: the origin of `slowest_by_second`.
+    start: Instant,
+    /// Per second since `start`, the slowest command (µs) that ended in it. One slot per
+    /// second the run lasted, so it is bounded by the run's duration.
+    slowest_by_second: Mutex<Vec<u64>>,
+}
+
+impl Meter {
+    /// Records one command's latency, ended now.
+    fn record(&self, micros: u64) {
+        if let Ok(mut h) = self.histogram.lock() {
+            let _ = h.record(micros.max(1));
+        }
+        let second = self.start.elapsed().as_secs() as usize;
+        if let Ok(mut by_second) = self.slowest_by_second.lock() {
+            if by_second.len() <= second {
+                by_second.resize(second + 1, 0);
+            }
+            by_second[second] = by_second[second].max(micros);
+        }
+    }
+}
+
+/// The second of the run in which the slowest command ended, if any command did.
+fn slowest_second(max_ms_by_second: &[f64]) -> Option<usize> {
+    max_ms_by_second
+        .iter()
+        .enumerate()
+        .filter(|(_, &ms)| ms > 0.0)
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(second, _)| second)
 }
 
 impl Submitter {
@@ -266,10 +311,7 @@ impl Submitter {
             Some(batching) => batching.submit(command).await,
             None => self.client.submit(command).await,
         };
-        let micros = began.elapsed().as_micros() as u64;
-        if let Ok(mut h) = meter.histogram.lock() {
-            let _ = h.record(micros.max(1));
-        }
+        meter.record(began.elapsed().as_micros() as u64);
         match outcome {
             Outcome::Decided(decision) => {
                 meter.commands.fetch_add(1, Ordering::Relaxed);
@@ -410,6 +452,25 @@ mod tests {
             let error = parse_rate(text).expect_err(text);
             assert!(error.contains(says), "{text}: {error}");
         }
+    }
+
+    #[test]
+    fn the_slowest_command_is_kept_per_second_it_ended_in() {
+        let meter = Meter {
+            histogram: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3).expect("bounds")),
+            calls: AtomicU64::new(0),
+            commands: Arc::new(AtomicU64::new(0)),
+            errors: AtomicU64::new(0),
+            start: Instant::now() - Duration::from_millis(2_500),
+            slowest_by_second: Mutex::new(Vec::new()),
+        };
+        meter.record(5_000);
+        meter.record(3_000);
+        let by_second = meter.slowest_by_second.lock().expect("lock").clone();
+        assert_eq!(by_second, [0, 0, 5_000], "ended in the run's third second");
+        assert_eq!(meter.histogram.lock().expect("lock").len(), 2);
+        assert_eq!(slowest_second(&[0.0, 3.0, 7.0, 1.0]), Some(2));
+        assert_eq!(slowest_second(&[0.0, 0.0]), None, "no command ended");
     }
 
     #[test]
