@@ -2,6 +2,7 @@
 //! the pure ledger inside each), openraft over redb and gRPC, and the Budget, Admin and Raft
 //! services.
 
+pub mod background;
 pub mod cli;
 #[cfg(feature = "failpoints")]
 pub mod failpoints;

@@ -200,9 +200,10 @@ impl RaftNetworkV2<TypeConfig> for Connection {
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
         let mut client = self.client().await.map_err(StreamingError::from)?;
         // A node's own snapshot links its rows: the follower gets them as a stream, written
-        // once beside the snapshot (the first send reads every row, on a blocking thread).
+        // once beside the snapshot (the first send reads every row, on a thread of lower
+        // priority than apply: `background.rs`).
         let (linked, meta) = (snapshot.snapshot, snapshot.meta.clone());
-        let data = tokio::task::spawn_blocking(move || linked.streamable(&meta))
+        let data = crate::background::run("tally-expand", move || linked.streamable(&meta))
             .await
             .map_err(|e| StreamingError::from(network(&e)))?
             .map_err(|e| StreamingError::from(network(&e)))?;

@@ -289,16 +289,16 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotCut {
         let meta = self.meta.clone();
         let dir = self.snapshots.clone();
         // Encoding every family is CPU-heavy and reading passivated ones is disk I/O: a
-        // blocking thread, not an async worker. The families stream to the file one by one;
-        // the rows out of memory stay where they are, linked (`snapshot_file.rs`).
+        // thread of its own, not an async worker, at a lower priority than apply and the Raft
+        // tasks (`background.rs`). The families stream to the file one by one; the rows out
+        // of memory stay where they are, linked (`snapshot_file.rs`).
         let saved_meta = meta.clone();
-        let file = tokio::task::spawn_blocking(move || {
+        let file = crate::background::run("tally-snapshot", move || {
             dir.save_linked(&saved_meta, |out, runs| {
                 snapshot_stream::write_linked(router_cut, out, runs).map_err(io::Error::other)
             })
         })
-        .await
-        .map_err(io::Error::other)??;
+        .await??;
         tracing::info!(bytes = file.len(), last_log_id = ?meta.last_log_id, "wrote snapshot");
         Ok(Snapshot {
             meta,
