@@ -50,11 +50,15 @@ struct Row<K, V> {
 pub struct RowHash(u64);
 
 /// Rows at which a table splits into `SHARDS` (a family's dedupe table crosses it after about
-/// 22,000 tool calls). Below it one table's doubling moves at most this many rows, and the
-/// split moves them once more, into shards spread over more memory: the longest move left. A
-/// lower threshold shortens that move but splits families early in their life, where the
-/// extra load per lookup slows every apply of a fresh family.
-const SPLIT_AT_ROWS: usize = 1 << 16;
+/// 1,400 tool calls). Below it one table's doubling moves at most this many rows, and the
+/// split moves them once more. It is also the most a snapshot's cut makes the next command
+/// copy of an unsplit table (`Arc::make_mut` of the family clones it whole): at 65,536 rows,
+/// the first command after each cut copied two tables of up to 65,536 rows in every family,
+/// ~56 ms per family on the apply path, and a 3-node dev cluster of 20 such families stalled
+/// for seconds at every snapshot (docs/benchmarks.md, "Snapshots without a stall"). The
+/// extra load per lookup of a split table costs a fresh family little
+/// (`cargo bench -p tally-ledger --bench apply`, "ledger fresh family").
+const SPLIT_AT_ROWS: usize = 1 << 12;
 
 /// Tables a split table keeps (a power of two): the largest single move is then about
 /// 1/256 of the rows, for 8 KiB of table headers, paid only by tables past `SPLIT_AT_ROWS`.
@@ -70,7 +74,7 @@ fn shard_of(hash: u64) -> usize {
 
 #[derive(Clone)]
 enum Layout<K, V> {
-    /// Up to `SPLIT_AT_ROWS` rows: nearly every family.
+    /// Up to `SPLIT_AT_ROWS` rows: a family's first ~1,400 tool calls.
     One(HashTable<Row<K, V>>),
     /// `SHARDS` tables, the row of hash `h` in `shard_of(h)`. A table never joins again (rows
     /// leave these tables rarely: tombstones, no holds). Each shard is shared copy-on-write:
@@ -122,9 +126,9 @@ impl<K, V> Layout<K, V> {
         let Self::One(table) = std::mem::replace(self, Self::One(HashTable::new())) else {
             unreachable!("only a single table splits");
         };
-        // Room for a shard's share: `hashbrown` rounds it up to 512 buckets (448 rows), as
-        // many buckets in all as the single table had. Twice that would leave a table of
-        // 100,000 holds with twice the buckets it needs.
+        // Room for a shard's share: `hashbrown` rounds it up to 32 buckets (28 rows), as
+        // many buckets in all as the single table had. Twice that would leave every split
+        // table with twice the buckets it needs.
         let mut shards: Vec<HashTable<Row<K, V>>> = (0..SHARDS)
             .map(|_| HashTable::with_capacity(SPLIT_AT_ROWS / SHARDS))
             .collect();
