@@ -96,6 +96,12 @@ impl<T: Clone> ChunkedDeque<T> {
         true
     }
 
+    pub fn pop_front(&mut self) -> Option<T> {
+        let value = Arc::make_mut(self.chunks.front_mut()?).pop_front()?;
+        self.front_removed();
+        Some(value)
+    }
+
     pub fn pop_back(&mut self) -> Option<T> {
         let last = Arc::make_mut(self.chunks.back_mut()?);
         let value = last.pop_back()?;
@@ -130,6 +136,30 @@ impl<T: Clone> ChunkedDeque<T> {
 
     pub fn front(&self) -> Option<&T> {
         self.chunks.front()?.front()
+    }
+
+    pub fn back(&self) -> Option<&T> {
+        self.chunks.back()?.back()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The number of elements for which `below` holds, when it holds for a prefix of the
+    /// deque and not after (`slice::partition_point`): a binary search, each probe found by
+    /// arithmetic.
+    pub fn partition_point(&self, mut below: impl FnMut(&T) -> bool) -> usize {
+        let (mut low, mut high) = (0, self.len);
+        while low < high {
+            let mid = low + (high - low) / 2;
+            if below(self.get(mid).expect("mid is below len")) {
+                low = mid + 1;
+            } else {
+                high = mid;
+            }
+        }
+        low
     }
 
     /// The chunk and offset of element `at`; `None` past the end.
@@ -185,6 +215,7 @@ mod tests {
     enum Op {
         Push,
         PopBack,
+        PopFront,
         DiscardFront,
     }
 
@@ -205,7 +236,8 @@ mod tests {
             prop_oneof![
                 6 => Just(Op::Push),
                 1 => Just(Op::PopBack),
-                3 => Just(Op::DiscardFront),
+                2 => Just(Op::PopFront),
+                2 => Just(Op::DiscardFront),
             ],
             0..600,
         )) {
@@ -221,18 +253,28 @@ mod tests {
                         next += 1;
                     }
                     Op::PopBack => prop_assert_eq!(chunked.pop_back(), model.pop_back()),
+                    Op::PopFront => prop_assert_eq!(chunked.pop_front(), model.pop_front()),
                     Op::DiscardFront => {
                         prop_assert_eq!(chunked.discard_front(), model.pop_front().is_some())
                     }
                 }
                 prop_assert_eq!(chunked.len(), model.len());
                 prop_assert_eq!(chunked.front(), model.front());
+                prop_assert_eq!(chunked.back(), model.back());
+                prop_assert_eq!(chunked.is_empty(), model.is_empty());
                 prop_assert!(
                     chunked.allocated_chunks() <= model.len().div_ceil(16) + 2,
                     "{} chunks for {} elements", chunked.allocated_chunks(), model.len()
                 );
             }
             prop_assert!(chunked.iter().eq(model.iter()));
+            // The values rise with position, so every threshold splits a prefix from the rest.
+            for threshold in model.iter().map(|v| v.0).chain([0, next]) {
+                prop_assert_eq!(
+                    chunked.partition_point(|v| v.0 < threshold),
+                    model.partition_point(|v| v.0 < threshold)
+                );
+            }
             let copy = chunked.clone();
             prop_assert!(copy.iter().eq(model.iter()));
             for at in 0..=model.len() {

@@ -7,7 +7,7 @@
 //! replicated state: every replica hands out the same numbers in the same order, so every
 //! replica compacts alike.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -16,8 +16,8 @@ use crate::commit_index::BudgetCommitIndex;
 use crate::ids::{EventId, HoldId, NonceId};
 use crate::limits::MAX_QUEUE_MOVES_PER_PUSH;
 use crate::tables::chunked_deque::ChunkedDeque;
+use crate::tables::chunked_tree::ChunkedTree;
 use crate::tables::identity_fields::FieldHashes;
-use crate::tables::spare_capacity::release_spare;
 
 /// What a retained command keeps until it is compacted: its identity's field hashes, to name
 /// the fields of a conflict, and its own event, which leaves the journal with it.
@@ -79,9 +79,10 @@ const MAX_SEALED_LANES: usize = 4;
 /// retained field hashes (most of its bytes, never read again) to be dropped where they lie.
 #[derive(Clone, Default)]
 struct Lane {
-    /// Strictly increasing.
-    keys: VecDeque<QueueKey>,
-    items: VecDeque<CompactionItem>,
+    /// Strictly increasing. All three deques are in chunks shared copy-on-write, so a
+    /// snapshot's cut of the family copies none of them (`chunked_deque.rs`).
+    keys: ChunkedDeque<QueueKey>,
+    items: ChunkedDeque<CompactionItem>,
     /// The bulk of a lane's bytes, in chunks that never move (see `chunked_deque.rs`).
     retained: ChunkedDeque<Option<Retained>>,
     /// Closed to pushes: only popped from until it is empty.
@@ -111,8 +112,6 @@ impl Lane {
             self.retained.discard_front(),
             "a lane's deques have one length"
         );
-        release_spare(&mut self.keys);
-        release_spare(&mut self.items);
         Some(due)
     }
 
@@ -121,7 +120,8 @@ impl Lane {
             .retained
             .get(at)
             .expect("a lane's deques have one length");
-        (&self.items[at], retained.as_ref())
+        let item = self.items.get(at).expect("a lane's deques have one length");
+        (item, retained.as_ref())
     }
 
     fn len(&self) -> usize {
@@ -184,7 +184,8 @@ impl DueItem {
 pub(crate) struct CompactionQueue {
     /// No lane is empty. At most `MAX_LANES` open and `MAX_SEALED_LANES` sealed ones.
     lanes: Vec<Lane>,
-    out_of_order: BTreeMap<QueueKey, Queued>,
+    /// In chunks shared copy-on-write (`chunked_tree.rs`), like the lanes.
+    out_of_order: ChunkedTree<QueueKey, Queued>,
     /// The sequence number of the next item pushed.
     next_seq: u64,
     /// Node-local counters, not replicated state: left out of equality and the encoding.
@@ -331,7 +332,10 @@ impl CompactionQueue {
     pub fn get(&self, key: &QueueKey) -> Option<(&CompactionItem, Option<&Retained>)> {
         self.lanes
             .iter()
-            .find_map(|lane| lane.keys.binary_search(key).ok().map(|at| lane.get(at)))
+            .find_map(|lane| {
+                let at = lane.keys.partition_point(|queued| queued < key);
+                (lane.keys.get(at) == Some(key)).then(|| lane.get(at))
+            })
             .or_else(|| {
                 self.out_of_order
                     .get(key)
@@ -496,7 +500,7 @@ impl<'de> Deserialize<'de> for CompactionQueue {
             } else {
                 vec![lane]
             },
-            out_of_order: BTreeMap::new(),
+            out_of_order: ChunkedTree::default(),
             next_seq: encoded.next_seq,
             work: CompactionWork::default(),
         })

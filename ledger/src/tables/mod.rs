@@ -5,6 +5,7 @@
 //! not the node's on-disk state store.
 
 pub(crate) mod chunked_deque;
+pub(crate) mod chunked_tree;
 pub(crate) mod compaction_queue;
 pub(crate) mod dedupe_table;
 pub mod id_map;
