@@ -64,7 +64,7 @@ impl Family {
                     return;
                 }
                 // Archived, it leaves memory (`cold.rs`).
-                let archive = hold.take_archive();
+                let archive = std::sync::Arc::make_mut(hold).take_archive();
                 self.holds.remove(&hold_id);
                 self.live_holds -= 1;
                 self.cold_rows.move_hold(&mut self.cold, hold_id, archive);

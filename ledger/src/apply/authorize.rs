@@ -190,7 +190,7 @@ impl Family {
         if let Some(at) = expires_at_ms {
             books.expiry_index.insert((at, hold_id.clone()));
         }
-        slot.insert(HoldSlot::Live(Box::new(hold)));
+        slot.insert(HoldSlot::Live(std::sync::Arc::new(hold)));
         *books.live_holds += 1;
         let outcome = Outcome::Authorized {
             hold_id: hold_id.clone(),

@@ -25,7 +25,7 @@ impl Family {
         for (_, hold_id) in due.into_iter().take(MAX_EXPIRED_PER_COMMAND) {
             let (holds, mut books) = self.split();
             let hold = match holds.get_mut(&hold_id) {
-                Some(HoldSlot::Live(hold)) => hold,
+                Some(HoldSlot::Live(hold)) => std::sync::Arc::make_mut(hold),
                 other => panic!("expiry index names hold {hold_id}, found {other:?}"),
             };
             let index = expire_hold(hold, &mut books, step);

@@ -75,6 +75,7 @@ pub(crate) fn touch_hold<'h, 'f: 'h>(
         }
         Some(HoldSlot::Live(hold)) => {
             on_other_account(&hold.capability_id, hold.grant_index)?;
+            let hold = std::sync::Arc::make_mut(hold);
             if hold.is_expired_at(step.now_ms()) {
                 let index = expire_hold(hold, books, step);
                 return Ok(Found::JustExpired(hold, index));
