@@ -12,6 +12,11 @@
 //! A thread's niceness cannot be raised back without privileges, so each job gets a fresh
 //! thread instead of a pooled one (snapshots come every `snapshot_every_entries`: a thread
 //! per job costs nothing beside the job).
+//!
+//! Known cost: a snapshot save holds `SnapshotDir`'s write lock while it encodes, so an
+//! install from the leader that arrives meanwhile (it saves what it installed, at the usual
+//! priority, with apply waiting) waits for a niced encoder. A save that encodes to a name of
+//! its own and takes the lock only to rename and prune would end that wait.
 
 use std::io;
 
@@ -40,21 +45,36 @@ pub fn lower_this_thread() {
 }
 
 /// Runs `work` on a new thread named `name`, at [`NICE`], and waits for it without holding an
-/// async worker. A panic in `work` comes back as an error.
+/// async worker. If no thread can be started (a process or memory limit), `work` runs on
+/// tokio's blocking pool at the usual priority instead of failing. A panic in `work` comes
+/// back as an error.
 pub async fn run<T: Send + 'static>(
     name: &str,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> io::Result<T> {
+    let panicked = || io::Error::other(format!("the background thread {name} panicked"));
+    // Shared so that a thread that could not start gives the work back.
+    let job = std::sync::Arc::new(std::sync::Mutex::new(Some(work)));
     let (done, outcome) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
+    let for_thread = std::sync::Arc::clone(&job);
+    let started = std::thread::Builder::new()
         .name(name.to_owned())
         .spawn(move || {
             lower_this_thread();
-            let _ = done.send(work());
-        })?;
-    outcome
-        .await
-        .map_err(|_| io::Error::other(format!("the background thread {name} panicked")))
+            let work = for_thread.lock().ok().and_then(|mut job| job.take());
+            if let Some(work) = work {
+                let _ = done.send(work());
+            }
+        });
+    if let Err(error) = started {
+        tracing::warn!(%error, name, "no background thread; running on the blocking pool");
+        let work = job.lock().ok().and_then(|mut job| job.take());
+        let work = work.ok_or_else(|| io::Error::other("the background work was lost"))?;
+        return tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|_| panicked());
+    }
+    outcome.await.map_err(|_| panicked())
 }
 
 /// This thread's niceness (tests).

@@ -57,15 +57,19 @@ impl Family {
                 );
             }
             CompactionItem::Hold(hold_id) => {
-                let Some(HoldSlot::Live(hold)) = self.holds.get_mut(&hold_id) else {
-                    return;
-                };
-                if !hold.is_final() {
+                if !matches!(self.holds.get(&hold_id), Some(HoldSlot::Live(hold)) if hold.is_final())
+                {
                     return;
                 }
-                // Archived, it leaves memory (`cold.rs`).
-                let archive = std::sync::Arc::make_mut(hold).take_archive();
-                self.holds.remove(&hold_id);
+                // Archived, it leaves memory (`cold.rs`). Out of the table first, so a hold a
+                // snapshot's cut still shares is not copied only to be dropped.
+                let Some(HoldSlot::Live(hold)) = self.holds.remove(&hold_id) else {
+                    unreachable!("the hold was just found live");
+                };
+                let archive = match std::sync::Arc::try_unwrap(hold) {
+                    Ok(mut hold) => hold.take_archive(),
+                    Err(shared) => shared.archive(),
+                };
                 self.live_holds -= 1;
                 self.cold_rows.move_hold(&mut self.cold, hold_id, archive);
             }

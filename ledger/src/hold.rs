@@ -116,10 +116,30 @@ impl Hold {
                 && self.authorized_exposure_units == 0)
     }
 
+    /// The archive record of this final hold, its fields cloned: for a hold a snapshot's cut
+    /// still shares (`Family::compact`).
+    pub(crate) fn archive(&self) -> ArchivedHold {
+        let mut archive = self.archive_head();
+        archive.capture_attempt_id = self.capture_attempt_id.clone();
+        archive.captured = self.captured.clone();
+        archive.terminal = self.terminal.clone();
+        archive
+    }
+
     /// The archive record of this final hold. Its transitions and attempt id move out, not
     /// copied, so the hold is left without them: only for a hold about to be replaced by its
     /// archive (`Family::compact`).
     pub(crate) fn take_archive(&mut self) -> ArchivedHold {
+        let mut archive = self.archive_head();
+        archive.capture_attempt_id = self.capture_attempt_id.take();
+        archive.captured = self.captured.take();
+        archive.terminal = self.terminal.take();
+        archive
+    }
+
+    /// The archive record without its transitions and attempt id (the states are read
+    /// before those are taken).
+    fn archive_head(&self) -> ArchivedHold {
         assert!(
             self.is_final(),
             "hold {} archived before it was final",
@@ -129,9 +149,9 @@ impl Hold {
             capability_id: self.capability_id.clone(),
             grant_index: self.grant_index,
             states: self.states(),
-            capture_attempt_id: self.capture_attempt_id.take(),
-            captured: self.captured.take(),
-            terminal: self.terminal.take(),
+            capture_attempt_id: None,
+            captured: None,
+            terminal: None,
         }
     }
 }
@@ -151,7 +171,7 @@ pub struct ArchivedHold {
 /// the holds table (the first write to it after a snapshot's cut) copies pointers, not every
 /// hold: allocating a copy of each hold was 40% of the CPU of a 1.8 s stall when compaction
 /// ran through every shard during a snapshot (docs/benchmarks.md, "Snapshots without a
-/// stall"). A hold is copied only when it is itself written while a cut shares it.
+/// stall"). A hold is copied only when a command touches it while a cut shares it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum HoldSlot {
     Live(Arc<Hold>),

@@ -184,8 +184,19 @@ fn lowering_retention_under_load_compacts_in_bounded_slices_to_the_same_end_stat
 
     // Past the old retention of the last call loaded before the change, every item is due at
     // once: maintenance drains the backlog a bounded slice per command.
+    // A snapshot's cut shares the family meanwhile: compaction archives holds the cut still
+    // holds (copied, not moved), and must leave the cut as it was and the family as the
+    // restored replica, which shares nothing, ends.
+    let cut = r.h.family.clone();
+    let cut_bytes = cut.to_snapshot_bytes();
     r.h.advance(ClusterParams::default().retention_ms + 120_000);
     let (commands, backlog) = r.drain();
+    assert_eq!(
+        cut.to_snapshot_bytes(),
+        cut_bytes,
+        "what the family did after the cut did not reach the cut"
+    );
+    drop(cut);
     // Each retained command, and each hold its reconcile made final.
     let retained_before = 3 * LOADED_HOLDS - IN_FLIGHT / 2 - IN_FLIGHT + LOADED_HOLDS - IN_FLIGHT;
     assert!(backlog >= retained_before as u64, "{backlog} items drained");

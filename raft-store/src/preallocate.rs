@@ -1,12 +1,14 @@
 //! Room reserved ahead of the log's write point.
 //!
-//! An append that grows its file changes the file's size and allocates blocks, so its
-//! `fdatasync` must also commit that metadata to the filesystem's journal; the three nodes of a
+//! An append that grows its file allocates blocks and changes the file's size, and its
+//! `fdatasync` must commit that metadata to the filesystem's journal too; the three nodes of a
 //! host (or a node's log and its neighbours' on one disk) then queue behind one another's
-//! journal commits. Writing into room reserved beforehand changes no size: the `fdatasync` only
-//! writes the data. Measured on this project's VM (ext4, 600-byte writes each followed by
-//! `fdatasync`, p50): 130–160 µs appending, 95 µs into reserved room; three writers at once,
-//! 280 µs against 213 µs (docs/benchmarks.md "The raft log on segment files").
+//! journal commits. `fallocate` allocates and sets the size ahead of time, once per step; a
+//! write into the reserved room still has its blocks marked written (ext4 journals that as
+//! well), but no allocation and no size change, and measured cheaper on this project's VM
+//! (ext4, 600-byte writes each followed by `fdatasync`, p50): 130–160 µs appending, 95 µs into
+//! reserved room; three writers at once, 280 µs against 213 µs (docs/benchmarks.md "The raft
+//! log on segment files").
 //!
 //! Room is reserved [`STEP_BYTES`] at a time, so a data dir holds at most that much more than
 //! its log's frames, and a clean close gives it back (`Wal`'s `Drop`). A crash leaves the room

@@ -17,7 +17,7 @@
 //! durable, so a segment file without a valid header is damage, never "not written yet".
 //!
 //! The newest segment has room reserved ahead of its write point (`preallocate.rs`), so a
-//! frame's `fdatasync` writes data only; the room reads as zeros, is cut off at open and at a
+//! frame's `fdatasync` commits no allocation or size change; the room reads as zeros, is cut off at open and at a
 //! clean close, and a full segment is cut to its frames before the next one starts, so only
 //! the newest segment can end in zeros.
 
@@ -146,8 +146,12 @@ pub(crate) struct ActiveSegment {
     file: Arc<File>,
     /// Where the next frame goes: the end of the last one.
     len: u64,
-    /// The file's size: `len` plus the room reserved after it.
+    /// Where the reserved room ends (`len` or more); the file may be longer after a
+    /// reservation that failed part-way, which `release_room` reads from the file itself.
     allocated: u64,
+    /// After a reservation failed (say, a nearly full disk), none is tried again before the
+    /// log reaches here: a failing `fallocate` per frame would cost every append.
+    retry_reserve_at: u64,
 }
 
 impl ActiveSegment {
@@ -157,6 +161,7 @@ impl ActiveSegment {
             file,
             len,
             allocated: len,
+            retry_reserve_at: 0,
         }
     }
 }
@@ -397,7 +402,10 @@ impl Wal {
     /// file, which fails only if the frame itself has no room.
     fn reserve_room(&self, active: &mut ActiveSegment, frame_bytes: u64, path: &Path) {
         use std::sync::atomic::Ordering;
-        if active.len + frame_bytes <= active.allocated || !self.reserving.load(Ordering::Relaxed) {
+        if active.len + frame_bytes <= active.allocated
+            || active.len < active.retry_reserve_at
+            || !self.reserving.load(Ordering::Relaxed)
+        {
             return;
         }
         let room = frame_bytes.max(preallocate::STEP_BYTES);
@@ -410,22 +418,28 @@ impl Wal {
                 );
                 self.reserving.store(false, Ordering::Relaxed);
             }
-            Err(error) => tracing::warn!(
-                path = %path.display(),
-                %error,
-                "could not reserve room ahead of the raft log; appending without it"
-            ),
+            Err(error) => {
+                tracing::warn!(
+                    path = %path.display(),
+                    %error,
+                    "could not reserve room ahead of the raft log; appending without it for the next 4 MiB"
+                );
+                active.retry_reserve_at = active.len + room;
+            }
         }
     }
 
-    /// Cuts the room reserved after the active segment's last frame, durably: before the
-    /// segment stops being the newest (only the newest may end in zeros), and at a clean close.
+    /// Cuts whatever follows the active segment's last frame, durably: before the segment
+    /// stops being the newest (only the newest may end in zeros), and at a clean close. The
+    /// file's own size decides, not `allocated`: a reservation that failed part-way may have
+    /// grown the file without saying so.
     fn release_room(active: &mut ActiveSegment, path: &Path) -> Result<(), StoreError> {
-        if active.allocated > active.len {
+        let size = active.file.metadata().map_err(io_error(path))?.len();
+        if size > active.len {
             active.file.set_len(active.len).map_err(io_error(path))?;
             active.file.sync_all().map_err(io_error(path))?;
-            active.allocated = active.len;
         }
+        active.allocated = active.len;
         Ok(())
     }
 
@@ -843,6 +857,38 @@ mod tests {
             half_open((Bound::Excluded(u64::MAX), Bound::Unbounded)),
             None
         );
+    }
+
+    /// A reservation that fails part-way may grow the file without the log knowing (as
+    /// ext4's `fallocate` does when it runs out of space): the zeros it left must still be cut
+    /// before the segment stops being the newest, or the next open refuses the log.
+    #[test]
+    fn a_file_grown_behind_the_logs_back_is_cut_before_it_rolls() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("raft-log");
+        let config = WalConfig {
+            segment_bytes: 4096,
+        };
+        let wal = Wal::open(&path, config).expect("open");
+        wal.reserving
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        let entry = |index: u64| vec![(index, vec![index as u8; 1000])];
+        wal.append(&entry(0)).expect("append");
+        {
+            let active = wal.active.lock().expect("active");
+            assert_eq!(active.allocated, active.len, "nothing reserved");
+            active
+                .file
+                .set_len(active.len + 3 * 4096)
+                .expect("grow the file as a failed reservation would");
+        }
+        for index in 1..12 {
+            wal.append(&entry(index)).expect("append");
+        }
+        assert!(wal.read_index().segments.len() >= 2, "the log rolled");
+        drop(wal);
+        let wal = Wal::open(&path, config).expect("the log opens again");
+        assert_eq!(wal.read_index().range(), Some((0, 12)));
     }
 
     #[test]

@@ -74,6 +74,8 @@ pub struct BenchReport {
     /// The slowest command that ended in each second of the run (index 0: the first second),
     /// so a script can tell a stall's moment (say, before or after a change it made).
     pub max_ms_by_second: Vec<f64>,
+    /// When the load began, in Unix milliseconds: second 0 of `max_ms_by_second`.
+    pub started_at_unix_ms: u64,
     pub batch: usize,
     pub concurrency: usize,
     /// The offered commands/s of `--rate`, when the load had one.
@@ -149,6 +151,7 @@ pub async fn drive_counted(
     });
     let submitter = Arc::new(Submitter { client, batching });
     let start = meter.start;
+    let started_at_unix_ms = crate::wall_clock_ms();
     let deadline = start + Duration::from_secs(args.duration_s);
     let schedule = args.rate.map(|rate| Arc::new(Schedule::new(start, rate)));
     let mut workers = Vec::new();
@@ -209,6 +212,7 @@ pub async fn drive_counted(
         .unwrap_or_default();
     BenchReport {
         max_ms_by_second,
+        started_at_unix_ms,
         offered_commands_per_s: args.rate,
         calls: meter.calls.load(Ordering::Relaxed),
         commands,

@@ -1,10 +1,13 @@
-//! A deque stored as a queue of fixed-size chunks, for the journal's records.
+//! A deque stored as a queue of fixed-size chunks: the journal's records, the dedupe rows and
+//! the compaction queue's lanes.
 //!
 //! A `VecDeque` grows by doubling: every growth copies all its elements (for the journal,
 //! hundreds of megabytes under a long retention) into fresh memory the kernel must fault in,
 //! and between growths up to half its capacity is spare. Here growth allocates one chunk of
-//! about `CHUNK_BYTES`, nothing ever moves, and at most one chunk at each end is partly
-//! empty (plus one emptied chunk kept to take the next pushes). Popping from the front
+//! about `CHUNK_BYTES`, nothing moves once its chunk is full-size, and at most one chunk at
+//! each end is partly empty (plus one emptied chunk kept to take the next pushes). A lone
+//! chunk starts small and doubles up to full size, so a deque of a few elements (a quiet
+//! family's queue lane) costs a few elements, not 32 KiB. Popping from the front
 //! releases chunks as they empty, so a drained burst gives its memory back by itself.
 //!
 //! Chunks are shared copy-on-write: a clone (a snapshot's cut of the family) costs a
@@ -17,6 +20,9 @@ use std::sync::Arc;
 /// Bytes per chunk: big enough that the chunk index is small and a chunk is one allocation
 /// of the allocator's main heap, small enough that a family's spare memory stays small.
 const CHUNK_BYTES: usize = 32 * 1024;
+
+/// Elements a lone chunk starts with room for.
+const FIRST_CHUNK_LEN: usize = 8;
 
 /// Elements per chunk of `T`.
 const fn chunk_len<T>() -> usize {
@@ -74,14 +80,22 @@ impl<T: Clone> ChunkedDeque<T> {
             .back()
             .is_none_or(|last| last.len() >= Self::CHUNK)
         {
-            let chunk = self
-                .spare
-                .take()
-                .unwrap_or_else(|| VecDeque::with_capacity(Self::CHUNK));
+            let chunk = match self.spare.take() {
+                Some(spare) => spare,
+                None if self.chunks.is_empty() => {
+                    VecDeque::with_capacity(FIRST_CHUNK_LEN.min(Self::CHUNK))
+                }
+                None => VecDeque::with_capacity(Self::CHUNK),
+            };
             self.chunks.push_back(Arc::new(chunk));
         }
-        let last = self.chunks.back_mut().expect("a chunk was just ensured");
-        Arc::make_mut(last).push_back(value);
+        let last = Arc::make_mut(self.chunks.back_mut().expect("a chunk was just ensured"));
+        if last.len() == last.capacity() {
+            // A small first chunk doubles, never past a full chunk.
+            let target = (last.capacity() * 2).clamp(1, Self::CHUNK);
+            last.reserve_exact(target - last.len());
+        }
+        last.push_back(value);
         self.len += 1;
     }
 
@@ -347,5 +361,21 @@ mod tests {
         );
         let large = ChunkedDeque::<[u8; 4096]>::CHUNK;
         assert_eq!(large, 16, "large elements still come 16 to a chunk");
+        let mut few = ChunkedDeque::<u64>::default();
+        for value in 0..3 {
+            few.push_back(value);
+        }
+        assert!(
+            few.chunks[0].capacity() < chunk / 8,
+            "three elements take room for {}, not a whole chunk of {chunk}",
+            few.chunks[0].capacity()
+        );
+        for value in 3..(2 * chunk as u64) {
+            few.push_back(value);
+        }
+        assert!(
+            few.chunks.iter().all(|c| c.capacity() <= 2 * chunk),
+            "a growing first chunk stops at about a chunk"
+        );
     }
 }

@@ -74,7 +74,7 @@ fn shard_of(hash: u64) -> usize {
 
 #[derive(Clone)]
 enum Layout<K, V> {
-    /// Up to `SPLIT_AT_ROWS` rows: a family's first ~1,400 tool calls.
+    /// Up to `SPLIT_AT_ROWS` rows (a dedupe table's first ~1,400 tool calls).
     One(HashTable<Row<K, V>>),
     /// `SHARDS` tables, the row of hash `h` in `shard_of(h)`. A table never joins again (rows
     /// leave these tables rarely: tombstones, no holds). Each shard is shared copy-on-write:
