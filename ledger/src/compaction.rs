@@ -57,19 +57,12 @@ impl Family {
                 );
             }
             CompactionItem::Hold(hold_id) => {
-                if !matches!(self.holds.get(&hold_id), Some(HoldSlot::Live(hold)) if hold.is_final())
-                {
-                    return;
-                }
-                // Archived, it leaves memory (`cold.rs`). Out of the table first, so a hold a
-                // snapshot's cut still shares is not copied only to be dropped.
-                let Some(HoldSlot::Live(hold)) = self.holds.remove(&hold_id) else {
-                    unreachable!("the hold was just found live");
+                let archive = match self.holds.get(&hold_id) {
+                    Some(HoldSlot::Live(hold)) if hold.is_final() => hold.archive(),
+                    _ => return,
                 };
-                let archive = match std::sync::Arc::try_unwrap(hold) {
-                    Ok(mut hold) => hold.take_archive(),
-                    Err(shared) => shared.archive(),
-                };
+                // Archived, it leaves memory (`cold.rs`).
+                self.holds.remove(&hold_id);
                 self.live_holds -= 1;
                 self.cold_rows.move_hold(&mut self.cold, hold_id, archive);
             }

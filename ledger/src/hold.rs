@@ -116,30 +116,10 @@ impl Hold {
                 && self.authorized_exposure_units == 0)
     }
 
-    /// The archive record of this final hold, its fields cloned: for a hold a snapshot's cut
-    /// still shares (`Family::compact`).
+    /// The archive record of this final hold (`Family::compact`). Its ids are shared
+    /// (`Arc<str>`), so the clones are reference counts, and a hold a snapshot's cut still
+    /// shares is archived without copying it.
     pub(crate) fn archive(&self) -> ArchivedHold {
-        let mut archive = self.archive_head();
-        archive.capture_attempt_id = self.capture_attempt_id.clone();
-        archive.captured = self.captured.clone();
-        archive.terminal = self.terminal.clone();
-        archive
-    }
-
-    /// The archive record of this final hold. Its transitions and attempt id move out, not
-    /// copied, so the hold is left without them: only for a hold about to be replaced by its
-    /// archive (`Family::compact`).
-    pub(crate) fn take_archive(&mut self) -> ArchivedHold {
-        let mut archive = self.archive_head();
-        archive.capture_attempt_id = self.capture_attempt_id.take();
-        archive.captured = self.captured.take();
-        archive.terminal = self.terminal.take();
-        archive
-    }
-
-    /// The archive record without its transitions and attempt id (the states are read
-    /// before those are taken).
-    fn archive_head(&self) -> ArchivedHold {
         assert!(
             self.is_final(),
             "hold {} archived before it was final",
@@ -149,9 +129,9 @@ impl Hold {
             capability_id: self.capability_id.clone(),
             grant_index: self.grant_index,
             states: self.states(),
-            capture_attempt_id: None,
-            captured: None,
-            terminal: None,
+            capture_attempt_id: self.capture_attempt_id.clone(),
+            captured: self.captured.clone(),
+            terminal: self.terminal.clone(),
         }
     }
 }

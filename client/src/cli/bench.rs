@@ -139,16 +139,7 @@ pub async fn drive_counted(
             },
         )
     });
-    let meter = Arc::new(Meter {
-        histogram: Mutex::new(
-            Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
-        ),
-        calls: AtomicU64::new(0),
-        commands: decided,
-        errors: AtomicU64::new(0),
-        start: Instant::now(),
-        slowest_by_second: Mutex::new(Vec::new()),
-    });
+    let meter = Arc::new(Meter::new(Instant::now(), decided));
     let submitter = Arc::new(Submitter { client, batching });
     let start = meter.start;
     let started_at_unix_ms = crate::wall_clock_ms();
@@ -199,17 +190,18 @@ pub async fn drive_counted(
     }
     let _ = progress.await;
     let seconds = start.elapsed().as_secs_f64();
-    let histogram = meter
-        .histogram
+    let Latencies {
+        histogram,
+        slowest_by_second,
+    } = meter
+        .latencies
         .lock()
-        .map(|h| h.clone())
+        .map(|l| l.clone())
         .unwrap_or_else(|p| p.into_inner().clone());
     let commands = meter.commands.load(Ordering::Relaxed);
-    let max_ms_by_second = meter
-        .slowest_by_second
-        .lock()
-        .map(|by_second| by_second.iter().map(|&us| us as f64 / 1_000.0).collect())
-        .unwrap_or_default();
+    let max_ms_by_second = (slowest_by_second.iter())
+        .map(|&us| us as f64 / 1_000.0)
+        .collect();
     BenchReport {
         max_ms_by_second,
         started_at_unix_ms,
@@ -269,26 +261,45 @@ struct Submitter {
 
 /// What the workers measure together.
 struct Meter {
-    histogram: Mutex<Histogram<u64>>,
+    /// One lock per command for both records of its latency.
+    latencies: Mutex<Latencies>,
     calls: AtomicU64,
     /// Shared with the caller of [`drive_counted`].
     commands: Arc<AtomicU64>,
     errors: AtomicU64,
-    /// When the load began: the origin of `slowest_by_second`.
+    /// When the load began: the origin of `Latencies::slowest_by_second`.
     start: Instant,
-    /// Per second since `start`, the slowest command (µs) that ended in it. One slot per
+}
+
+/// Every command's latency (µs), as a histogram and as the slowest per second.
+#[derive(Clone)]
+struct Latencies {
+    histogram: Histogram<u64>,
+    /// Per second since the start, the slowest command (µs) that ended in it. One slot per
     /// second the run lasted, so it is bounded by the run's duration.
-    slowest_by_second: Mutex<Vec<u64>>,
+    slowest_by_second: Vec<u64>,
 }
 
 impl Meter {
+    fn new(start: Instant, commands: Arc<AtomicU64>) -> Self {
+        Self {
+            latencies: Mutex::new(Latencies {
+                histogram: Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
+                slowest_by_second: Vec::new(),
+            }),
+            calls: AtomicU64::new(0),
+            commands,
+            errors: AtomicU64::new(0),
+            start,
+        }
+    }
+
     /// Records one command's latency, ended now.
     fn record(&self, micros: u64) {
-        if let Ok(mut h) = self.histogram.lock() {
-            let _ = h.record(micros.max(1));
-        }
         let second = self.start.elapsed().as_secs() as usize;
-        if let Ok(mut by_second) = self.slowest_by_second.lock() {
+        if let Ok(mut latencies) = self.latencies.lock() {
+            let _ = latencies.histogram.record(micros.max(1));
+            let by_second = &mut latencies.slowest_by_second;
             if by_second.len() <= second {
                 by_second.resize(second + 1, 0);
             }
@@ -460,19 +471,19 @@ mod tests {
 
     #[test]
     fn the_slowest_command_is_kept_per_second_it_ended_in() {
-        let meter = Meter {
-            histogram: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3).expect("bounds")),
-            calls: AtomicU64::new(0),
-            commands: Arc::new(AtomicU64::new(0)),
-            errors: AtomicU64::new(0),
-            start: Instant::now() - Duration::from_millis(2_500),
-            slowest_by_second: Mutex::new(Vec::new()),
-        };
+        let meter = Meter::new(
+            Instant::now() - Duration::from_millis(2_500),
+            Arc::new(AtomicU64::new(0)),
+        );
         meter.record(5_000);
         meter.record(3_000);
-        let by_second = meter.slowest_by_second.lock().expect("lock").clone();
-        assert_eq!(by_second, [0, 0, 5_000], "ended in the run's third second");
-        assert_eq!(meter.histogram.lock().expect("lock").len(), 2);
+        let latencies = meter.latencies.lock().expect("lock").clone();
+        assert_eq!(
+            latencies.slowest_by_second,
+            [0, 0, 5_000],
+            "ended in the run's third second"
+        );
+        assert_eq!(latencies.histogram.len(), 2);
         assert_eq!(slowest_second(&[0.0, 3.0, 7.0, 1.0]), Some(2));
         assert_eq!(slowest_second(&[0.0, 0.0]), None, "no command ended");
     }
