@@ -13,10 +13,9 @@
 //! thread instead of a pooled one (snapshots come every `snapshot_every_entries`: a thread
 //! per job costs nothing beside the job).
 //!
-//! Known cost: a snapshot save holds `SnapshotDir`'s write lock while it encodes, so an
-//! install from the leader that arrives meanwhile (it saves what it installed, at the usual
-//! priority, with apply waiting) waits for a niced encoder. A save that encodes to a name of
-//! its own and takes the lock only to rename and prune would end that wait.
+//! An install from the leader that arrives while a niced encoder writes the node's own
+//! snapshot does not wait for it: a save takes `SnapshotDir`'s write lock only to take its
+//! finished file in and prune (raft/snapshot_file.rs).
 
 use std::io;
 

@@ -20,7 +20,7 @@ use std::fs;
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use sha2::{Digest, Sha256};
 
@@ -178,11 +178,15 @@ impl Read for DataReader {
 #[derive(Clone, Debug)]
 pub struct SnapshotDir {
     dir: PathBuf,
-    /// Held while a file is written and old ones pruned. The node's own snapshot builder and
-    /// an install from the leader may save at the same time; unserialised, each could prune
-    /// what the other had just removed, and the install would fail with "No such file", which
-    /// openraft treats as fatal.
+    /// Held while a written file is taken in and old ones pruned. The node's own snapshot
+    /// builder and an install from the leader may save at the same time; unserialised, each
+    /// could prune what the other had just removed, and the install would fail with "No such
+    /// file", which openraft treats as fatal. Not held while a file is encoded: the builder
+    /// encodes on a niced thread (background.rs), and an install must not wait for it.
     writing: Arc<Mutex<()>>,
+    /// Saves under way, by the name they write: pruning leaves what they write alone, and a
+    /// second save of the same name waits for the first.
+    claims: Arc<Claims>,
     /// Files of this directory whose checksum was read through (or that this process
     /// wrote): files never change once renamed into place, so each is read through once, not
     /// at every load (a node loads its newest snapshot twice at start, then at every send).
@@ -205,6 +209,7 @@ impl SnapshotDir {
         Ok(Self {
             dir,
             writing: Arc::default(),
+            claims: Arc::default(),
             verified: Arc::default(),
             expanding: Arc::default(),
         })
@@ -219,10 +224,9 @@ impl SnapshotDir {
         write_data: impl FnOnce(&mut BufWriter<WritebackFile>) -> io::Result<[u8; 32]>,
     ) -> Result<SnapshotFile, SnapshotFileError> {
         let path = self.path_of(meta);
-        // The lock guards no data, so a writer that panicked left nothing half-updated here.
-        let _writing = lock(&self.writing);
+        let claim = self.claims.claim(&path);
         let file = write_container(&path, FORMAT_VERSION, meta, write_data)?;
-        self.saved(path, file)
+        self.saved(path, file, claim)
     }
 
     /// Writes a linked snapshot durably (module docs): `write_data` gets the empty directory
@@ -235,7 +239,7 @@ impl SnapshotDir {
     ) -> Result<SnapshotFile, SnapshotFileError> {
         let path = self.path_of(meta);
         let runs = path.with_extension(RUNS_EXTENSION);
-        let _writing = lock(&self.writing);
+        let claim = self.claims.claim(&path);
         // One index and term is one state: a snapshot of it already in place (openraft
         // builds one at every trigger, even with nothing applied since) is kept as it is,
         // never rebuilt over its own runs.
@@ -262,7 +266,7 @@ impl SnapshotDir {
                 return Err(error);
             }
         };
-        let mut file = self.saved(path, file)?;
+        let mut file = self.saved(path, file, claim)?;
         file.linked = Some((runs, self.clone()));
         Ok(file)
     }
@@ -275,15 +279,21 @@ impl SnapshotDir {
             .join(format!("snapshot-{index:020}-{term:020}{SUFFIX}"))
     }
 
-    /// A file just written into place: known as verified and as this directory's own; older
-    /// ones pruned. Called with `writing` held.
+    /// A file just written into place under `claim`: known as verified and as this
+    /// directory's own; older ones pruned.
     fn saved(
         &self,
         path: PathBuf,
         mut file: SnapshotFile,
+        claim: Claim<'_>,
     ) -> Result<SnapshotFile, SnapshotFileError> {
+        // The lock guards no data, so a writer that panicked left nothing half-updated here.
+        let _writing = lock(&self.writing);
         lock(&self.verified).insert(path.clone());
         file.saved_as = Some(path);
+        // Given up before this prune, and before `writing` is: every save that still holds a
+        // claim then prunes after this one, so the last prune leaves exactly `KEEP` files.
+        drop(claim);
         self.prune()?;
         Ok(file)
     }
@@ -423,15 +433,9 @@ impl SnapshotDir {
                     .into(),
             });
         }
-        let index = meta.last_log_id.map_or(0, |id| id.index);
-        let term = meta.last_log_id.map_or(0, |id| id.leader_id.term);
-        let _writing = lock(&self.writing);
-        copy_durably(
-            backup,
-            &self
-                .dir
-                .join(format!("snapshot-{index:020}-{term:020}{SUFFIX}")),
-        )?;
+        let path = self.path_of(&meta);
+        let _claim = self.claims.claim(&path);
+        copy_durably(backup, &path)?;
         Ok(meta)
     }
 
@@ -450,9 +454,12 @@ impl SnapshotDir {
     }
 
     /// Removes all but the newest `KEEP` snapshots, each with its runs and expansion, and
-    /// whatever no snapshot in place owns (left by a crash mid-write). Called with `writing`
-    /// held.
+    /// whatever no snapshot in place owns (left by a crash mid-write), but for what a save
+    /// under way writes. Called with `writing` held.
     fn prune(&self) -> Result<(), SnapshotFileError> {
+        // Held to the end: a save claims its name before it writes anything, so no save
+        // starts writing what this prune has decided to remove.
+        let claimed = lock(&self.claims.names);
         let files = self.files()?;
         let kept = &files[files.len().saturating_sub(KEEP)..];
         let entries = fs::read_dir(&self.dir).map_err(io_error(&self.dir))?;
@@ -466,7 +473,7 @@ impl SnapshotDir {
             let written = path.to_string_lossy();
             let owner = Path::new(written.strip_suffix(".tmp").unwrap_or(&written))
                 .with_extension(SUFFIX.trim_start_matches('.'));
-            if ours && !kept.contains(&owner) {
+            if ours && !kept.contains(&owner) && !claimed.contains(&owner) {
                 gone.push(path);
             }
         }
@@ -478,6 +485,41 @@ impl SnapshotDir {
             remove_if_present(&path)?;
         }
         Ok(())
+    }
+}
+
+/// The names (`<name>.tsnap`) that saves are writing.
+#[derive(Debug, Default)]
+struct Claims {
+    names: Mutex<HashSet<PathBuf>>,
+    released: Condvar,
+}
+
+impl Claims {
+    /// Claims `path` for one save, waiting while another save holds it.
+    fn claim(&self, path: &Path) -> Claim<'_> {
+        let mut names = lock(&self.names);
+        while names.contains(path) {
+            names = (self.released.wait(names)).unwrap_or_else(PoisonError::into_inner);
+        }
+        names.insert(path.to_path_buf());
+        Claim {
+            claims: self,
+            path: path.to_path_buf(),
+        }
+    }
+}
+
+/// One save's claim on its name, given up when dropped (a save that failed included).
+struct Claim<'a> {
+    claims: &'a Claims,
+    path: PathBuf,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        lock(&self.claims.names).remove(&self.path);
+        self.claims.released.notify_all();
     }
 }
 
@@ -763,6 +805,62 @@ mod tests {
         assert_eq!(meta.last_log_id.map(|id| id.index), Some(160));
         assert_eq!(newest.digest(), [160; 32]);
         assert_eq!(data_of(&newest), vec![7; 4096]);
+    }
+
+    /// The node's own snapshot is encoded on a niced thread (background.rs); an install from
+    /// the leader that saves meanwhile must neither wait for that encoder nor prune the file
+    /// it is writing.
+    #[test]
+    fn a_save_does_not_wait_for_one_still_encoding_nor_prune_its_file() {
+        use std::sync::mpsc;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let snapshots = SnapshotDir::open(dir.path()).expect("open");
+        save(&snapshots, 1, b"one");
+        save(&snapshots, 2, b"two");
+        let (started, encoding) = mpsc::channel();
+        let (finish, finished) = mpsc::channel::<()>();
+        let slow = {
+            let snapshots = snapshots.clone();
+            std::thread::spawn(move || {
+                let saved = snapshots.save_with(&meta_at(3), |out| {
+                    out.write_all(&[3; 4096])?;
+                    out.flush()?;
+                    started.send(()).expect("the test waits");
+                    finished.recv().expect("the test lets it finish");
+                    Ok([3; 32])
+                });
+                saved.map(|file| data_of(&file))
+            })
+        };
+        encoding.recv().expect("the slow save started");
+        let (saved, newer) = mpsc::channel();
+        let quick = {
+            let snapshots = snapshots.clone();
+            std::thread::spawn(move || saved.send(data_of(&save(&snapshots, 4, b"four"))))
+        };
+        let quick_data = newer.recv_timeout(std::time::Duration::from_secs(10));
+        finish.send(()).expect("the slow save waits");
+        assert_eq!(
+            quick_data.as_deref(),
+            Ok(&b"four"[..]),
+            "a save waited for another one's encoder"
+        );
+        quick.join().expect("quick").expect("sent");
+        let slow_data = slow.join().expect("the slow save panicked");
+        assert_eq!(slow_data.expect("the slow save succeeds"), vec![3; 4096]);
+        let files = snapshots.files().expect("lists");
+        assert_eq!(
+            files,
+            [
+                snapshots.path_of(&meta_at(3)),
+                snapshots.path_of(&meta_at(4))
+            ]
+        );
+        let (meta, newest) = snapshots.load_latest().expect("loads").expect("a file");
+        assert_eq!(
+            (meta.last_log_id.map(|id| id.index), newest.digest()),
+            (Some(4), [4; 32])
+        );
     }
 
     #[test]
