@@ -17,7 +17,7 @@ use tally_client::cli::bench::{drive_counted, BenchArgs, BenchReport};
 use tally_client::{ClientConfig, TallyClient};
 
 use crate::cluster::{self, ProcessCluster};
-use crate::soak_chart;
+use crate::{breakdown, soak_chart};
 
 #[derive(Debug, Args)]
 pub struct SoakArgs {
@@ -331,14 +331,9 @@ async fn sample_until_done(
         (last_at, last_decided) = (Instant::now(), now_decided);
         let at_s = start.elapsed().as_secs_f64();
         let mut line = format!("{at_s:>6.0} s  {rate:>7.0} commands/s");
-        for (index, (pid, dir)) in nodes.iter().enumerate() {
+        for (index, ((pid, _), metrics_addr)) in nodes.iter().zip(&cluster.metrics).enumerate() {
             let rss_bytes = rss_bytes(*pid).unwrap_or(0);
-            let disk_bytes = tokio::task::spawn_blocking({
-                let dir = dir.clone();
-                move || dir_bytes(&dir)
-            })
-            .await
-            .unwrap_or(0);
+            let disk_bytes = data_dir_bytes(metrics_addr).await;
             line.push_str(&format!(
                 "  node {}: RSS {:>5} MB, disk {:>5} MB",
                 index + 1,
@@ -381,19 +376,20 @@ fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kb * 1_024)
 }
 
-/// Bytes of every file under `dir` (files that vanish while walking count as 0).
-fn dir_bytes(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|entry| match entry.file_type() {
-            Ok(kind) if kind.is_dir() => dir_bytes(&entry.path()),
-            Ok(_) => entry.metadata().map(|m| m.len()).unwrap_or(0),
-            Err(_) => 0,
-        })
-        .sum()
+/// What a node's data dir uses on disk, as the node measures it for its quota
+/// (`tally_data_dir_bytes`, every `disk_check_interval_ms`, each file once however many names
+/// it has); 0 when the node does not answer.
+async fn data_dir_bytes(metrics_addr: &str) -> u64 {
+    let text = breakdown::scrape(metrics_addr).await.unwrap_or_default();
+    data_dir_bytes_in(&text).unwrap_or(0)
+}
+
+/// `tally_data_dir_bytes` out of a Prometheus text exposition.
+fn data_dir_bytes_in(text: &str) -> Option<u64> {
+    let value = text
+        .lines()
+        .find_map(|line| line.strip_prefix("tally_data_dir_bytes "))?;
+    value.trim().parse::<f64>().ok().map(|bytes| bytes as u64)
 }
 
 fn write_csv(path: &Path, samples: &[Sample]) -> anyhow::Result<()> {
@@ -562,15 +558,17 @@ mod tests {
     }
 
     #[test]
-    fn the_process_s_own_rss_and_a_dir_s_bytes_are_read() {
+    fn the_data_dir_s_bytes_are_read_from_the_node_s_metrics() {
+        let text = "# TYPE tally_data_dir_bytes gauge\ntally_data_dir_bytes_total 1\n\
+                    tally_data_dir_bytes 4657000000\ntally_disk_free_bytes 9\n";
+        assert_eq!(data_dir_bytes_in(text), Some(4_657_000_000));
+        assert_eq!(data_dir_bytes_in("tally_disk_free_bytes 9\n"), None);
+    }
+
+    #[test]
+    fn the_process_s_own_rss_is_read() {
         let rss = rss_bytes(std::process::id()).expect("this process has a VmRSS");
         assert!(rss > 1 << 20, "{rss}");
-        let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::create_dir(dir.path().join("sub")).expect("mkdir");
-        std::fs::write(dir.path().join("a"), [0u8; 10]).expect("write");
-        std::fs::write(dir.path().join("sub/b"), [0u8; 32]).expect("write");
-        assert_eq!(dir_bytes(dir.path()), 42);
-        assert_eq!(dir_bytes(&dir.path().join("missing")), 0);
     }
 
     fn parse(args: &[&str]) -> SoakArgs {
