@@ -14,11 +14,32 @@ use tally_authority::raft::types::current_metrics;
 use tally_authority::testing::{TestCluster, LIVENESS};
 
 const WRITES: usize = 10;
+/// The term the cluster reaches before the writes and the backup.
+const RAISED_TERM: u64 = 6;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_lost_whole_comes_back_from_one_backup() {
     let mut cluster = TestCluster::start(3).await;
-    let leader = cluster.wait_leader().await;
+    // Elections until the writes below carry a term well above the first ones: a restored
+    // node starts with no vote (term 0), and one elected below the snapshot's term would
+    // append behind it (openraft's replication panicked on that).
+    let mut leader = cluster.wait_leader().await;
+    let started = Instant::now();
+    while current_metrics(&cluster.nodes[&leader].raft).current_term < RAISED_TERM {
+        assert!(started.elapsed() < LIVENESS, "the term did not rise");
+        let term = current_metrics(&cluster.nodes[&leader].raft).current_term;
+        let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+        let raft = &cluster.nodes[&follower].raft;
+        raft.trigger().elect(false).await.expect("an election");
+        while current_metrics(raft).current_term <= term {
+            assert!(
+                started.elapsed() < LIVENESS,
+                "node {follower} ran no election"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        leader = cluster.wait_leader().await;
+    }
     let mut client = cluster.budget(leader).await;
     let mut committed = Vec::new();
     for i in 0..WRITES {
@@ -87,6 +108,19 @@ async fn a_cluster_lost_whole_comes_back_from_one_backup() {
         cluster.restart(*id).await;
     }
     let leader = cluster.wait_leader().await;
+    let backup_term = meta
+        .last_log_id
+        .expect("a backup has a log id")
+        .leader_id
+        .term;
+    assert!(backup_term >= RAISED_TERM, "{backup_term}");
+    for id in &ids {
+        let term = current_metrics(&cluster.nodes[id].raft).current_term;
+        assert!(
+            term > backup_term,
+            "node {id} runs at term {term}, not above the backup's {backup_term}"
+        );
+    }
     let mut client = cluster.budget(leader).await;
     for (event_id, index) in &committed {
         assert_eq!(

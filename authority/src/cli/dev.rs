@@ -76,7 +76,8 @@ pub fn node_config(args: &DevArgs, id: u64) -> NodeConfig {
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     super::logging::init(LogFormat::Pretty);
-    let fresh = !crate::node::has_raft_log(&args.data_dir.join("node-1"));
+    // A data dir restored from a backup holds state too: initializing it would fail.
+    let fresh = !crate::node::holds_state(&args.data_dir.join("node-1"));
     if !args.insecure
         && tally_tls::issue::ensure_dev_certs(&tls_dir(&args), "tally-dev", args.nodes)?
     {

@@ -10,6 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::snapshot_dir;
 use crate::raft::snapshot_file::{SnapshotDir, SnapshotFileError};
 use crate::raft::types::SnapshotMeta;
 
@@ -23,10 +24,6 @@ pub enum BackupError {
     OutputExists(PathBuf),
     #[error(transparent)]
     Snapshot(#[from] SnapshotFileError),
-}
-
-fn snapshot_dir(data_dir: &Path) -> PathBuf {
-    data_dir.join("snapshots")
 }
 
 /// Copies the newest valid snapshot of `data_dir` to `out`. Safe while the node runs.
@@ -46,10 +43,8 @@ pub fn export(data_dir: &Path, out: &Path) -> Result<SnapshotMeta, BackupError> 
 
 /// Seeds the empty `data_dir` with the backup `from` (checked first). Blocking.
 pub fn restore(from: &Path, data_dir: &Path) -> Result<SnapshotMeta, BackupError> {
-    let snapshots = snapshot_dir(data_dir);
-    let has_snapshots = std::fs::read_dir(&snapshots).is_ok_and(|mut d| d.next().is_some());
-    if super::has_raft_log(data_dir) || has_snapshots {
+    if super::holds_state(data_dir) {
         return Err(BackupError::NotEmpty(data_dir.to_path_buf()));
     }
-    Ok(SnapshotDir::open(snapshots)?.import(from)?)
+    Ok(SnapshotDir::open(snapshot_dir(data_dir))?.import(from)?)
 }

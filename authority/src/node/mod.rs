@@ -43,6 +43,7 @@ use crate::raft::network::NetworkFactory;
 use crate::raft::snapshot_file::SnapshotDir;
 use crate::raft::state_machine::{SharedRouter, TallyStateMachine};
 use crate::raft::types::{LogId, Raft, TypeConfig};
+use crate::raft::vote_floor;
 use crate::service::access::{Access, AccessPolicy};
 use crate::service::admin::AdminService;
 use crate::service::budget::BudgetService;
@@ -152,6 +153,18 @@ pub fn has_raft_log(data_dir: &std::path::Path) -> bool {
     raft_log_dir(data_dir).exists() || data_dir.join(LEGACY_RAFT_LOG_FILE).exists()
 }
 
+/// Where a node keeps its snapshots under its data dir.
+pub fn snapshot_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join("snapshots")
+}
+
+/// Whether `data_dir` holds a node's state: its raft log, or snapshots (a data dir seeded by
+/// `tally-node restore` has only a snapshot until its node first starts).
+pub fn holds_state(data_dir: &std::path::Path) -> bool {
+    has_raft_log(data_dir)
+        || std::fs::read_dir(snapshot_dir(data_dir)).is_ok_and(|mut dir| dir.next().is_some())
+}
+
 pub async fn start(
     mut config: NodeConfig,
     faults: Arc<NetworkFaults>,
@@ -184,11 +197,30 @@ pub async fn start(
             log_dir.display()
         );
     }
-    let log_store =
+    let mut log_store =
         LogStore::<TypeConfig>::open(&log_dir).map_err(|e| NodeError::Storage(e.to_string()))?;
     let store_metrics = log_store.metrics_handle();
-    let snapshots = SnapshotDir::open(config.data_dir.join("snapshots"))
+    let snapshots = SnapshotDir::open(snapshot_dir(&config.data_dir))
         .map_err(|e| NodeError::Storage(e.to_string()))?;
+    // Verified here once for all of start (the directory remembers the files it verified).
+    let newest_snapshot = {
+        let snapshots = snapshots.clone();
+        tokio::task::spawn_blocking(move || snapshots.load_latest())
+            .await
+            .map_err(|e| NodeError::Storage(e.to_string()))?
+            .map_err(|e| NodeError::Storage(e.to_string()))?
+    };
+    let snapshot_last = newest_snapshot.and_then(|(meta, _)| meta.last_log_id);
+    if let Some(term) =
+        vote_floor::raise_to_last_log_term(&mut log_store, snapshot_last, config.node_id)
+            .await
+            .map_err(|e| NodeError::Storage(e.to_string()))?
+    {
+        tracing::info!(
+            term,
+            "raised the vote to the term of the newest log id (a restore)"
+        );
+    }
     let memory = config.memory_split();
     let router_config = RouterConfig {
         max_live_actors: config.max_live_families,

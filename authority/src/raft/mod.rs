@@ -6,3 +6,4 @@ pub mod network;
 pub mod snapshot_file;
 pub mod state_machine;
 pub mod types;
+pub mod vote_floor;
