@@ -50,6 +50,25 @@ impl ClockSample {
         let midpoint = self.sent_ms / 2 + self.received_ms / 2;
         self.peer_ms as i64 - midpoint as i64
     }
+
+    /// Half the probe's round trip: the peer read its clock somewhere within it, so the true
+    /// offset is within this of [`Self::offset_ms`].
+    pub fn uncertainty_ms(&self) -> u64 {
+        self.received_ms.saturating_sub(self.sent_ms) / 2
+    }
+
+    /// Whether the peer's clock may be within `max_offset_ms` of this node's: only a sample
+    /// whose whole uncertainty lies beyond the bound shows the clocks apart (CockroachDB
+    /// counts a remote clock out of bounds the same way). Judged by the estimate alone, a
+    /// probe that waited 2.5 s on a node busy installing a snapshot read as 1.3 s off and
+    /// handed leadership away from a healthy clock.
+    pub fn may_agree_within(&self, max_offset_ms: u64) -> bool {
+        let off_at_least = self
+            .offset_ms()
+            .unsigned_abs()
+            .saturating_sub(self.uncertainty_ms());
+        off_at_least <= max_offset_ms
+    }
 }
 
 /// Whether this node's clock is within `max_offset_ms` of a majority of the cluster (itself
@@ -59,7 +78,7 @@ pub fn within_majority(samples: &[Option<ClockSample>], max_offset_ms: u64) -> b
     let agreeing = 1 + samples
         .iter()
         .flatten()
-        .filter(|s| s.offset_ms().unsigned_abs() <= max_offset_ms)
+        .filter(|s| s.may_agree_within(max_offset_ms))
         .count();
     agreeing * 2 > voters
 }
@@ -83,6 +102,29 @@ mod tests {
             within_majority(&[], 500),
             "a single node agrees with itself"
         );
+    }
+
+    /// A slow probe cannot tell a clock 1.2 s off from one a few ms off: its uncertainty
+    /// (half the round trip) spans both, so it does not count against the node; a quick probe
+    /// with the same estimate does.
+    #[test]
+    fn only_a_probe_whose_uncertainty_excludes_the_bound_shows_the_clocks_apart() {
+        let slow = ClockSample {
+            sent_ms: 10_000,
+            peer_ms: 12_700,
+            received_ms: 13_000,
+        };
+        assert_eq!((slow.offset_ms(), slow.uncertainty_ms()), (1_200, 1_500));
+        assert!(slow.may_agree_within(500));
+        assert!(within_majority(&[Some(slow), Some(slow)], 500));
+        let quick = ClockSample {
+            sent_ms: 10_000,
+            peer_ms: 11_210,
+            received_ms: 10_020,
+        };
+        assert_eq!((quick.offset_ms(), quick.uncertainty_ms()), (1_200, 10));
+        assert!(!quick.may_agree_within(500));
+        assert!(!within_majority(&[Some(quick), Some(quick)], 500));
     }
 
     #[test]

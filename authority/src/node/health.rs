@@ -131,7 +131,7 @@ pub async fn monitor_clock(
             .iter()
             .zip(&samples)
             .map(|(address, sample)| {
-                let agrees = sample.is_some_and(|s| s.offset_ms().unsigned_abs() <= max_offset_ms);
+                let agrees = sample.is_some_and(|s| s.may_agree_within(max_offset_ms));
                 (address.clone(), agrees)
             })
             .collect();
