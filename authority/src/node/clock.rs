@@ -57,11 +57,19 @@ impl ClockSample {
         self.received_ms.saturating_sub(self.sent_ms) / 2
     }
 
+    /// Whether the probe's round trip was short enough to judge the peer by: its uncertainty
+    /// at most half of `max_offset_ms`. A longer one (a stalled node at either end) counts
+    /// neither way, so that a stall can neither make a healthy clock look off nor let any
+    /// offset pass.
+    pub fn is_conclusive(&self, max_offset_ms: u64) -> bool {
+        self.uncertainty_ms() <= max_offset_ms / 2
+    }
+
     /// Whether the peer's clock may be within `max_offset_ms` of this node's: only a sample
     /// whose whole uncertainty lies beyond the bound shows the clocks apart (CockroachDB
     /// counts a remote clock out of bounds the same way). Judged by the estimate alone, a
     /// probe that waited 2.5 s on a node busy installing a snapshot read as 1.3 s off and
-    /// handed leadership away from a healthy clock.
+    /// handed leadership away from a healthy clock. Meaningful for a conclusive sample.
     pub fn may_agree_within(&self, max_offset_ms: u64) -> bool {
         let off_at_least = self
             .offset_ms()
@@ -73,10 +81,15 @@ impl ClockSample {
 
 /// Whether this node's clock is within `max_offset_ms` of a majority of the cluster (itself
 /// included, with offset 0). `None` samples are peers that did not answer: they count against.
+/// Samples too slow to judge by (`ClockSample::is_conclusive`) are left out.
 pub fn within_majority(samples: &[Option<ClockSample>], max_offset_ms: u64) -> bool {
-    let voters = samples.len() + 1;
-    let agreeing = 1 + samples
+    let counted: Vec<&Option<ClockSample>> = samples
         .iter()
+        .filter(|s| s.is_none_or(|s| s.is_conclusive(max_offset_ms)))
+        .collect();
+    let voters = counted.len() + 1;
+    let agreeing = 1 + counted
+        .into_iter()
         .flatten()
         .filter(|s| s.may_agree_within(max_offset_ms))
         .count();
@@ -105,8 +118,9 @@ mod tests {
     }
 
     /// A slow probe cannot tell a clock 1.2 s off from one a few ms off: its uncertainty
-    /// (half the round trip) spans both, so it does not count against the node; a quick probe
-    /// with the same estimate does.
+    /// (half the round trip) spans both, so it counts neither way; a quick probe with the
+    /// same estimate counts against the node, and one whose uncertainty reaches back inside
+    /// the bound does not.
     #[test]
     fn only_a_probe_whose_uncertainty_excludes_the_bound_shows_the_clocks_apart() {
         let slow = ClockSample {
@@ -115,8 +129,20 @@ mod tests {
             received_ms: 13_000,
         };
         assert_eq!((slow.offset_ms(), slow.uncertainty_ms()), (1_200, 1_500));
-        assert!(slow.may_agree_within(500));
+        assert!(!slow.is_conclusive(500));
         assert!(within_majority(&[Some(slow), Some(slow)], 500));
+        let skewed = sample(2_000).expect("a sample");
+        assert!(
+            !within_majority(&[Some(slow), Some(skewed)], 500),
+            "a slow probe does not outvote a quick one that shows the clocks apart"
+        );
+        let near = ClockSample {
+            sent_ms: 10_000,
+            peer_ms: 10_850,
+            received_ms: 10_400,
+        };
+        assert_eq!((near.offset_ms(), near.uncertainty_ms()), (650, 200));
+        assert!(near.is_conclusive(500) && near.may_agree_within(500));
         let quick = ClockSample {
             sent_ms: 10_000,
             peer_ms: 11_210,

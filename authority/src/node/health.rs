@@ -127,18 +127,28 @@ pub async fn monitor_clock(
             offsets.get(offsets.len() / 2).copied().unwrap_or(0),
             Ordering::Relaxed,
         );
-        let agree: BTreeMap<String, bool> = peers
-            .iter()
-            .zip(&samples)
-            .map(|(address, sample)| {
-                let agrees = sample.is_some_and(|s| s.may_agree_within(max_offset_ms));
-                (address.clone(), agrees)
-            })
-            .collect();
-        *health
-            .peer_clocks_agree
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = agree;
+        {
+            let mut agree = health
+                .peer_clocks_agree
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            // A probe too slow to judge by keeps the peer's last verdict (agreeing if none).
+            let judged: BTreeMap<String, bool> = peers
+                .iter()
+                .zip(&samples)
+                .map(|(address, sample)| {
+                    let agrees = match sample {
+                        None => false,
+                        Some(s) if s.is_conclusive(max_offset_ms) => {
+                            s.may_agree_within(max_offset_ms)
+                        }
+                        Some(_) => agree.get(address).copied().unwrap_or(true),
+                    };
+                    (address.clone(), agrees)
+                })
+                .collect();
+            *agree = judged;
+        }
         let ok = within_majority(&samples, max_offset_ms);
         let was_ok = health.clock_ok.swap(ok, Ordering::Relaxed);
         if ok != was_ok {

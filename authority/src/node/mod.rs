@@ -158,11 +158,15 @@ pub fn snapshot_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
     data_dir.join("snapshots")
 }
 
-/// Whether `data_dir` holds a node's state: its raft log, or snapshots (a data dir seeded by
-/// `tally-node restore` has only a snapshot until its node first starts).
+/// Whether `data_dir` holds a node's state: its raft log, or a snapshot file in place (a
+/// data dir seeded by `tally-node restore` has only that until its node first starts; a
+/// temporary file a crashed restore left is not state).
 pub fn holds_state(data_dir: &std::path::Path) -> bool {
     has_raft_log(data_dir)
-        || std::fs::read_dir(snapshot_dir(data_dir)).is_ok_and(|mut dir| dir.next().is_some())
+        || std::fs::read_dir(snapshot_dir(data_dir)).is_ok_and(|dir| {
+            dir.flatten()
+                .any(|entry| entry.file_name().to_string_lossy().ends_with(".tsnap"))
+        })
 }
 
 pub async fn start(
@@ -610,5 +614,26 @@ impl NodeHandle {
         }
         let _ = self.raft.shutdown().await;
         drop(self.router);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_in_place_is_state_and_a_leftover_temp_file_is_not() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        assert!(!holds_state(dir.path()), "an empty data dir");
+        std::fs::create_dir_all(snapshot_dir(dir.path())).expect("mkdir");
+        let leftover = snapshot_dir(dir.path()).join("snapshot-1-1.tsnap.tmp");
+        std::fs::write(&leftover, b"half").expect("write");
+        assert!(!holds_state(dir.path()), "what a crashed restore left");
+        std::fs::rename(
+            &leftover,
+            snapshot_dir(dir.path()).join("snapshot-1-1.tsnap"),
+        )
+        .expect("rename");
+        assert!(holds_state(dir.path()), "a restored data dir");
     }
 }

@@ -291,8 +291,9 @@ impl SnapshotDir {
         let _writing = lock(&self.writing);
         lock(&self.verified).insert(path.clone());
         file.saved_as = Some(path);
-        // Given up before this prune, and before `writing` is: every save that still holds a
-        // claim then prunes after this one, so the last prune leaves exactly `KEEP` files.
+        // Given up before this prune, and before `writing` is: every save still writing then
+        // prunes after this one, so the last successful save's prune leaves `KEEP` files (a
+        // save that failed, or found its file in place, prunes nothing until the next one).
         drop(claim);
         self.prune()?;
         Ok(file)
