@@ -79,21 +79,26 @@ impl ClockSample {
     }
 }
 
+/// What one probe says of a peer's clock: `Some(true)` it may agree, `Some(false)` it is off
+/// or the peer did not answer (`None` sample), `None` the probe was too slow to judge by
+/// (`ClockSample::is_conclusive`).
+pub fn verdict(sample: Option<&ClockSample>, max_offset_ms: u64) -> Option<bool> {
+    match sample {
+        None => Some(false),
+        Some(s) if s.is_conclusive(max_offset_ms) => Some(s.may_agree_within(max_offset_ms)),
+        Some(_) => None,
+    }
+}
+
 /// Whether this node's clock is within `max_offset_ms` of a majority of the cluster (itself
-/// included, with offset 0). `None` samples are peers that did not answer: they count against.
-/// Samples too slow to judge by (`ClockSample::is_conclusive`) are left out.
+/// included, with offset 0), over the peers a probe could judge ([`verdict`]).
 pub fn within_majority(samples: &[Option<ClockSample>], max_offset_ms: u64) -> bool {
-    let counted: Vec<&Option<ClockSample>> = samples
+    let verdicts: Vec<bool> = samples
         .iter()
-        .filter(|s| s.is_none_or(|s| s.is_conclusive(max_offset_ms)))
+        .filter_map(|s| verdict(s.as_ref(), max_offset_ms))
         .collect();
-    let voters = counted.len() + 1;
-    let agreeing = 1 + counted
-        .into_iter()
-        .flatten()
-        .filter(|s| s.may_agree_within(max_offset_ms))
-        .count();
-    agreeing * 2 > voters
+    let agreeing = 1 + verdicts.iter().filter(|agrees| **agrees).count();
+    agreeing * 2 > verdicts.len() + 1
 }
 
 #[cfg(test)]
@@ -123,33 +128,34 @@ mod tests {
     /// the bound does not.
     #[test]
     fn only_a_probe_whose_uncertainty_excludes_the_bound_shows_the_clocks_apart() {
-        let slow = ClockSample {
-            sent_ms: 10_000,
-            peer_ms: 12_700,
-            received_ms: 13_000,
+        let probe = |sent_ms, peer_ms, received_ms| ClockSample {
+            sent_ms,
+            peer_ms,
+            received_ms,
         };
+        let slow = probe(10_000, 12_700, 13_000);
         assert_eq!((slow.offset_ms(), slow.uncertainty_ms()), (1_200, 1_500));
         assert!(!slow.is_conclusive(500));
+        assert_eq!(verdict(Some(&slow), 500), None, "too slow to judge by");
+        assert_eq!(
+            verdict(None, 500),
+            Some(false),
+            "a silent peer does not vouch"
+        );
         assert!(within_majority(&[Some(slow), Some(slow)], 500));
         let skewed = sample(2_000).expect("a sample");
         assert!(
             !within_majority(&[Some(slow), Some(skewed)], 500),
             "a slow probe does not outvote a quick one that shows the clocks apart"
         );
-        let near = ClockSample {
-            sent_ms: 10_000,
-            peer_ms: 10_850,
-            received_ms: 10_400,
-        };
+        let near = probe(10_000, 10_850, 10_400);
         assert_eq!((near.offset_ms(), near.uncertainty_ms()), (650, 200));
         assert!(near.is_conclusive(500) && near.may_agree_within(500));
-        let quick = ClockSample {
-            sent_ms: 10_000,
-            peer_ms: 11_210,
-            received_ms: 10_020,
-        };
+        assert_eq!(verdict(Some(&near), 500), Some(true));
+        let quick = probe(10_000, 11_210, 10_020);
         assert_eq!((quick.offset_ms(), quick.uncertainty_ms()), (1_200, 10));
         assert!(!quick.may_agree_within(500));
+        assert_eq!(verdict(Some(&quick), 500), Some(false));
         assert!(!within_majority(&[Some(quick), Some(quick)], 500));
     }
 

@@ -15,7 +15,7 @@ use tally_tls::Transport;
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
-use super::clock::{within_majority, ClockSample, NodeClock};
+use super::clock::{verdict, within_majority, ClockSample, NodeClock};
 use crate::raft::types::{NodeId, Raft};
 
 pub struct Health {
@@ -137,13 +137,8 @@ pub async fn monitor_clock(
                 .iter()
                 .zip(&samples)
                 .map(|(address, sample)| {
-                    let agrees = match sample {
-                        None => false,
-                        Some(s) if s.is_conclusive(max_offset_ms) => {
-                            s.may_agree_within(max_offset_ms)
-                        }
-                        Some(_) => agree.get(address).copied().unwrap_or(true),
-                    };
+                    let agrees = verdict(sample.as_ref(), max_offset_ms)
+                        .unwrap_or_else(|| agree.get(address).copied().unwrap_or(true));
                     (address.clone(), agrees)
                 })
                 .collect();

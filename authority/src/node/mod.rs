@@ -162,11 +162,7 @@ pub fn snapshot_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
 /// data dir seeded by `tally-node restore` has only that until its node first starts; a
 /// temporary file a crashed restore left is not state).
 pub fn holds_state(data_dir: &std::path::Path) -> bool {
-    has_raft_log(data_dir)
-        || std::fs::read_dir(snapshot_dir(data_dir)).is_ok_and(|dir| {
-            dir.flatten()
-                .any(|entry| entry.file_name().to_string_lossy().ends_with(".tsnap"))
-        })
+    has_raft_log(data_dir) || crate::raft::snapshot_file::holds_snapshot(&snapshot_dir(data_dir))
 }
 
 pub async fn start(

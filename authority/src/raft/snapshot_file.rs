@@ -441,17 +441,7 @@ impl SnapshotDir {
     }
 
     fn files(&self) -> Result<Vec<PathBuf>, SnapshotFileError> {
-        let entries = fs::read_dir(&self.dir).map_err(|source| SnapshotFileError::Io {
-            path: self.dir.clone(),
-            source,
-        })?;
-        let mut files: Vec<PathBuf> = entries
-            .filter_map(Result::ok)
-            .map(|entry| entry.path())
-            .filter(|path| path.to_string_lossy().ends_with(SUFFIX))
-            .collect();
-        files.sort();
-        Ok(files)
+        snapshot_files(&self.dir)
     }
 
     /// Removes all but the newest `KEEP` snapshots, each with its runs and expansion, and
@@ -487,6 +477,24 @@ impl SnapshotDir {
         }
         Ok(())
     }
+}
+
+/// The snapshot files in place in `dir`, oldest first (not what a save is still writing).
+fn snapshot_files(dir: &Path) -> Result<Vec<PathBuf>, SnapshotFileError> {
+    let entries = fs::read_dir(dir).map_err(io_error(dir))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.to_string_lossy().ends_with(SUFFIX))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Whether `dir` holds a snapshot file in place (read without opening it as a
+/// [`SnapshotDir`], which would create it); a missing directory holds none.
+pub fn holds_snapshot(dir: &Path) -> bool {
+    snapshot_files(dir).is_ok_and(|files| !files.is_empty())
 }
 
 /// The names (`<name>.tsnap`) that saves are writing.

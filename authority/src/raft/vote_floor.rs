@@ -61,50 +61,39 @@ mod tests {
             .expect("reads")
     }
 
+    /// Node 1 raising its vote against `snapshot_last`; the term it raised to.
+    async fn raise(store: &mut LogStore<TypeConfig>, snapshot_last: Option<LogId>) -> Option<u64> {
+        raise_to_last_log_term(store, snapshot_last, 1)
+            .await
+            .expect("raises")
+    }
+
     #[tokio::test]
     async fn a_vote_below_the_snapshot_s_term_is_raised_once_and_a_higher_one_is_kept() {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut store = LogStore::<TypeConfig>::open(dir.path()).expect("opens");
         assert_eq!(
-            raise_to_last_log_term(&mut store, None, 1)
-                .await
-                .expect("ok"),
+            raise(&mut store, None).await,
             None,
             "a new node has no term to keep up with"
         );
         assert_eq!(stored_vote(&mut store).await, None);
 
         let restored = Some(log_id(24, 167_790));
-        assert_eq!(
-            raise_to_last_log_term(&mut store, restored, 1)
-                .await
-                .expect("ok"),
-            Some(24)
-        );
+        assert_eq!(raise(&mut store, restored).await, Some(24));
         let vote = stored_vote(&mut store).await.expect("a vote");
         assert_eq!((vote.leader_id.term, vote.leader_id.node_id), (24, 1));
         assert!(
             !vote.is_committed(),
             "the node was nobody's leader at that term"
         );
-        assert_eq!(
-            raise_to_last_log_term(&mut store, restored, 1)
-                .await
-                .expect("ok"),
-            None,
-            "raised once"
-        );
+        assert_eq!(raise(&mut store, restored).await, None, "raised once");
 
         store
             .save_vote(&VoteOf::<TypeConfig>::new(30, 3))
             .await
             .expect("saves");
-        assert_eq!(
-            raise_to_last_log_term(&mut store, restored, 1)
-                .await
-                .expect("ok"),
-            None
-        );
+        assert_eq!(raise(&mut store, restored).await, None);
         assert_eq!(
             stored_vote(&mut store).await.map(|v| v.leader_id.term),
             Some(30)
