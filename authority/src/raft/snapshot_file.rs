@@ -287,15 +287,23 @@ impl SnapshotDir {
         mut file: SnapshotFile,
         claim: Claim<'_>,
     ) -> Result<SnapshotFile, SnapshotFileError> {
-        // The lock guards no data, so a writer that panicked left nothing half-updated here.
-        let _writing = lock(&self.writing);
-        lock(&self.verified).insert(path.clone());
-        file.saved_as = Some(path);
-        // Given up before this prune, and before `writing` is: every save still writing then
-        // prunes after this one, so the last successful save's prune leaves `KEEP` files (a
-        // save that failed, or found its file in place, prunes nothing until the next one).
-        drop(claim);
-        self.prune()?;
+        let pruned = {
+            // The lock guards no data, so a writer that panicked left nothing half-updated.
+            let _writing = lock(&self.writing);
+            lock(&self.verified).insert(path.clone());
+            file.saved_as = Some(path);
+            // Given up before this prune, and before `writing` is: every save still writing
+            // then prunes after this one, so the last successful save's prune leaves `KEEP`
+            // files (a save that failed, or found its file in place, prunes nothing until
+            // the next one).
+            drop(claim);
+            self.prune()?
+        };
+        // Deleted with no lock held: a stream expansion takes seconds to delete, and an
+        // install from the leader must not wait for it to claim its name.
+        for trash in pruned {
+            remove_if_present(&trash)?;
+        }
         Ok(file)
     }
 
@@ -444,10 +452,12 @@ impl SnapshotDir {
         snapshot_files(&self.dir)
     }
 
-    /// Removes all but the newest `KEEP` snapshots, each with its runs and expansion, and
-    /// whatever no snapshot in place owns (left by a crash mid-write), but for what a save
-    /// under way writes. Called with `writing` held.
-    fn prune(&self) -> Result<(), SnapshotFileError> {
+    /// Takes all but the newest `KEEP` snapshots out of place, each with its runs and
+    /// expansion, and whatever no snapshot in place owns (left by a crash mid-write), but for
+    /// what a save under way writes; returns them for the caller to delete once it holds no
+    /// lock. Each is renamed to a trash name (`TRASH_PREFIX`), which is quick whatever its
+    /// size; trash a crashed process left is taken too. Called with `writing` held.
+    fn prune(&self) -> Result<Vec<PathBuf>, SnapshotFileError> {
         // Held to the end: a save claims its name before it writes anything, so no save
         // starts writing what this prune has decided to remove.
         let claimed = lock(&self.claims.names);
@@ -457,26 +467,58 @@ impl SnapshotDir {
         let mut gone = Vec::new();
         for entry in entries {
             let path = entry.map_err(io_error(&self.dir))?.path();
+            let Some(name) = path
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+            else {
+                continue;
+            };
             // Only what a save writes here: anything else an operator put here stays.
-            let ours = (path.file_name())
-                .is_some_and(|name| name.to_string_lossy().starts_with("snapshot-"));
+            let ours = name.starts_with("snapshot-");
             // `<name>.<ext>` and its `<name>.<ext>.tmp` belong to `<name>.tsnap`.
             let written = path.to_string_lossy();
             let owner = Path::new(written.strip_suffix(".tmp").unwrap_or(&written))
                 .with_extension(SUFFIX.trim_start_matches('.'));
-            if ours && !kept.contains(&owner) && !claimed.contains(&owner) {
+            if (ours && !kept.contains(&owner) && !claimed.contains(&owner))
+                || is_leftover_trash(&name)
+            {
                 gone.push(path);
             }
         }
         // Snapshot files first: a crash midway leaves runs without a file (removed at the
         // next save), never a file without its runs.
         gone.sort_by_key(|path| !path.to_string_lossy().ends_with(SUFFIX));
+        let mut trash = Vec::with_capacity(gone.len());
         for path in gone {
             lock(&self.verified).remove(&path);
-            remove_if_present(&path)?;
+            let renamed = self.dir.join(trash_name());
+            match fs::rename(&path, &renamed) {
+                Ok(()) => trash.push(renamed),
+                // Taken by another process's prune, or by an operator.
+                Err(source) if source.kind() == io::ErrorKind::NotFound => {}
+                Err(source) => return Err(SnapshotFileError::Io { path, source }),
+            }
         }
-        Ok(())
+        Ok(trash)
     }
+}
+
+/// What a prune took out of place is renamed `<TRASH_PREFIX><pid>-<n>` until it is deleted.
+const TRASH_PREFIX: &str = ".pruned-";
+
+/// A trash name no other prune, of this process or another, uses.
+fn trash_name() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{TRASH_PREFIX}{}-{n}", std::process::id())
+}
+
+/// Whether `name` is trash that a prune of another process took and did not delete (it
+/// crashed): this process's own trash is being deleted by the prune that took it.
+fn is_leftover_trash(name: &str) -> bool {
+    name.strip_prefix(TRASH_PREFIX)
+        .and_then(|rest| rest.split_once('-'))
+        .is_some_and(|(pid, _)| pid != std::process::id().to_string())
 }
 
 /// The snapshot files in place in `dir`, oldest first (not what a save is still writing).
@@ -773,6 +815,21 @@ mod tests {
             .unwrap_or_else(|error| panic!("save of {index} failed: {error}"))
     }
 
+    /// The names in `dir`, sorted.
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = (fs::read_dir(dir).expect("dir"))
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
     fn data_of(file: &SnapshotFile) -> Vec<u8> {
         let mut data = Vec::new();
         file.reader().read_to_end(&mut data).expect("read");
@@ -814,6 +871,40 @@ mod tests {
         assert_eq!(meta.last_log_id.map(|id| id.index), Some(160));
         assert_eq!(newest.digest(), [160; 32]);
         assert_eq!(data_of(&newest), vec![7; 4096]);
+    }
+
+    /// A prune renames what it removes and deletes it after giving up its locks: nothing of
+    /// it is left once the save returns, and trash a crashed process left is deleted too,
+    /// while trash this process is still deleting is not touched.
+    #[test]
+    fn pruned_files_are_deleted_outside_the_locks_and_crash_leftovers_with_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let snapshots = SnapshotDir::open(dir.path()).expect("open");
+        let crashed = dir.path().join(format!("{TRASH_PREFIX}4294967295-7"));
+        fs::create_dir(&crashed).expect("mkdir");
+        fs::write(crashed.join("run"), b"rows").expect("write");
+        let ours = dir
+            .path()
+            .join(format!("{TRASH_PREFIX}{}-999999", std::process::id()));
+        fs::write(&ours, b"being deleted").expect("write");
+        for index in 1..=4 {
+            save(&snapshots, index, &[index as u8; 1024]);
+        }
+        let left = names_in(dir.path());
+        let ours_name = ours
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(
+            left,
+            vec![
+                ours_name,
+                format!("snapshot-{:020}-{:020}{SUFFIX}", 3, 1),
+                format!("snapshot-{:020}-{:020}{SUFFIX}", 4, 1),
+            ],
+            "the pruned snapshots and the crashed process's trash are gone, the rest stays"
+        );
     }
 
     /// The node's own snapshot is encoded on a niced thread (background.rs); an install from
@@ -1019,16 +1110,7 @@ mod tests {
             "not a snapshot's: kept"
         );
         fs::remove_file(dir.path().join("notes.txt")).expect("remove");
-        let mut left: Vec<String> = (fs::read_dir(dir.path()).expect("dir"))
-            .map(|entry| {
-                entry
-                    .expect("entry")
-                    .file_name()
-                    .to_string_lossy()
-                    .into_owned()
-            })
-            .collect();
-        left.sort();
+        let left = names_in(dir.path());
         let expected: Vec<String> = [(3, ".runs"), (3, ".tsnap"), (4, ".runs"), (4, ".tsnap")]
             .map(|(index, tail)| format!("snapshot-{index:020}-{:020}{tail}", 1))
             .into();
