@@ -83,6 +83,9 @@ pub struct Sample {
     pub disk_bytes: u64,
     /// Commands decided in the whole cluster over the last sample period.
     pub commands_per_s: f64,
+    /// CPU seconds (user + system) the node process has used since it started; 0 when
+    /// unknown (a CSV from before this column).
+    pub cpu_s: f64,
 }
 
 /// One node's figures after the warm-up.
@@ -114,7 +117,20 @@ struct SoakReport {
     stopped: Option<String>,
     /// The load's own report (latency too), when it ran to its end.
     load: Option<BenchReport>,
+    /// The nodes' CPU after the warm-up, the three summed.
+    cpu: Option<ClusterCpu>,
     nodes: Vec<NodeSummary>,
+}
+
+/// The nodes' CPU per command decided after the warm-up: the cost of a committed command
+/// on all replicas together, at this soak's fixed offered rate (docs/benchmarks.md).
+#[derive(Debug, Serialize, PartialEq)]
+pub struct ClusterCpu {
+    pub seconds: f64,
+    /// Cores busy on average: CPU seconds per second.
+    pub cores: f64,
+    pub commands: u64,
+    pub us_per_command: f64,
 }
 
 pub async fn run(args: SoakArgs) -> anyhow::Result<()> {
@@ -223,6 +239,7 @@ fn finish(
         warmup_s: args.warmup_s,
         stopped: stopped.clone(),
         load,
+        cpu: cluster_cpu(samples, args.warmup_s),
         nodes: summarize(samples, args, commands),
     };
     let png = args.out.join("soak.png");
@@ -280,8 +297,12 @@ fn read_csv(path: &Path) -> anyhow::Result<Vec<Sample>> {
     for (number, line) in text.lines().enumerate().skip(1) {
         let fields: Vec<&str> = line.split(',').collect();
         let parsed = (|| -> Option<Sample> {
-            let [at_s, node, rss, disk, rate] = fields.as_slice() else {
-                return None;
+            let (at_s, node, rss, disk, rate, cpu) = match fields.as_slice() {
+                [at_s, node, rss, disk, rate, cpu] => {
+                    (at_s, node, rss, disk, rate, cpu.parse().ok()?)
+                }
+                [at_s, node, rss, disk, rate] => (at_s, node, rss, disk, rate, 0.0),
+                _ => return None,
             };
             Some(Sample {
                 at_s: at_s.parse().ok()?,
@@ -289,11 +310,12 @@ fn read_csv(path: &Path) -> anyhow::Result<Vec<Sample>> {
                 rss_bytes: rss.parse().ok()?,
                 disk_bytes: disk.parse().ok()?,
                 commands_per_s: rate.parse().ok()?,
+                cpu_s: cpu,
             })
         })();
         samples.push(parsed.ok_or_else(|| {
             anyhow::anyhow!(
-                "{} line {}: not at_s,node,rss_bytes,disk_bytes,commands_per_s",
+                "{} line {}: not at_s,node,rss_bytes,disk_bytes,commands_per_s[,cpu_s]",
                 path.display(),
                 number + 1
             )
@@ -333,6 +355,7 @@ async fn sample_until_done(
         let mut line = format!("{at_s:>6.0} s  {rate:>7.0} commands/s");
         for (index, ((pid, _), metrics_addr)) in nodes.iter().zip(&cluster.metrics).enumerate() {
             let rss_bytes = rss_bytes(*pid).unwrap_or(0);
+            let cpu_s = cpu_seconds(*pid).unwrap_or(0.0);
             let disk_bytes = data_dir_bytes(metrics_addr).await;
             line.push_str(&format!(
                 "  node {}: RSS {:>5} MB, disk {:>5} MB",
@@ -346,6 +369,7 @@ async fn sample_until_done(
                 rss_bytes,
                 disk_bytes,
                 commands_per_s: rate,
+                cpu_s,
             });
         }
         println!("{line}");
@@ -376,6 +400,64 @@ fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kb * 1_024)
 }
 
+/// The CPU seconds (user + system) a process has used, from `/proc/<pid>/stat`.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name (field 2) may hold spaces and parentheses: count from the last `)`.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // Fields 14 and 15 (utime, stime), counted from 1 with the pid and name as 1 and 2.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf reads a constant of the running system and touches no memory of ours.
+    let per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (per_s > 0).then(|| ticks as f64 / per_s as f64)
+}
+
+/// The nodes' CPU from the first sample at or after the warm-up to the last, over the
+/// commands decided meanwhile (the sampled rates, integrated); `None` without CPU figures or
+/// with less than two samples after the warm-up.
+fn cluster_cpu(samples: &[Sample], warmup_s: u64) -> Option<ClusterCpu> {
+    let settled: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.at_s >= warmup_s as f64)
+        .collect();
+    let first_at = settled.iter().map(|s| s.at_s).reduce(f64::min)?;
+    let last_at = settled.iter().map(|s| s.at_s).reduce(f64::max)?;
+    if last_at <= first_at || settled.iter().any(|s| s.cpu_s <= 0.0) {
+        return None;
+    }
+    let mut seconds = 0.0;
+    let mut nodes: Vec<usize> = settled.iter().map(|s| s.node).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    for node in &nodes {
+        let at = |when: f64| {
+            settled
+                .iter()
+                .find(|s| s.node == *node && s.at_s == when)
+                .map(|s| s.cpu_s)
+        };
+        seconds += at(last_at)? - at(first_at)?;
+    }
+    // Each sample's rate is over the period that ends at it: the periods after `first_at`.
+    let mut by_time: Vec<(f64, f64)> = settled
+        .iter()
+        .filter(|s| s.node == nodes[0])
+        .map(|s| (s.at_s, s.commands_per_s))
+        .collect();
+    by_time.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let commands: f64 = by_time
+        .windows(2)
+        .map(|pair| pair[1].1 * (pair[1].0 - pair[0].0))
+        .sum();
+    Some(ClusterCpu {
+        seconds,
+        cores: seconds / (last_at - first_at),
+        commands: commands as u64,
+        us_per_command: seconds * 1e6 / commands.max(1.0),
+    })
+}
+
 /// What a node's data dir uses on disk, as the node measures it for its quota
 /// (`tally_data_dir_bytes`, every `disk_check_interval_ms`, each file once however many names
 /// it has); 0 when the node does not answer.
@@ -393,11 +475,11 @@ fn data_dir_bytes_in(text: &str) -> Option<u64> {
 }
 
 fn write_csv(path: &Path, samples: &[Sample]) -> anyhow::Result<()> {
-    let mut text = String::from("at_s,node,rss_bytes,disk_bytes,commands_per_s\n");
+    let mut text = String::from("at_s,node,rss_bytes,disk_bytes,commands_per_s,cpu_s\n");
     for s in samples {
         text.push_str(&format!(
-            "{:.1},{},{},{},{:.0}\n",
-            s.at_s, s.node, s.rss_bytes, s.disk_bytes, s.commands_per_s
+            "{:.1},{},{},{},{:.0},{:.2}\n",
+            s.at_s, s.node, s.rss_bytes, s.disk_bytes, s.commands_per_s, s.cpu_s
         ));
     }
     std::fs::write(path, text)?;
@@ -491,6 +573,12 @@ fn print_report(report: &SoakReport) {
             report.offered_commands_per_s, report.achieved_commands_per_s, report.commands
         ),
     }
+    if let Some(cpu) = &report.cpu {
+        println!(
+            "nodes' CPU after the warm-up: {:.2} cores, {:.1} µs per command decided ({:.0} CPU s for {} commands, 3 replicas summed)",
+            cpu.cores, cpu.us_per_command, cpu.seconds, cpu.commands
+        );
+    }
     println!(
         "after the {} s warm-up (budget {} MB per node):",
         report.warmup_s,
@@ -529,6 +617,7 @@ mod tests {
                 rss_bytes: mb << 20,
                 disk_bytes: 1_000,
                 commands_per_s: 1.0,
+                cpu_s: 0.0,
             })
             .collect();
         let args = SoakArgs {
@@ -565,6 +654,54 @@ mod tests {
         assert_eq!(data_dir_bytes_in("tally_disk_free_bytes 9\n"), None);
     }
 
+    /// Two nodes sampled every 10 s at 1,000 commands/s: after a warm-up of 10 s, 20 s of
+    /// load (20,000 commands) cost node 1 4 s and node 2 6 s of CPU: 0.5 cores, 500 µs.
+    #[test]
+    fn the_cpu_per_command_counts_from_the_first_sample_after_the_warm_up() {
+        let sample = |at_s: f64, node: usize, cpu_s: f64| Sample {
+            at_s,
+            node,
+            rss_bytes: 1,
+            disk_bytes: 1,
+            commands_per_s: 1_000.0,
+            cpu_s,
+        };
+        let samples = [
+            sample(0.0, 1, 0.5),
+            sample(0.0, 2, 0.5),
+            sample(10.0, 1, 3.0),
+            sample(10.0, 2, 2.0),
+            sample(20.0, 1, 5.0),
+            sample(20.0, 2, 5.0),
+            sample(30.0, 1, 7.0),
+            sample(30.0, 2, 8.0),
+        ];
+        assert_eq!(
+            cluster_cpu(&samples, 10),
+            Some(ClusterCpu {
+                seconds: 10.0,
+                cores: 0.5,
+                commands: 20_000,
+                us_per_command: 500.0,
+            })
+        );
+        assert_eq!(cluster_cpu(&samples, 30), None, "one sample is no interval");
+        let unknown = [sample(0.0, 1, 0.0), sample(10.0, 1, 0.0)];
+        assert_eq!(cluster_cpu(&unknown, 0), None, "no CPU column");
+    }
+
+    #[test]
+    fn the_process_s_own_cpu_is_read() {
+        let start = cpu_seconds(std::process::id()).expect("this process has a stat");
+        let spin = Instant::now();
+        let mut x = 0u64;
+        while spin.elapsed() < Duration::from_millis(300) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let used = cpu_seconds(std::process::id()).expect("still") - start;
+        assert!(used >= 0.1, "300 ms of spinning counted {used} s");
+    }
+
     #[test]
     fn the_process_s_own_rss_is_read() {
         let rss = rss_bytes(std::process::id()).expect("this process has a VmRSS");
@@ -594,6 +731,7 @@ mod tests {
                 rss_bytes: 1 << 20,
                 disk_bytes: 2 << 20,
                 commands_per_s: 100.0,
+                cpu_s: f64::from(i),
             })
             .collect();
         write_csv(&path, &samples).expect("written");
@@ -601,6 +739,14 @@ mod tests {
         assert_eq!(read.len(), 3);
         assert_eq!((read[2].at_s, read[2].rss_bytes), (15.0, 1 << 20));
         assert_eq!(integrated_commands(&read), 1_500, "100/s over 15 s");
+        assert_eq!(read[2].cpu_s, 3.0);
+        std::fs::write(
+            &path,
+            "at_s,node,rss_bytes,disk_bytes,commands_per_s\n5,1,2,3,4\n",
+        )
+        .expect("written");
+        let old = read_csv(&path).expect("a CSV from before the cpu_s column");
+        assert_eq!((old[0].commands_per_s, old[0].cpu_s), (4.0, 0.0));
         std::fs::write(
             &path,
             "at_s,node,rss_bytes,disk_bytes,commands_per_s\n1,x,2,3,4\n",

@@ -187,6 +187,7 @@ pub(crate) mod tests {
                     rss_bytes: (100 + u64::from(i as u32)) << 20,
                     disk_bytes: (10 * u64::from(i as u32)) << 20,
                     commands_per_s: 5_000.0,
+                    cpu_s: f64::from(i),
                 })
             })
             .collect();
