@@ -304,3 +304,91 @@ async fn families_in_recent_use_are_not_spilled_for_bytes() -> anyhow::Result<()
     );
     Ok(())
 }
+
+/// Expiry is not use: a family that only an `ExpireHolds` brought back from the store is the
+/// first spilled over the budget, however recent the expiry (after a long downtime the first
+/// leader expires holds in every family at once), and a live family keeps its place in the
+/// LRU order. Expiring their holds answers alike either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn families_only_expiry_touched_are_spilled_at_once() -> anyhow::Result<()> {
+    let config = RouterConfig {
+        max_live_bytes: 1,
+        min_idle_entries_to_spill: 100,
+        ..RouterConfig::default()
+    };
+    let mut router = FamilyRouter::new(config)?;
+    let mut roomy = roomy();
+    let mut both = Alike {
+        spilling: &mut router,
+        roomy: &mut roomy,
+    };
+    for f in 0..3usize {
+        let now = T0 + f as u64;
+        let hold = format!("h-{f}");
+        both.apply(vec![entry(
+            f as u64 + 1,
+            now,
+            vec![authorize(&family(f), &hold, 5, now, Some(1_000))],
+        )])
+        .await?;
+    }
+    let now = T0 + 10;
+    both.apply(vec![entry(
+        200,
+        now,
+        vec![authorize(&family(7), "h-7", 5, now, None)],
+    )])
+    .await?;
+    assert_eq!(
+        counts(both.spilling),
+        (1, 3),
+        "idle for ~200 entries, the three are spilled"
+    );
+    let now = T0 + 60_000;
+    let expiries = (0..3usize).map(|f| expire(&family(f), now)).collect();
+    both.apply(vec![entry(201, now, expiries)]).await?;
+    assert_eq!(
+        counts(both.spilling),
+        (1, 3),
+        "brought back only to expire their holds, the three go again at once"
+    );
+    both.apply(vec![entry(
+        202,
+        now,
+        vec![authorize(&family(0), "h-0b", 5, now, None)],
+    )])
+    .await?;
+    assert_eq!(
+        counts(both.spilling),
+        (2, 2),
+        "a client command is use: family 0 stays"
+    );
+    both.apply(vec![entry(203, now, vec![expire(&family(0), now)])])
+        .await?;
+    assert_eq!(
+        counts(both.spilling),
+        (2, 2),
+        "expiring a family in use leaves it in its place"
+    );
+    Ok(())
+}
+
+/// Two routers fed the same entries, which must answer alike.
+struct Alike<'a> {
+    spilling: &'a mut FamilyRouter,
+    roomy: &'a mut FamilyRouter,
+}
+
+impl Alike<'_> {
+    async fn apply(&mut self, entries: Vec<EntryInput>) -> anyhow::Result<()> {
+        let spilling = self.spilling.apply(entries.clone()).await?;
+        let kept = self.roomy.apply(entries).await?;
+        assert_eq!(spilling, kept, "answers differ with spilling");
+        Ok(())
+    }
+}
+
+/// `(live, passivated)` families.
+fn counts(router: &FamilyRouter) -> (usize, usize) {
+    (router.live_actors(), router.passivated_families())
+}

@@ -176,14 +176,19 @@ impl ActorTable {
 
     /// The family's actor, spawned (new, or from the stored bytes the round fetched, which
     /// `fetched` must hold for a stored family) if it is not live; marks it used at
-    /// `log_index`.
+    /// `used_at`, the log index of a client command. With `None` (the round only expires
+    /// its holds) a live family keeps its place in the LRU order and a spawned one goes
+    /// first, so a family only expiry brought back is the first spilled over the budget.
     pub fn activate(
         &mut self,
         family_id: &FamilyId,
-        log_index: u64,
+        used_at: Option<u64>,
         fetched: &mut BTreeMap<FamilyId, Vec<u8>>,
     ) -> Result<ActorRef<FamilyMsg>, RouterError> {
         if let Some(live) = self.live.get_mut(family_id) {
+            let Some(log_index) = used_at else {
+                return Ok(live.actor.clone());
+            };
             // One key, moved from the old LRU row to the new one.
             let mut row = (live.last_used, IdKey::new(family_id.clone()));
             assert!(
@@ -217,15 +222,16 @@ impl ActorTable {
                     reason: error.to_string(),
                 }
             })?;
+        let last_used = used_at.unwrap_or(0);
         self.live.insert(
             family_id.clone(),
             LiveActor {
                 actor: actor.clone(),
-                last_used: log_index,
+                last_used,
                 footprint_bytes: 0,
             },
         );
-        self.lru.insert((log_index, IdKey::new(family_id.clone())));
+        self.lru.insert((last_used, IdKey::new(family_id.clone())));
         Ok(actor)
     }
 

@@ -16,8 +16,11 @@ pub(crate) struct FamilyWork {
     pub commands: Vec<(ApplyCtx, Command)>,
     /// `(entry, position)` of each command, parallel to `commands`.
     pub slots: Vec<(usize, usize)>,
-    /// Log index of the family's last entry in the round (its LRU key).
-    pub last_log_index: u64,
+    /// Log index of the family's last client command in the round (its LRU key); `None`
+    /// when the round only expires its holds. Expiry is not use: after a long downtime the
+    /// first leader expires holds in every family at once, and counting that as use kept
+    /// every family in memory, far past the budget (docs/sizing.md, restore).
+    pub last_used_index: Option<u64>,
 }
 
 /// An entry whose results are still coming in.
@@ -132,11 +135,13 @@ pub(crate) fn plan(
                 .or_insert_with(|| FamilyWork {
                     commands: Vec::new(),
                     slots: Vec::new(),
-                    last_log_index: 0,
+                    last_used_index: None,
                 });
+            if !matches!(command, Command::ExpireHolds { .. }) {
+                family.last_used_index = Some(entry.log_id.index);
+            }
             family.commands.push((ctx, command));
             family.slots.push((entry_no, position));
-            family.last_log_index = entry.log_id.index;
         }
         outputs.push(output);
     }
@@ -194,7 +199,7 @@ mod tests {
             .map(|(ctx, _)| (ctx.log_id.index, ctx.command_position))
             .collect();
         assert_eq!(positions, vec![(1, 0), (1, 1), (2, 0)]);
-        assert_eq!(work.last_log_index, 2);
+        assert_eq!(work.last_used_index, None, "expiry alone is not use");
         assert!(
             plan(&mut state, vec![entry(2, 1)]).is_err(),
             "a repeated log index is refused"

@@ -111,7 +111,7 @@ impl FamilyRouter {
         for (family_id, family_work) in work {
             let actor =
                 self.actors
-                    .activate(&family_id, family_work.last_log_index, &mut fetched)?;
+                    .activate(&family_id, family_work.last_used_index, &mut fetched)?;
             let (reply, answer) = oneshot::channel();
             let message = FamilyMsg::Apply {
                 commands: family_work.commands,
