@@ -1,7 +1,8 @@
 //! A Tally authority node: the replicated state machine (one ractor actor per budget family,
-//! the pure ledger inside each), openraft over redb and gRPC, and the Budget, Admin and Raft
-//! services.
+//! the pure ledger inside each), openraft over a log of segment files and gRPC, and the
+//! Budget, Admin and Raft services.
 
+pub mod allocator;
 pub mod background;
 pub mod cli;
 #[cfg(feature = "failpoints")]

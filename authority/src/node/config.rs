@@ -68,6 +68,12 @@ pub struct NodeConfig {
     /// the budget hard, at the cost of reading families in use back from disk.
     #[serde(default = "default_spill_idle_entries")]
     pub spill_idle_entries: u64,
+    /// How often the free memory inside glibc's heaps is given back to the system
+    /// (`malloc_trim`; `allocator.rs`); 0 = never. Without it a burst (a restore's first
+    /// hold expiry) leaves the process holding what it freed. One per process: in `tally-node
+    /// dev` the first node's setting applies.
+    #[serde(default = "default_malloc_trim_interval_ms")]
+    pub malloc_trim_interval_ms: u64,
     /// Connections served at once, peers' included (they share the listener): one more is
     /// closed as soon as it is accepted, before anything is read from it.
     pub max_connections: usize,
@@ -158,6 +164,7 @@ impl Default for NodeConfig {
             max_live_families: 10_000,
             memory_budget_bytes: default_memory_budget_bytes(),
             spill_idle_entries: default_spill_idle_entries(),
+            malloc_trim_interval_ms: default_malloc_trim_interval_ms(),
             max_connections: 1_024,
             max_concurrent_streams: 2_048,
             max_in_flight_requests: 2_048,
@@ -198,6 +205,11 @@ pub const MIN_MEMORY_BUDGET_BYTES: u64 = 64 << 20;
 
 fn default_disk_reserve_bytes() -> u64 {
     512 * 1024 * 1024
+}
+
+/// 10 s: a trim that finds little to give back takes well under a millisecond.
+fn default_malloc_trim_interval_ms() -> u64 {
+    10_000
 }
 
 fn default_disk_check_interval_ms() -> u64 {
@@ -413,6 +425,13 @@ impl NodeConfig {
             self.memory_budget_bytes,
             MIN_MEMORY_BUDGET_BYTES..=u64::MAX,
         )?;
+        if self.malloc_trim_interval_ms != 0 {
+            within(
+                "malloc_trim_interval_ms (or 0)",
+                self.malloc_trim_interval_ms,
+                100..=86_400_000,
+            )?;
+        }
         within(
             "spill_idle_entries",
             self.spill_idle_entries,

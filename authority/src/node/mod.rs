@@ -466,6 +466,9 @@ pub async fn start(
         },
         shutdown_rx.clone(),
     )));
+    if config.malloc_trim_interval_ms > 0 {
+        crate::allocator::keep_trimmed(Duration::from_millis(config.malloc_trim_interval_ms));
+    }
     tasks.push(tokio::spawn(disk::run(
         config.node_id,
         config.data_dir.clone(),
@@ -510,6 +513,7 @@ pub async fn start(
         disk_check_interval_ms = config.disk_check_interval_ms,
         shed_after_ms = config.shed_after_ms,
         memory_budget_bytes = config.memory_budget_bytes,
+        malloc_trim_interval_ms = config.malloc_trim_interval_ms,
         "node started"
     );
     Ok(NodeHandle {
