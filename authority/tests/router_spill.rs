@@ -373,6 +373,47 @@ async fn families_only_expiry_touched_are_spilled_at_once() -> anyhow::Result<()
     Ok(())
 }
 
+/// A round that brings back more stored families than a slice holds (the first hold expiry
+/// after a long downtime touches every family) answers alike slice by slice, ends in the same
+/// state, and leaves every family it only expired spilled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_that_brings_back_every_family_answers_alike_in_slices() -> anyhow::Result<()> {
+    const MANY: usize = 300;
+    let config = RouterConfig {
+        max_live_bytes: 1,
+        min_idle_entries_to_spill: 0,
+        ..RouterConfig::default()
+    };
+    let mut router = FamilyRouter::new(config)?;
+    let mut roomy = roomy();
+    let mut both = Alike {
+        spilling: &mut router,
+        roomy: &mut roomy,
+    };
+    for f in 0..MANY {
+        let (index, now) = (f as u64 + 1, T0 + f as u64);
+        let hold = format!("h-{f}");
+        let command = authorize(&family(f), &hold, 5, now, Some(1_000));
+        both.apply(vec![entry(index, now, vec![command])]).await?;
+    }
+    assert_eq!(
+        counts(both.spilling),
+        (1, MANY - 1),
+        "all but the last spilled"
+    );
+    let now = T0 + 60_000;
+    let expiries = (0..MANY).map(|f| expire(&family(f), now)).collect();
+    both.apply(vec![entry(MANY as u64 + 1, now, expiries)])
+        .await?;
+    assert_eq!(
+        counts(both.spilling),
+        (0, MANY),
+        "every family only expired, so every one is spilled again"
+    );
+    assert_eq!(both.spilling.digest().await?, both.roomy.digest().await?);
+    Ok(())
+}
+
 /// Two routers fed the same entries, which must answer alike.
 struct Alike<'a> {
     spilling: &'a mut FamilyRouter,

@@ -2,11 +2,13 @@
 //! family and awaiting every answer, so `last_applied` is exact and in-flight work is bounded
 //! by one round. It is the only sender to family actors and the only one that passivates.
 
+use std::collections::BTreeMap;
+
 use tally_ledger::{ClusterParams, FamilyId, LogPosition};
 use tokio::sync::oneshot;
 
 use super::actor_table::{gone, send, ActorTable};
-use super::batch::{self, PendingOutput, Round};
+use super::batch::{self, FamilyWork, PendingOutput, Round};
 use super::cold_index::ColdIndex;
 use super::config::RouterConfig;
 use super::entry::{EntryInput, EntryOutput};
@@ -16,6 +18,9 @@ use super::family_store::FamilyStore;
 use super::hold_index::HoldIndex;
 use super::messages::FamilyMsg;
 use super::router_state::RouterState;
+
+/// Families a round brings back from the store at a time (`FamilyRouter::slices`).
+const MAX_STORED_PER_SLICE: usize = 128;
 
 pub struct FamilyRouter {
     pub(super) config: RouterConfig,
@@ -98,6 +103,42 @@ impl FamilyRouter {
         // Families used from this index on were used by this round.
         let round_first_index = entries.first().map_or(0, |entry| entry.log_id.index);
         let Round { mut outputs, work } = batch::plan(&mut self.state, entries)?;
+        for slice in self.slices(work) {
+            self.apply_slice(slice, &mut outputs, round_first_index)
+                .await?;
+        }
+        Ok(outputs.into_iter().map(PendingOutput::finish).collect())
+    }
+
+    /// The round's work in slices that each bring at most `MAX_STORED_PER_SLICE` families
+    /// back from the store. Families are independent, so the order of slices changes no
+    /// answer; a slice's families are passivated over the budget before the next is read,
+    /// so a round that touches every family (the first hold expiry after a long downtime)
+    /// holds a slice's stored bytes and decoding at a time, not every family's at once.
+    fn slices(&self, work: BTreeMap<FamilyId, FamilyWork>) -> Vec<BTreeMap<FamilyId, FamilyWork>> {
+        let mut slices = vec![BTreeMap::new()];
+        let mut stored_in_last = 0;
+        for (family_id, family_work) in work {
+            if self.actors.is_stored(&family_id) {
+                if stored_in_last == MAX_STORED_PER_SLICE {
+                    slices.push(BTreeMap::new());
+                    stored_in_last = 0;
+                }
+                stored_in_last += 1;
+            }
+            (slices.last_mut())
+                .expect("there is always a last slice")
+                .insert(family_id, family_work);
+        }
+        slices
+    }
+
+    async fn apply_slice(
+        &mut self,
+        work: BTreeMap<FamilyId, FamilyWork>,
+        outputs: &mut [PendingOutput],
+        round_first_index: u64,
+    ) -> Result<(), RouterError> {
         // Passivated families come back from the store first, off the async workers, so no
         // actor and no ledger code ever waits on the disk.
         let stored: Vec<FamilyId> = work
@@ -161,7 +202,7 @@ impl FamilyRouter {
             spill_before,
         );
         self.actors.passivate(&over).await?;
-        Ok(outputs.into_iter().map(PendingOutput::finish).collect())
+        Ok(())
     }
 
     /// Families whose next hold expiry or compaction is at or before `now_ms`, earliest first:
