@@ -68,10 +68,11 @@ pub struct NodeConfig {
     /// the budget hard, at the cost of reading families in use back from disk.
     #[serde(default = "default_spill_idle_entries")]
     pub spill_idle_entries: u64,
-    /// How often the free memory inside glibc's heaps is given back to the system
-    /// (`malloc_trim`; `allocator.rs`); 0 = never. Without it a burst (a restore's first
-    /// hold expiry) leaves the process holding what it freed. One per process: in `tally-node
-    /// dev` the first node's setting applies.
+    /// How often the node checks the free memory inside glibc's heaps, and gives it back to
+    /// the system (`malloc_trim`) once it passes a quarter of `memory_budget_bytes`
+    /// (`allocator.rs`); 0 = never. Without it a burst (a restore's first hold expiry) leaves
+    /// the process holding what it freed. One check per process: in `tally-node dev` the
+    /// first node's interval applies, against the sum of the nodes' quarters.
     #[serde(default = "default_malloc_trim_interval_ms")]
     pub malloc_trim_interval_ms: u64,
     /// Connections served at once, peers' included (they share the listener): one more is
@@ -207,7 +208,7 @@ fn default_disk_reserve_bytes() -> u64 {
     512 * 1024 * 1024
 }
 
-/// 10 s: a trim that finds little to give back takes well under a millisecond.
+/// 10 s: a check reads two counters; a trim happens only after a burst.
 fn default_malloc_trim_interval_ms() -> u64 {
     10_000
 }

@@ -467,7 +467,10 @@ pub async fn start(
         shutdown_rx.clone(),
     )));
     if config.malloc_trim_interval_ms > 0 {
-        crate::allocator::keep_trimmed(Duration::from_millis(config.malloc_trim_interval_ms));
+        crate::allocator::keep_trimmed(
+            Duration::from_millis(config.malloc_trim_interval_ms),
+            config.memory_budget_bytes,
+        );
     }
     tasks.push(tokio::spawn(disk::run(
         config.node_id,
