@@ -4,8 +4,9 @@
 //! freed in one heap for another, and gives memory back to the system only from the top of a
 //! heap. A node's threads (Tokio workers, family actors, snapshot and store threads) spread a
 //! burst of allocations over every heap and keep what it freed: three nodes restored from a
-//! backup, whose first hold expiry loads every family at once, held 5.1 GB an hour later
-//! although their families had shrunk back to a few MB (docs/sizing.md, "Restore").
+//! backup, whose first hold expiry loads every family at once, still held 5.1 GB a minute
+//! later although their families had shrunk back to a few MB (docs/sizing.md, "Restore,
+//! measured again").
 //!
 //! So a node keeps two heaps (`MALLOC_ARENA_MAX` overrides it), and a thread checks every
 //! `malloc_trim_interval_ms` how much of the process's resident memory the heaps hold free,
