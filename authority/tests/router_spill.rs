@@ -316,12 +316,7 @@ async fn families_only_expiry_touched_are_spilled_at_once() -> anyhow::Result<()
         min_idle_entries_to_spill: 100,
         ..RouterConfig::default()
     };
-    let mut router = FamilyRouter::new(config)?;
-    let mut roomy = roomy();
-    let mut both = Alike {
-        spilling: &mut router,
-        roomy: &mut roomy,
-    };
+    let mut both = Alike::new(config)?;
     for f in 0..3usize {
         let now = T0 + f as u64;
         let hold = format!("h-{f}");
@@ -340,7 +335,7 @@ async fn families_only_expiry_touched_are_spilled_at_once() -> anyhow::Result<()
     )])
     .await?;
     assert_eq!(
-        counts(both.spilling),
+        counts(&both.spilling),
         (1, 3),
         "idle for ~200 entries, the three are spilled"
     );
@@ -348,7 +343,7 @@ async fn families_only_expiry_touched_are_spilled_at_once() -> anyhow::Result<()
     let expiries = (0..3usize).map(|f| expire(&family(f), now)).collect();
     both.apply(vec![entry(201, now, expiries)]).await?;
     assert_eq!(
-        counts(both.spilling),
+        counts(&both.spilling),
         (1, 3),
         "brought back only to expire their holds, the three go again at once"
     );
@@ -359,14 +354,14 @@ async fn families_only_expiry_touched_are_spilled_at_once() -> anyhow::Result<()
     )])
     .await?;
     assert_eq!(
-        counts(both.spilling),
+        counts(&both.spilling),
         (2, 2),
         "a client command is use: family 0 stays"
     );
     both.apply(vec![entry(203, now, vec![expire(&family(0), now)])])
         .await?;
     assert_eq!(
-        counts(both.spilling),
+        counts(&both.spilling),
         (2, 2),
         "expiring a family in use leaves it in its place"
     );
@@ -384,12 +379,7 @@ async fn a_round_that_brings_back_every_family_answers_alike_in_slices() -> anyh
         min_idle_entries_to_spill: 0,
         ..RouterConfig::default()
     };
-    let mut router = FamilyRouter::new(config)?;
-    let mut roomy = roomy();
-    let mut both = Alike {
-        spilling: &mut router,
-        roomy: &mut roomy,
-    };
+    let mut both = Alike::new(config)?;
     for f in 0..MANY {
         let (index, now) = (f as u64 + 1, T0 + f as u64);
         let hold = format!("h-{f}");
@@ -397,7 +387,7 @@ async fn a_round_that_brings_back_every_family_answers_alike_in_slices() -> anyh
         both.apply(vec![entry(index, now, vec![command])]).await?;
     }
     assert_eq!(
-        counts(both.spilling),
+        counts(&both.spilling),
         (1, MANY - 1),
         "all but the last spilled"
     );
@@ -406,7 +396,7 @@ async fn a_round_that_brings_back_every_family_answers_alike_in_slices() -> anyh
     both.apply(vec![entry(MANY as u64 + 1, now, expiries)])
         .await?;
     assert_eq!(
-        counts(both.spilling),
+        counts(&both.spilling),
         (0, MANY),
         "every family only expired, so every one is spilled again"
     );
@@ -414,13 +404,21 @@ async fn a_round_that_brings_back_every_family_answers_alike_in_slices() -> anyh
     Ok(())
 }
 
-/// Two routers fed the same entries, which must answer alike.
-struct Alike<'a> {
-    spilling: &'a mut FamilyRouter,
-    roomy: &'a mut FamilyRouter,
+/// Two routers fed the same entries, which must answer alike: one spilling under `config`,
+/// one roomy.
+struct Alike {
+    spilling: FamilyRouter,
+    roomy: FamilyRouter,
 }
 
-impl Alike<'_> {
+impl Alike {
+    fn new(config: RouterConfig) -> anyhow::Result<Self> {
+        Ok(Self {
+            spilling: FamilyRouter::new(config)?,
+            roomy: roomy(),
+        })
+    }
+
     async fn apply(&mut self, entries: Vec<EntryInput>) -> anyhow::Result<()> {
         let spilling = self.spilling.apply(entries.clone()).await?;
         let kept = self.roomy.apply(entries).await?;
