@@ -87,7 +87,8 @@ pub fn import_redb_log<C: RaftTypeConfig>(
     entries += batch.len() as u64;
     wal.append(&batch)?;
     if let Some(committed) = record("committed")? {
-        wal.put_committed_hint(&committed);
+        let id: Option<LogIdOf<C>> = decode(&committed, || "record committed".to_owned())?;
+        wal.put_committed_hint(&committed, id.map(|id| id.index));
         wal.flush_hint()?;
     }
     drop(wal);

@@ -29,7 +29,7 @@
 //! |------|--------------|
 //! | [`RaftLogStorage::append`] | when the `IOFlushed` callback is called with `Ok`: `append` returns as soon as the entries are readable, the log's writer thread writes them (with any appends queued behind them: one frame, one `fdatasync`) and then calls the callback |
 //! | [`RaftLogStorage::save_vote`] | when it returns `Ok` |
-//! | [`RaftLogStorage::save_committed`] | with the next frame (queued, not waited for, no write of its own: it is only a restart hint, and every entry it names is already durable; losing it makes a restarted node replay less and learn the rest from the leader) |
+//! | [`RaftLogStorage::save_committed`] | with the first frame after which the log holds the entry it names (not queued, not waited for, no write of its own: it is only a restart hint; losing it makes a restarted node replay less and learn the rest from the leader) |
 //! | [`RaftLogStorage::truncate_after`] | when it returns `Ok` (a truncation record; nothing is rewritten) |
 //! | [`RaftLogStorage::purge`] | when it returns `Ok` (a purge record; segments no live entry is in are then deleted) |
 //!

@@ -166,6 +166,12 @@ impl ActiveSegment {
     }
 }
 
+/// A committed-id hint waiting for a frame, and the index it names (`None`: nothing committed).
+struct PendingHint {
+    index: Option<u64>,
+    bytes: Vec<u8>,
+}
+
 /// The open log directory, shared by the store, its readers and its writer thread.
 pub(crate) struct Wal {
     pub(crate) dir: PathBuf,
@@ -174,7 +180,7 @@ pub(crate) struct Wal {
     /// Held for the whole of a write; only the writer thread writes after open.
     pub(crate) active: Mutex<ActiveSegment>,
     /// The newest committed-id hint not yet in a frame.
-    pending_hint: Mutex<Option<Vec<u8>>>,
+    pending_hint: Mutex<Option<PendingHint>>,
     /// Whether room is reserved ahead of writes; off for good once the filesystem says it
     /// cannot.
     reserving: std::sync::atomic::AtomicBool,
@@ -303,7 +309,8 @@ impl Wal {
             .iter()
             .map(|(index, bytes)| builder.entry(*index, bytes))
             .collect();
-        let (segment, frame_offset) = self.write_frame(builder)?;
+        let end = first + batch.len() as u64;
+        let (segment, frame_offset) = self.write_frame(builder, Some(end))?;
         let mut index = self.write_index();
         if index.entries.is_empty() {
             index.first = *first;
@@ -322,37 +329,56 @@ impl Wal {
     pub(crate) fn put_vote(&self, bytes: &[u8]) -> Result<(), StoreError> {
         let mut builder = FrameBuilder::new();
         builder.vote(bytes);
-        self.write_frame(builder)?;
+        self.write_frame(builder, None)?;
         self.write_index().vote = Some(bytes.to_vec());
         Ok(())
     }
 
-    /// Keeps the committed-id hint for the next frame, with no write of its own: a crash
-    /// before that frame only loses the hint (a restarted node replays a little less).
-    pub(crate) fn put_committed_hint(&self, bytes: &[u8]) {
+    /// Keeps the committed-id hint (naming entry `index`) for the first frame after which the
+    /// log holds that entry, with no write of its own: a crash before that frame only loses the
+    /// hint (a restarted node replays a little less). The store calls this from openraft's
+    /// core without waking the writer thread, so the hint may arrive while the append of the
+    /// entry it names is still queued: a frame ending before `index` leaves it pending, and a
+    /// durable log never names a committed entry it does not hold.
+    pub(crate) fn put_committed_hint(&self, bytes: &[u8], index: Option<u64>) {
         let bytes = bytes.to_vec();
-        self.write_index().committed = Some(bytes.clone());
-        *self.pending_hint.lock().expect("hint lock") = Some(bytes);
+        *self.pending_hint.lock().expect("hint lock") = Some(PendingHint { index, bytes });
     }
 
-    /// Writes a hint still waiting for a frame (when the log closes).
+    /// Writes a hint still waiting for a frame (when the log closes), if the log holds the
+    /// entry it names.
     pub(crate) fn flush_hint(&self) -> Result<(), StoreError> {
-        let pending = self.pending_hint.lock().expect("hint lock").take();
-        match pending {
-            Some(bytes) => {
-                let mut builder = FrameBuilder::new();
-                builder.committed(&bytes);
-                self.write_frame(builder).map(|_| ())
-            }
-            None => Ok(()),
-        }
+        let Some(hint) = self.take_ready_hint(self.durable_end()) else {
+            return Ok(());
+        };
+        let mut builder = FrameBuilder::new();
+        builder.committed(&hint);
+        self.write_frame(builder, None)?;
+        self.write_index().committed = Some(hint);
+        Ok(())
+    }
+
+    /// The pending hint, taken if the log holds the entry it names once it ends at `log_end`.
+    fn take_ready_hint(&self, log_end: u64) -> Option<Vec<u8>> {
+        let mut pending = self.pending_hint.lock().expect("hint lock");
+        let ready = pending
+            .as_ref()
+            .is_some_and(|hint| hint.index.is_none_or(|index| index < log_end));
+        ready.then(|| pending.take().expect("checked just above").bytes)
+    }
+
+    /// One past the last index the durable log holds, as an entry or under the purged id.
+    fn durable_end(&self) -> u64 {
+        let index = self.read_index();
+        let purged_end = index.purged.as_ref().map_or(0, |(upto, _)| upto + 1);
+        index.range().map_or(0, |(_, end)| end).max(purged_end)
     }
 
     /// Voids every entry with index `>= from`, durably.
     pub(crate) fn truncate_from(&self, from: u64) -> Result<(), StoreError> {
         let mut builder = FrameBuilder::new();
         builder.truncate_from(from);
-        self.write_frame(builder)?;
+        self.write_frame(builder, None)?;
         self.write_index().truncate_from(from);
         Ok(())
     }
@@ -362,7 +388,7 @@ impl Wal {
     pub(crate) fn purge(&self, upto: u64, log_id: &[u8]) -> Result<(), StoreError> {
         let mut builder = FrameBuilder::new();
         builder.purged(upto, log_id);
-        self.write_frame(builder)?;
+        self.write_frame(builder, None)?;
         {
             let mut index = self.write_index();
             index.purged = Some((upto, log_id.to_vec()));
@@ -372,16 +398,22 @@ impl Wal {
     }
 
     /// Appends one frame to the newest segment (rolling to a new one first if it is full),
-    /// with the pending hint if there is one, and syncs it. Returns the segment and the
-    /// frame's offset in it.
-    fn write_frame(&self, mut builder: FrameBuilder) -> Result<(u64, u64), StoreError> {
+    /// with the pending hint if the log holds its entry once this frame is written, and syncs
+    /// it. `log_end` is one past the frame's last entry (`None`: a frame without entries).
+    /// Returns the segment and the frame's offset in it.
+    fn write_frame(
+        &self,
+        mut builder: FrameBuilder,
+        log_end: Option<u64>,
+    ) -> Result<(u64, u64), StoreError> {
         let mut active = self.active.lock().expect("active segment lock");
         if active.len >= self.config.segment_bytes {
             self.roll(&mut active)?;
         }
-        if let Some(hint) = self.pending_hint.lock().expect("hint lock").take() {
+        let hint = self.take_ready_hint(log_end.unwrap_or_else(|| self.durable_end()));
+        if let Some(hint) = &hint {
             // After the entries, so the offsets the caller took stay right.
-            builder.committed(&hint);
+            builder.committed(hint);
         }
         let bytes = builder.finish();
         let offset = active.len;
@@ -394,6 +426,10 @@ impl Wal {
         active.len += bytes.len() as u64;
         active.allocated = active.allocated.max(active.len);
         active.file.sync_data().map_err(io_error(&path))?;
+        if let Some(hint) = hint {
+            // What a new segment's header repeats: only a hint already in a durable frame.
+            self.write_index().committed = Some(hint);
+        }
         Ok((active.sequence, offset))
     }
 
@@ -889,6 +925,43 @@ mod tests {
         drop(wal);
         let wal = Wal::open(&path, config).expect("the log opens again");
         assert_eq!(wal.read_index().range(), Some((0, 12)));
+    }
+
+    /// The store hands the committed-id hint over without waiting for the writer thread, so
+    /// the hint may name an entry whose append is still queued. No frame may carry it before
+    /// the log holds that entry: a crash right after would leave a committed id past the
+    /// log's end.
+    #[test]
+    fn a_hint_waits_for_the_frame_that_holds_its_entry() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("raft-log");
+        let entries = |range: std::ops::Range<u64>| -> Vec<Encoded> {
+            range.map(|index| (index, vec![index as u8; 8])).collect()
+        };
+        let committed = |wal: &Wal| wal.read_index().committed.clone();
+        let wal = Wal::open(&path, WalConfig::default()).expect("open");
+        wal.append(&entries(0..3)).expect("append");
+        wal.put_committed_hint(b"names 4", Some(4));
+        wal.put_vote(b"vote")
+            .expect("a frame before entry 4 is in the log");
+        wal.flush_hint().expect("nor at close");
+        assert_eq!(committed(&wal), None, "the hint is still waiting");
+        drop(wal);
+        let wal = Wal::open(&path, WalConfig::default()).expect("open again");
+        assert_eq!(committed(&wal), None, "no durable frame names entry 4");
+        assert_eq!(wal.read_index().vote.as_deref(), Some(&b"vote"[..]));
+
+        wal.put_committed_hint(b"names 4", Some(4));
+        wal.append(&entries(3..5))
+            .expect("the append that holds entry 4");
+        assert_eq!(committed(&wal).as_deref(), Some(&b"names 4"[..]));
+        wal.put_committed_hint(b"names 2", Some(2));
+        wal.put_vote(b"vote 2")
+            .expect("entry 2 is in the log: any frame carries it");
+        drop(wal);
+        let wal = Wal::open(&path, WalConfig::default()).expect("open a third time");
+        assert_eq!(committed(&wal).as_deref(), Some(&b"names 2"[..]));
+        assert_eq!(wal.read_index().range(), Some((0, 5)));
     }
 
     #[test]

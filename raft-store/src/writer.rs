@@ -10,9 +10,10 @@
 //! - an append is reported through its callback once its frame is durable (`fdatasync` returned);
 //! - appends that queued up while a write ran are written together in the next frame (one
 //!   fsync for all, the group commit), each callback still called after that commit;
-//! - every other write (vote, truncate, purge, the committed-id hint) takes its turn in the
-//!   same queue, so it never overtakes an append issued before it; the store awaits those that
-//!   must be durable when the call returns.
+//! - every other write (vote, truncate, purge) takes its turn in the same queue, so it never
+//!   overtakes an append issued before it, and the store awaits it;
+//! - the committed-id hint is not queued: it waits in the log for the first frame after which
+//!   the log holds the entry it names (`Wal::put_committed_hint`).
 //!
 //! After a failed write the thread refuses every later write: a log that lost one batch
 //! must not go on with the next (it would have a hole), and openraft stops on the first error.
@@ -51,10 +52,8 @@ pub(crate) enum WriteOp<C: RaftTypeConfig> {
     },
     Other {
         op: FileOp,
-        /// Whether the write syncs (counted in the metrics).
-        durable: bool,
-        /// Told the outcome; `None` when nobody waits (the committed-id hint).
-        done: Option<OneshotSenderOf<C, Result<(), StoreError>>>,
+        /// Told the outcome.
+        done: OneshotSenderOf<C, Result<(), StoreError>>,
     },
 }
 
@@ -116,14 +115,9 @@ impl<C: RaftTypeConfig> LogWriter<C> {
     }
 
     /// Runs `op` in its turn and waits for its outcome.
-    pub(crate) async fn write(&self, op: FileOp, durable: bool) -> Result<(), StoreError> {
+    pub(crate) async fn write(&self, op: FileOp) -> Result<(), StoreError> {
         let (done, outcome) = C::oneshot();
-        self.submit(WriteOp::Other {
-            op,
-            durable,
-            done: Some(done),
-        })
-        .await?;
+        self.submit(WriteOp::Other { op, done }).await?;
         outcome.await.map_err(|_| writer_gone())?
     }
 }
@@ -254,15 +248,13 @@ fn run<C: RaftTypeConfig, E: Clone>(
                     }
                 }
             }
-            WriteOp::Other { op, durable, done } => {
+            WriteOp::Other { op, done } => {
                 let outcome = failure.attempt(|| op(wal));
-                if outcome.is_ok() && durable {
+                if outcome.is_ok() {
                     metrics.record_other_commit();
                 }
-                if let Some(done) = done {
-                    // The caller may have stopped waiting; the write stands either way.
-                    let _ = done.send(outcome);
-                }
+                // The caller may have stopped waiting; the write stands either way.
+                let _ = done.send(outcome);
             }
         }
     }
