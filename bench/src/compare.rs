@@ -181,7 +181,8 @@ async fn run_tally(
     };
     let cluster = cluster::ProcessCluster::start(binary, dir, 3, base_port).await?;
     println!(
-        "tally: 3 tally-node processes on {}",
+        "tally: 3 tally-node processes ({} worker threads each) on {}",
+        cluster.worker_threads,
         cluster.endpoints.join(", ")
     );
     let client = Arc::new(TallyClient::new(ClientConfig::new(

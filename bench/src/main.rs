@@ -157,7 +157,8 @@ async fn main() -> anyhow::Result<()> {
 
     let cluster = cluster::ProcessCluster::start(&binary, temp.path(), 3, args.base_port).await?;
     println!(
-        "cluster: 3 tally-node processes on {}",
+        "cluster: 3 tally-node processes ({} worker threads each) on {}",
+        cluster.worker_threads,
         cluster.endpoints.join(", ")
     );
     let client = Arc::new(TallyClient::new(ClientConfig::new(

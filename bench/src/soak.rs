@@ -169,8 +169,10 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<()> {
     let cluster = ProcessCluster::start_with(&binary, temp.path(), 3, base_port, &settings).await?;
     cluster.set_retention_ms(args.retention_ms).await?;
     println!(
-        "soak: 3 tally-node processes on {} (data in {}), memory_budget_bytes {}, retention {} ms; \
-         offering {:.0} commands/s (batch {}, {} callers, {} families) for {} s, sampling every {} s",
+        "soak: 3 tally-node processes ({} worker threads each) on {} (data in {}), \
+         memory_budget_bytes {}, retention {} ms; offering {:.0} commands/s (batch {}, {} callers, \
+         {} families) for {} s, sampling every {} s",
+        cluster.worker_threads,
         cluster.endpoints.join(", "),
         temp.path().display(),
         args.memory_budget_bytes,

@@ -2,12 +2,11 @@
 //! cluster that a second terminal (`tally`) can call; stopped with SIGTERM and started again on
 //! the same data dir, it is the same cluster with the same state.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use tally_tests::workspace_binary;
+use tally_tests::{stdout_lines, workspace_binary};
 
 struct Dev {
     child: Child,
@@ -33,15 +32,7 @@ impl Dev {
             .stderr(Stdio::from(stderr))
             .spawn()
             .expect("tally-node dev starts");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
+        let lines = stdout_lines(&mut child);
         Dev { child, lines }
     }
 

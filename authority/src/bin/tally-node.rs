@@ -6,10 +6,18 @@ fn main() -> std::process::ExitCode {
     // Before the runtime starts its threads (allocator.rs says why).
     tally_authority::allocator::limit_malloc_arenas();
     let cli = tally_authority::cli::Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    match cli.worker_threads() {
+        Ok(Some(threads)) => {
+            builder.worker_threads(threads);
+        }
+        Ok(None) => {}
+        Err(error) => {
+            eprintln!("tally-node: {error:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("tally-node: cannot start the async runtime: {error}");

@@ -129,6 +129,21 @@ fn parse_member(value: &str) -> Result<(u64, pb::MemberAddress), String> {
     ))
 }
 
+impl Cli {
+    /// The async runtime's worker threads this command asks for (`None`: tokio's default).
+    /// `serve` reads its node's `worker_threads` here, before the runtime exists; an invalid
+    /// configuration is the same error `run` would give.
+    pub fn worker_threads(&self) -> anyhow::Result<Option<usize>> {
+        match &self.command {
+            CliCommand::Serve { config, insecure } => {
+                let config = NodeConfig::load_with(config.as_deref(), *insecure)?;
+                Ok((config.worker_threads > 0).then_some(config.worker_threads))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
 /// Runs the parsed command; the exit code is the caller's business.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
@@ -142,6 +157,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
             println!("tally-node configuration:\n{}", toml_text(&config));
+            println!(
+                "async runtime: {} worker threads (worker_threads, docs/sizing.md \"Cores\")",
+                tokio::runtime::Handle::current().metrics().num_workers()
+            );
             let node = crate::node::start(config, Arc::<NetworkFaults>::default()).await?;
             wait_for_signal().await;
             tracing::info!("shutting down");

@@ -75,6 +75,13 @@ pub struct NodeConfig {
     /// first node's interval applies, against the sum of the nodes' quarters.
     #[serde(default = "default_malloc_trim_interval_ms")]
     pub malloc_trim_interval_ms: u64,
+    /// Threads of the async runtime that serve requests, replicate and apply; 0 = tokio's
+    /// default (`TOKIO_WORKER_THREADS` if set, else one per core). Several nodes on one host
+    /// should split its cores between them: each idle worker a wake-up finds is a context
+    /// switch, and three 2-worker nodes on 2 cores spent ~16% more CPU per command than with
+    /// one worker each (docs/sizing.md "Cores"). Read once, before the runtime starts.
+    #[serde(default)]
+    pub worker_threads: usize,
     /// Connections served at once, peers' included (they share the listener): one more is
     /// closed as soon as it is accepted, before anything is read from it.
     pub max_connections: usize,
@@ -166,6 +173,7 @@ impl Default for NodeConfig {
             memory_budget_bytes: default_memory_budget_bytes(),
             spill_idle_entries: default_spill_idle_entries(),
             malloc_trim_interval_ms: default_malloc_trim_interval_ms(),
+            worker_threads: 0,
             max_connections: 1_024,
             max_concurrent_streams: 2_048,
             max_in_flight_requests: 2_048,
@@ -200,6 +208,9 @@ fn default_memory_budget_bytes() -> u64 {
 fn default_spill_idle_entries() -> u64 {
     1_000
 }
+
+/// The most `worker_threads`: far past any core count a node is given.
+pub const MAX_WORKER_THREADS: usize = 1_024;
 
 /// The smallest `memory_budget_bytes`: below it the node's fixed costs alone exceed it.
 pub const MIN_MEMORY_BUDGET_BYTES: u64 = 64 << 20;
@@ -426,6 +437,11 @@ impl NodeConfig {
             self.memory_budget_bytes,
             MIN_MEMORY_BUDGET_BYTES..=u64::MAX,
         )?;
+        within(
+            "worker_threads",
+            self.worker_threads as u64,
+            0..=MAX_WORKER_THREADS as u64,
+        )?;
         if self.malloc_trim_interval_ms != 0 {
             within(
                 "malloc_trim_interval_ms (or 0)",
@@ -629,6 +645,21 @@ mod tests {
             message.starts_with("http2_keepalive_timeout_ms"),
             "{message}"
         );
+        let message = refused(NodeConfig {
+            worker_threads: MAX_WORKER_THREADS + 1,
+            ..secure()
+        });
+        assert!(
+            message.starts_with("worker_threads must be 0..=1024"),
+            "{message}"
+        );
+        for worker_threads in [0, 1, MAX_WORKER_THREADS] {
+            let config = NodeConfig {
+                worker_threads,
+                ..secure()
+            };
+            assert!(config.validate().is_ok(), "{worker_threads} worker threads");
+        }
     }
 
     #[test]

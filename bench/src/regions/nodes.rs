@@ -14,7 +14,7 @@ use tally_tls::issue::CertAuthority;
 use tally_tls::{TlsFiles, Transport};
 
 use super::topology::Host;
-use crate::cluster::{connect, connect_within, ServeSettings};
+use crate::cluster::{connect, connect_within, node_worker_threads, ServeSettings};
 
 const CLIENT_PORT: u16 = 7401;
 const PEER_PORT: u16 = 7402;
@@ -83,6 +83,7 @@ impl RegionCluster {
             kernel: Transport::from_dir(&tls_dir, "kernel", false)?,
             children: Vec::new(),
         };
+        let worker_threads = node_worker_threads(nodes.len());
         for node in nodes {
             let address = node.host.address;
             let data: PathBuf = dir.join(format!("node-{}", node.id));
@@ -94,6 +95,7 @@ impl RegionCluster {
             );
             let settings = ServeSettings {
                 id: node.id,
+                worker_threads,
                 listen: &listen,
                 peer: &peer,
                 metrics: &metrics,
