@@ -169,7 +169,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<()> {
     let cluster = ProcessCluster::start_with(&binary, temp.path(), 3, base_port, &settings).await?;
     cluster.set_retention_ms(args.retention_ms).await?;
     println!(
-        "soak: 3 tally-node processes ({} worker threads each) on {} (data in {}), \
+        "soak: 3 tally-node processes (async worker threads per node: {}) on {} (data in {}), \
          memory_budget_bytes {}, retention {} ms; offering {:.0} commands/s (batch {}, {} callers, \
          {} families) for {} s, sampling every {} s",
         cluster.worker_threads,
@@ -276,19 +276,24 @@ fn finish(
 
 /// Commands decided, from the sampled rates (for a soak whose load report was cut off).
 fn integrated_commands(samples: &[Sample]) -> u64 {
+    commands_after(samples.iter(), 1, 0.0) as u64
+}
+
+/// Commands decided after `from_s`, integrating `node`'s sampled rates: each sample's rate is
+/// over the period that ends at it (from the sample before, or from `from_s`).
+fn commands_after<'a>(samples: impl Iterator<Item = &'a Sample>, node: usize, from_s: f64) -> f64 {
     let mut by_time: Vec<(f64, f64)> = samples
-        .iter()
-        .filter(|s| s.node == 1)
+        .filter(|s| s.node == node && s.at_s >= from_s)
         .map(|s| (s.at_s, s.commands_per_s))
         .collect();
     by_time.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut total = 0.0;
-    let mut last_at = 0.0;
+    let mut last_at = from_s;
     for (at_s, rate) in by_time {
         total += rate * (at_s - last_at);
         last_at = at_s;
     }
-    total as u64
+    total
 }
 
 /// Samples read back from a soak's CSV (`--replot`).
@@ -441,17 +446,8 @@ fn cluster_cpu(samples: &[Sample], warmup_s: u64) -> Option<ClusterCpu> {
         };
         seconds += at(last_at)? - at(first_at)?;
     }
-    // Each sample's rate is over the period that ends at it: the periods after `first_at`.
-    let mut by_time: Vec<(f64, f64)> = settled
-        .iter()
-        .filter(|s| s.node == nodes[0])
-        .map(|s| (s.at_s, s.commands_per_s))
-        .collect();
-    by_time.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let commands: f64 = by_time
-        .windows(2)
-        .map(|pair| pair[1].1 * (pair[1].0 - pair[0].0))
-        .sum();
+    // The periods after `first_at`: the first sample's own period is before it.
+    let commands = commands_after(settled.iter().copied(), nodes[0], first_at);
     Some(ClusterCpu {
         seconds,
         cores: seconds / (last_at - first_at),
