@@ -181,7 +181,7 @@ async fn run_tally(
     };
     let cluster = cluster::ProcessCluster::start(binary, dir, 3, base_port).await?;
     println!(
-        "tally: 3 tally-node processes ({} worker threads each) on {}",
+        "tally: 3 tally-node processes (async worker threads per node: {}) on {}",
         cluster.worker_threads,
         cluster.endpoints.join(", ")
     );

@@ -157,7 +157,7 @@ async fn main() -> anyhow::Result<()> {
 
     let cluster = cluster::ProcessCluster::start(&binary, temp.path(), 3, args.base_port).await?;
     println!(
-        "cluster: 3 tally-node processes ({} worker threads each) on {}",
+        "cluster: 3 tally-node processes (async worker threads per node: {}) on {}",
         cluster.worker_threads,
         cluster.endpoints.join(", ")
     );

@@ -49,7 +49,7 @@ fn serve_runs_the_worker_threads_its_configuration_asks_for() {
     let mut seen = Vec::new();
     let runtime_line = loop {
         match lines.recv_timeout(Duration::from_secs(30)) {
-            Ok(line) if line.starts_with("async runtime:") => break line,
+            Ok(line) if line.starts_with("async runtime worker threads:") => break line,
             Ok(line) => seen.push(line),
             Err(error) => {
                 let _ = child.kill();
@@ -65,7 +65,7 @@ fn serve_runs_the_worker_threads_its_configuration_asks_for() {
         "the printed configuration holds the setting: {seen:#?}"
     );
     assert!(
-        runtime_line.starts_with("async runtime: 3 worker threads"),
+        runtime_line.starts_with("async runtime worker threads: 3 "),
         "{runtime_line}"
     );
 }

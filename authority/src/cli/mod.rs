@@ -158,7 +158,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             println!("tally-node configuration:\n{}", toml_text(&config));
             println!(
-                "async runtime: {} worker threads (worker_threads, docs/sizing.md \"Cores\")",
+                "async runtime worker threads: {} (worker_threads, docs/sizing.md \"Cores\")",
                 tokio::runtime::Handle::current().metrics().num_workers()
             );
             let node = crate::node::start(config, Arc::<NetworkFaults>::default()).await?;
