@@ -5,9 +5,9 @@ use clap::Parser;
 fn main() -> std::process::ExitCode {
     // Before the runtime starts its threads (allocator.rs says why).
     tally_authority::allocator::limit_malloc_arenas();
-    let cli = tally_authority::cli::Cli::parse();
+    let mut cli = tally_authority::cli::Cli::parse();
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    match cli.worker_threads() {
+    match cli.runtime_worker_threads() {
         Ok(Some(threads)) => {
             builder.worker_threads(threads);
         }

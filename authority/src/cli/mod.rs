@@ -42,6 +42,10 @@ pub enum CliCommand {
         /// forge budget commands or take over the log. For sealed test networks only.
         #[arg(long)]
         insecure: bool,
+        /// The configuration, once `Cli::runtime_worker_threads` has read it (before the
+        /// runtime starts), so that `run` does not read it a second time.
+        #[arg(skip)]
+        loaded: Option<Box<NodeConfig>>,
     },
     /// Initialize a new cluster through one of its (running, empty) nodes, as an operator.
     Init {
@@ -131,13 +135,19 @@ fn parse_member(value: &str) -> Result<(u64, pb::MemberAddress), String> {
 
 impl Cli {
     /// The async runtime's worker threads this command asks for (`None`: tokio's default).
-    /// `serve` reads its node's `worker_threads` here, before the runtime exists; an invalid
-    /// configuration is the same error `run` would give.
-    pub fn worker_threads(&self) -> anyhow::Result<Option<usize>> {
-        match &self.command {
-            CliCommand::Serve { config, insecure } => {
+    /// `serve` reads its node's configuration here, before the runtime exists, and keeps it
+    /// for `run`: one read, so the runtime and the node are sized from the same settings.
+    pub fn runtime_worker_threads(&mut self) -> anyhow::Result<Option<usize>> {
+        match &mut self.command {
+            CliCommand::Serve {
+                config,
+                insecure,
+                loaded,
+            } => {
                 let config = NodeConfig::load_with(config.as_deref(), *insecure)?;
-                Ok((config.worker_threads > 0).then_some(config.worker_threads))
+                let threads = (config.worker_threads > 0).then_some(config.worker_threads);
+                *loaded = Some(Box::new(config));
+                Ok(threads)
             }
             _ => Ok(None),
         }
@@ -147,8 +157,15 @@ impl Cli {
 /// Runs the parsed command; the exit code is the caller's business.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        CliCommand::Serve { config, insecure } => {
-            let config = NodeConfig::load_with(config.as_deref(), insecure)?;
+        CliCommand::Serve {
+            config,
+            insecure,
+            loaded,
+        } => {
+            let config = match loaded {
+                Some(loaded) => *loaded,
+                None => NodeConfig::load_with(config.as_deref(), insecure)?,
+            };
             logging::init(config.log_format);
             #[cfg(feature = "failpoints")]
             if crate::failpoints::enabled() {
