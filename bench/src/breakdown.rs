@@ -2,6 +2,9 @@
 //! per-entry lifecycle percentiles when the node is built with `--features stage-stats`
 //! (`tally_raft_stage_latency_microseconds{stage,quantile}`); this scrapes them over plain
 //! HTTP/1.1 and prints the leader's gaps next to the client's latency and the disk's fsync.
+//! Every build also reports the spans of a write on the node that served it
+//! (`tally_write_span_microseconds{span,quantile}`): the request handler, the proposer's call
+//! inside it and Raft's `client_write` inside that, so the time outside openraft is split too.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,6 +15,8 @@ use tokio::net::TcpStream;
 const STAGE_METRIC: &str = "tally_raft_stage_latency_microseconds";
 const SAMPLES_METRIC: &str = "tally_raft_stage_samples";
 const LEADER_METRIC: &str = "tally_raft_is_leader";
+const SPAN_METRIC: &str = "tally_write_span_microseconds";
+const SPAN_SAMPLES_METRIC: &str = "tally_write_span_samples";
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The gaps, in pipeline order, with what each one is made of.
@@ -44,6 +49,22 @@ pub const STAGES: [(&str, &str, &str); 6] = [
     ),
 ];
 
+/// A write's spans on the node that served it, outermost first, with what each holds.
+pub const SPANS: [(&str, &str); 3] = [
+    (
+        "handler",
+        "the request handler: checks, reply built (holds propose)",
+    ),
+    (
+        "propose",
+        "the proposer: coalescing queue, shedding check (holds client_write)",
+    ),
+    (
+        "client_write",
+        "Raft's client_write: openraft's stages, the apply's answer",
+    ),
+];
+
 /// One stage-to-stage gap on one node, in microseconds.
 #[derive(Debug, Default, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct Gap {
@@ -60,6 +81,8 @@ pub struct NodeStages {
     pub leader: bool,
     /// By the `stage` label (`submitted_to_persisted`, ...); empty without `stage-stats`.
     pub gaps: BTreeMap<String, Gap>,
+    /// By the `span` label (`handler`, `propose`, `client_write`), over recent writes.
+    pub spans: BTreeMap<String, Gap>,
 }
 
 /// `GET /metrics` from `addr` (host:port), the body as text.
@@ -107,20 +130,28 @@ pub fn parse(node_id: u64, text: &str) -> NodeStages {
         };
         match name {
             LEADER_METRIC => node.leader = value >= 1.0,
-            STAGE_METRIC => {
-                let (Some(stage), Some(quantile)) = (label("stage"), label("quantile")) else {
+            STAGE_METRIC | SPAN_METRIC => {
+                let (table, key) = match name {
+                    STAGE_METRIC => (&mut node.gaps, "stage"),
+                    _ => (&mut node.spans, "span"),
+                };
+                let (Some(stage), Some(quantile)) = (label(key), label("quantile")) else {
                     continue;
                 };
-                let gap = node.gaps.entry(stage).or_default();
+                let gap = table.entry(stage).or_default();
                 match quantile.as_str() {
                     "0.5" => gap.p50_us = value,
                     "0.99" => gap.p99_us = value,
                     _ => {}
                 }
             }
-            SAMPLES_METRIC => {
-                if let Some(stage) = label("stage") {
-                    node.gaps.entry(stage).or_default().samples = value as u64;
+            SAMPLES_METRIC | SPAN_SAMPLES_METRIC => {
+                let (table, key) = match name {
+                    SAMPLES_METRIC => (&mut node.gaps, "stage"),
+                    _ => (&mut node.spans, "span"),
+                };
+                if let Some(stage) = label(key) {
+                    table.entry(stage).or_default().samples = value as u64;
                 }
             }
             _ => {}
@@ -141,13 +172,14 @@ pub async fn collect(metrics: &[String]) -> Vec<NodeStages> {
     nodes
 }
 
-/// The printed breakdown: the leader's gaps, each follower's own fsync, the client's p50 and
-/// the disk's. `scenario_entries` tells whether openraft's window (its last 1,024 batches)
-/// reaches back into an earlier scenario.
+/// The printed breakdown: the leader's gaps, each follower's own fsync, the leader's write
+/// spans, then the client's p50 with the gRPC round trip and the disk's fsync it stands on.
+/// `scenario_entries` tells whether openraft's window (its last 1,024 batches) reaches back
+/// into an earlier scenario.
 pub fn render(
     nodes: &[NodeStages],
     client_p50_ms: f64,
-    fsync_p50_ms: f64,
+    floors: Floors,
     scenario_entries: u64,
 ) -> String {
     use std::fmt::Write as _;
@@ -156,10 +188,55 @@ pub fn render(
         return "  stages: no leader answered /metrics\n".to_owned();
     };
     if leader.gaps.is_empty() {
-        return "  stages: the nodes report none; build them with \
-                `cargo build --release -p tally-authority --features stage-stats`\n"
-            .to_owned();
+        out.push_str(
+            "  stages: the nodes report none; build them with \
+             `cargo build --release -p tally-authority --features stage-stats`\n",
+        );
+    } else {
+        render_stages(&mut out, nodes, leader, scenario_entries);
     }
+    if !leader.spans.is_empty() {
+        let samples = leader.spans.values().map(|s| s.samples).max().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "  write spans on the leader (node {}), over its last {samples} writes, each inside the one above:",
+            leader.node_id
+        );
+        for (key, what) in SPANS {
+            let span = leader.spans.get(key).copied().unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "    {key:<20} p50 {:>8.0} µs  p99 {:>8.0} µs  {what}",
+                span.p50_us, span.p99_us
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "    client p50 {:>8.0} µs per command; gRPC round trip p50 {:>8.0} µs; disk fdatasync p50 {:>8.0} µs",
+        client_p50_ms * 1_000.0,
+        floors.round_trip_p50_ms * 1_000.0,
+        floors.fsync_p50_ms * 1_000.0
+    );
+    out
+}
+
+/// What a command's latency stands on, measured by the bench in the same run.
+#[derive(Debug, Clone, Copy)]
+pub struct Floors {
+    /// `Admin.ClockProbe` to the leader over mTLS.
+    pub round_trip_p50_ms: f64,
+    /// A bare 512-byte append and `fdatasync` on the nodes' disk.
+    pub fsync_p50_ms: f64,
+}
+
+fn render_stages(
+    out: &mut String,
+    nodes: &[NodeStages],
+    leader: &NodeStages,
+    scenario_entries: u64,
+) {
+    use std::fmt::Write as _;
     let total = leader
         .gaps
         .get("proposed_to_applied")
@@ -208,18 +285,16 @@ pub fn render(
             follower.node_id, gap.p50_us, gap.p99_us, gap.samples
         );
     }
-    let _ = writeln!(
-        out,
-        "    client p50 {:>8.0} µs per command; disk fdatasync p50 {:>8.0} µs",
-        client_p50_ms * 1_000.0,
-        fsync_p50_ms * 1_000.0
-    );
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const FLOORS: Floors = Floors {
+        round_trip_p50_ms: 0.07,
+        fsync_p50_ms: 0.9,
+    };
 
     const SCRAPE: &str = "\
 # HELP tally_raft_is_leader 1 while this node leads.
@@ -234,6 +309,9 @@ tally_raft_stage_latency_microseconds{stage=\"proposed_to_applied\",quantile=\"0
 # TYPE tally_raft_stage_samples gauge
 tally_raft_stage_samples{stage=\"submitted_to_persisted\"} 4096
 tally_raft_stage_samples{stage=\"proposed_to_applied\"} 4096
+tally_write_span_microseconds{span=\"handler\",quantile=\"0.5\"} 480
+tally_write_span_microseconds{span=\"handler\",quantile=\"0.99\"} 900
+tally_write_span_samples{span=\"handler\"} 1024
 tally_raft_log_reads_total{source=\"cache\"} 17
 garbage line
 ";
@@ -253,22 +331,42 @@ garbage line
             }
         );
         assert_eq!(node.gaps["proposed_to_applied"].p99_us, 7000.0);
+        assert_eq!(
+            node.spans["handler"],
+            Gap {
+                p50_us: 480.0,
+                p99_us: 900.0,
+                samples: 1024
+            }
+        );
+        assert_eq!(node.spans.len(), 1, "{node:?}");
     }
 
     #[test]
     fn a_node_without_the_feature_reports_no_gaps_and_the_breakdown_says_how() {
         let node = parse(1, "tally_raft_is_leader 1\ntally_raft_term 3\n");
         assert!(node.leader && node.gaps.is_empty());
-        assert!(render(&[node], 1.0, 1.0, 10).contains("--features stage-stats"));
+        assert!(render(&[node], 1.0, FLOORS, 10).contains("--features stage-stats"));
         let follower = parse(3, "tally_raft_is_leader 0\n");
-        assert!(render(&[follower], 1.0, 1.0, 10).contains("no leader"));
+        assert!(render(&[follower], 1.0, FLOORS, 10).contains("no leader"));
+        // The write spans come with every build.
+        let spans = parse(
+            1,
+            "tally_raft_is_leader 1\ntally_write_span_microseconds{span=\"propose\",quantile=\"0.5\"} 77\n",
+        );
+        let text = render(&[spans], 1.0, FLOORS, 10);
+        assert!(text.contains("--features stage-stats"), "{text}");
+        assert!(
+            text.contains("propose              p50       77 µs"),
+            "{text}"
+        );
     }
 
     #[test]
     fn the_breakdown_names_each_stage_and_flags_a_window_from_earlier_scenarios() {
         let leader = parse(1, SCRAPE);
         let follower = parse(2, &SCRAPE.replace("is_leader 1", "is_leader 0"));
-        let text = render(&[leader.clone(), follower], 2.5, 0.9, 1000);
+        let text = render(&[leader.clone(), follower], 2.5, FLOORS, 1000);
         for (_, label, _) in STAGES {
             assert!(text.contains(label), "{label}: {text}");
         }
@@ -282,7 +380,12 @@ garbage line
             "{text}"
         );
         assert!(text.contains("client p50     2500 µs"), "{text}");
-        let text = render(&[leader], 2.5, 0.9, 10_000);
+        assert!(text.contains("gRPC round trip p50       70 µs"), "{text}");
+        assert!(
+            text.contains("handler              p50      480 µs"),
+            "{text}"
+        );
+        let text = render(&[leader], 2.5, FLOORS, 10_000);
         assert!(
             text.contains("last 4096 of this scenario's 10000 entries"),
             "{text}"

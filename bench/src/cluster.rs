@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use tally_api::pb::admin_client::AdminClient;
 use tally_api::pb::{
-    InitializeRequest, MemberAddress, SetParamsRequest, StatusReply, StatusRequest,
+    ClockProbeRequest, InitializeRequest, MemberAddress, SetParamsRequest, StatusReply,
+    StatusRequest,
 };
 use tally_tls::{TlsFiles, Transport};
 
@@ -164,6 +165,23 @@ impl ProcessCluster {
             }
         }
         anyhow::bail!("no leader")
+    }
+
+    /// Median of `samples` sequential `Admin.ClockProbe` calls to the leader over one mTLS
+    /// channel: Tally's own loopback gRPC round trip (TLS, HTTP/2, tonic, no Raft, no disk),
+    /// the floor under a command's latency that the 1-caller target counts twice.
+    pub async fn round_trip_p50_ms(&self, samples: usize) -> anyhow::Result<f64> {
+        let (leader, _) = self.leader_status().await?;
+        let mut admin = connect(&self.operator, &leader).await?;
+        let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+        for _ in 0..samples {
+            let began = Instant::now();
+            admin
+                .clock_probe(ClockProbeRequest { sent_at_ms: 0 })
+                .await?;
+            h.record((began.elapsed().as_micros() as u64).max(1))?;
+        }
+        Ok(h.value_at_quantile(0.5) as f64 / 1_000.0)
     }
 
     /// The leader's last log index (entries written so far).

@@ -105,7 +105,8 @@ pub async fn run(target: Target) -> anyhow::Result<()> {
     );
     let duration = Duration::from_secs(args.duration_s);
 
-    let tally = run_tally(&args, &binary, &temp.path().join("tally"), duration).await?;
+    let (tally, tally_round_trip_p50_ms) =
+        run_tally(&args, &binary, &temp.path().join("tally"), duration).await?;
     let etcd = match members::find_or_install(args.skip_install) {
         Err(why) => {
             println!("etcd: skipped: etcd not available ({why})");
@@ -122,6 +123,10 @@ pub async fn run(target: Target) -> anyhow::Result<()> {
     let rows = table_rows(&tally, &etcd);
     println!();
     print_table(&rows, &etcd);
+    println!(
+        "{}",
+        one_caller_target(&rows, fdatasync_p50, tally_round_trip_p50_ms)
+    );
     let elapsed = began.elapsed().as_secs_f64();
     println!("\nwhole run: {elapsed:.0} s");
     if let Some(path) = &args.json_out {
@@ -144,6 +149,7 @@ pub async fn run(target: Target) -> anyhow::Result<()> {
             "fdatasync_p50_ms": fdatasync_p50,
             "fdatasync_p99_ms": fdatasync_p99,
             "grpc_round_trip_p50_ms": rtt,
+            "tally_grpc_round_trip_p50_ms": tally_round_trip_p50_ms,
             "families": args.families,
             "duration_s": args.duration_s,
             "tally": tally.iter().map(|run| json!({
@@ -173,7 +179,7 @@ async fn run_tally(
     binary: &Path,
     dir: &Path,
     duration: Duration,
-) -> anyhow::Result<Vec<TallyRun>> {
+) -> anyhow::Result<(Vec<TallyRun>, f64)> {
     std::fs::create_dir_all(dir)?;
     let base_port = match args.base_port {
         0 => cluster::free_base_port()?,
@@ -184,6 +190,10 @@ async fn run_tally(
         "tally: 3 tally-node processes (async worker threads per node: {}) on {}",
         cluster.worker_threads,
         cluster.endpoints.join(", ")
+    );
+    let round_trip_p50_ms = cluster.round_trip_p50_ms(2_000).await?;
+    println!(
+        "tally: loopback gRPC round trip to the leader (Admin.ClockProbe, mTLS) p50 {round_trip_p50_ms:.3} ms"
     );
     let client = Arc::new(TallyClient::new(ClientConfig::new(
         cluster.endpoints.clone(),
@@ -219,7 +229,33 @@ async fn run_tally(
         }
     }
     drop(cluster);
-    Ok(runs)
+    Ok((runs, round_trip_p50_ms))
+}
+
+/// The latency floor for one caller: a command's p50 at most twice a bare fsync
+/// plus a bare round trip (the client's to the leader and the leader's to a follower, each
+/// with one fsync behind it), both measured in this run on Tally's own transport.
+fn one_caller_target(rows: &[Row], fdatasync_p50_ms: f64, round_trip_p50_ms: f64) -> String {
+    let floor_ms = 2.0 * (fdatasync_p50_ms + round_trip_p50_ms);
+    let measured: Vec<String> = rows
+        .iter()
+        .filter(|row| row.load == TALLY_LOADS[0].0)
+        .map(|row| {
+            let verdict = if row.tally_command_p50_ms <= floor_ms {
+                "met"
+            } else {
+                "not met"
+            };
+            format!(
+                "{} {:.2} ms ({verdict})",
+                row.variant, row.tally_command_p50_ms
+            )
+        })
+        .collect();
+    format!(
+        "1 caller target: p50 per command <= 2 x (fdatasync p50 {fdatasync_p50_ms:.3} + Tally's round trip p50 {round_trip_p50_ms:.3}) = {floor_ms:.2} ms: {}",
+        measured.join(", ")
+    )
 }
 
 enum EtcdSide {
@@ -509,5 +545,37 @@ mod tests {
             "over --max-txn-ops"
         );
         assert!(etcd_args(&["--etcd-batch", "0"]).is_err());
+    }
+
+    fn row(load: &'static str, variant: &'static str, p50_ms: f64) -> Row {
+        Row {
+            variant,
+            load,
+            etcd_callers: None,
+            etcd_max_batch: None,
+            etcd_calls_per_s: None,
+            etcd_call_p50_ms: None,
+            etcd_step_p50_ms: None,
+            tally_calls_per_s: 0.0,
+            tally_commands_per_s: 0.0,
+            tally_command_p50_ms: p50_ms,
+            tally_command_p99_ms: p50_ms,
+            ratio: None,
+        }
+    }
+
+    #[test]
+    fn the_one_caller_target_is_twice_fsync_plus_round_trip_judged_per_variant() {
+        let one = TALLY_LOADS[0].0;
+        let rows = [
+            row(one, "hot family 10%", 0.30),
+            row(one, "no hot family", 0.31),
+            row(TALLY_LOADS[1].0, "hot family 10%", 9.0),
+        ];
+        let line = one_caller_target(&rows, 0.05, 0.1);
+        assert!(line.contains("= 0.30 ms"), "{line}");
+        assert!(line.contains("hot family 10% 0.30 ms (met)"), "{line}");
+        assert!(line.contains("no hot family 0.31 ms (not met)"), "{line}");
+        assert!(!line.contains("9.00"), "only the 1-caller rows: {line}");
     }
 }

@@ -161,6 +161,10 @@ async fn main() -> anyhow::Result<()> {
         cluster.worker_threads,
         cluster.endpoints.join(", ")
     );
+    let round_trip_p50_ms = cluster.round_trip_p50_ms(2_000).await?;
+    println!(
+        "cluster: loopback gRPC round trip to the leader (Admin.ClockProbe, mTLS) p50 {round_trip_p50_ms:.3} ms"
+    );
     let client = Arc::new(TallyClient::new(ClientConfig::new(
         cluster.endpoints.clone(),
         cluster.kernel.clone(),
@@ -217,7 +221,10 @@ async fn main() -> anyhow::Result<()> {
             breakdown::render(
                 &scenario.stages,
                 scenario.report.p50_ms,
-                fsync_p50_ms,
+                breakdown::Floors {
+                    round_trip_p50_ms,
+                    fsync_p50_ms,
+                },
                 scenario.log_entries,
             )
         );

@@ -62,7 +62,9 @@ impl LocalWriter {
         }
         match answer {
             Ok(Ok(response)) => {
-                self.metrics.observe_commit(started.elapsed());
+                let elapsed = started.elapsed();
+                self.metrics.observe_commit(elapsed);
+                self.metrics.write_spans.client_write.record(elapsed);
                 for decision in response.data.results.iter().flatten() {
                     self.metrics
                         .observe_decision(&decision.outcome, decision.replayed);

@@ -16,6 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use super::recent_latency::WriteSpans;
 use crate::raft::state_machine::SharedRouter;
 use crate::raft::types::{NodeId, Raft};
 
@@ -67,6 +68,8 @@ pub struct NodeMetrics {
     pub data_dir_bytes: AtomicU64,
     /// Free bytes on the data dir's filesystem at the disk watcher's last check.
     pub disk_free_bytes: AtomicU64,
+    /// Recent durations of the spans of writes served here, for the stage breakdown.
+    pub write_spans: WriteSpans,
 }
 
 impl NodeMetrics {
@@ -583,9 +586,43 @@ pub async fn render(sources: &Sources) -> String {
         "Merges of runs of rows out of memory (four runs of one size into one).",
         &plain(merges.to_string()),
     );
+    render_write_spans(&mut out, &m.write_spans);
     #[cfg(feature = "stage-stats")]
     render_stage_latency(&mut out, &sources.raft).await;
     out
+}
+
+/// The write spans' percentiles over their recent windows (`recent_latency.rs`); a span with
+/// no sample yet is left out.
+fn render_write_spans(out: &mut String, spans: &WriteSpans) {
+    const NAME: &str = "tally_write_span_microseconds";
+    const SAMPLES: &str = "tally_write_span_samples";
+    let measured: Vec<_> = spans
+        .labelled()
+        .into_iter()
+        .filter_map(|(span, recent)| Some((span, recent.percentiles()?)))
+        .collect();
+    let _ = writeln!(
+        out,
+        "# HELP {NAME} A write's spans on the node that served it, over the last {} writes: \
+         the handler (decoded request to reply) holds propose (queue, checks, forwarding), which \
+         holds client_write (Raft and the apply).",
+        super::recent_latency::RECENT_SAMPLES
+    );
+    let _ = writeln!(out, "# TYPE {NAME} gauge");
+    for (span, p) in &measured {
+        for (quantile, value) in [("0.5", p.p50), ("0.9", p.p90), ("0.99", p.p99)] {
+            let _ = writeln!(
+                out,
+                "{NAME}{{span=\"{span}\",quantile=\"{quantile}\"}} {value}"
+            );
+        }
+    }
+    let _ = writeln!(out, "# HELP {SAMPLES} Writes behind {NAME}, by span.");
+    let _ = writeln!(out, "# TYPE {SAMPLES} gauge");
+    for (span, p) in &measured {
+        let _ = writeln!(out, "{SAMPLES}{{span=\"{span}\"}} {}", p.samples);
+    }
 }
 
 /// The stage-to-stage gaps openraft's core measures per log entry (feature `stage-stats`):

@@ -15,6 +15,7 @@ mod local_writer;
 pub mod metrics;
 pub mod placement;
 pub mod proposer;
+pub mod recent_latency;
 pub mod write_error;
 
 use std::sync::Arc;

@@ -3,6 +3,7 @@
 //! proposed on the leader or forwarded to it, and answered only once committed and applied.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tally_api::pb::budget_server::Budget;
 use tally_api::pb::{self, Consistency};
@@ -68,11 +69,13 @@ impl BudgetService {
         let ids = self.faults.drops_reply(&commands).then_some(());
         #[cfg(feature = "failpoints")]
         let kinds = crate::failpoints::kinds(commands.iter());
+        let started = Instant::now();
         let reply = self
             .proposer
             .propose(commands)
             .await
             .map_err(|e| failure_status(e.into(), event_id))?;
+        self.metrics.write_spans.propose.record(started.elapsed());
         if ids.is_some() {
             return Err(Status::unknown("reply lost after commit (fault injection)"));
         }
@@ -87,6 +90,7 @@ impl BudgetService {
         caller: Caller,
         command: Result<Command, WireError>,
     ) -> Result<Response<pb::Decision>, Status> {
+        let started = Instant::now();
         let command = command.map_err(|e| failure_status(e.into(), None))?;
         caller.may_touch([command.family_id()])?;
         let event_id = command.event_id().cloned();
@@ -98,7 +102,9 @@ impl BudgetService {
         };
         match reply.results.into_iter().next() {
             Some(Ok(decision)) => {
-                Ok(self.with_leader_hint(definite(decision_message(&decision, &stamp))))
+                let reply = self.with_leader_hint(definite(decision_message(&decision, &stamp)));
+                self.metrics.write_spans.handler.record(started.elapsed());
+                Ok(reply)
             }
             Some(Err(error)) => Err(failure_status(error.into(), event_id.as_ref())),
             None => Err(Status::internal("the state machine answered no result")),
@@ -359,6 +365,7 @@ impl Budget for BudgetService {
         &self,
         request: Request<pb::BatchRequest>,
     ) -> Result<Response<pb::BatchReply>, Status> {
+        let started = Instant::now();
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
         if request.commands.is_empty() || request.commands.len() > self.max_batch_commands {
@@ -395,7 +402,8 @@ impl Budget for BudgetService {
                 ))),
             }
         }
-        if !to_propose.is_empty() {
+        let proposed = !to_propose.is_empty();
+        if proposed {
             let event_ids: Vec<Option<EventId>> =
                 to_propose.iter().map(|c| c.event_id().cloned()).collect();
             let reply = self.propose(to_propose, None).await?;
@@ -421,7 +429,11 @@ impl Budget for BudgetService {
             .into_iter()
             .map(|result| pb::BatchResult { result })
             .collect();
-        Ok(self.with_leader_hint(definite(pb::BatchReply { results })))
+        let reply = self.with_leader_hint(definite(pb::BatchReply { results }));
+        if proposed {
+            self.metrics.write_spans.handler.record(started.elapsed());
+        }
+        Ok(reply)
     }
 
     async fn get_usage(
