@@ -757,6 +757,23 @@ async fn metrics_are_served_and_move_with_writes() {
     assert!(sample(&on_follower, "tally_leader_changes_total") >= 1.0);
     assert_eq!(sample(&on_leader, "tally_raft_is_leader"), 1.0);
     assert!(sample(&on_leader, "tally_apply_lag_entries") >= 0.0);
+    // The write spans: the follower served the three requests (handler and propose, which
+    // forwarded), the leader's Raft wrote them (client_write). Each request's handler holds
+    // its propose, so every percentile of the one is at least the other's.
+    let span = |text: &str, series: &str| sample(text, &format!("tally_write_span_{series}"));
+    assert_eq!(span(&on_follower, "samples{span=\"handler\"}"), 3.0);
+    assert_eq!(span(&on_follower, "samples{span=\"propose\"}"), 3.0);
+    assert!(span(&on_leader, "samples{span=\"client_write\"}") >= 3.0);
+    for quantile in ["0.5", "0.99"] {
+        let of = |name: &str| {
+            span(
+                &on_follower,
+                &format!("microseconds{{span=\"{name}\",quantile=\"{quantile}\"}}"),
+            )
+        };
+        assert!(of("propose") > 0.0, "a forwarded write takes time");
+        assert!(of("handler") >= of("propose"), "quantile {quantile}");
+    }
     // Anything but GET /metrics is a 404.
     {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
