@@ -4,7 +4,9 @@
 //! This is the test of a node that lives for months (docs/sizing.md): after the warm-up, is
 //! every node's RSS flat and under its `memory_budget_bytes`, and how many disk bytes does a
 //! command of history cost? The offered rate is printed next to the achieved one: a soak whose
-//! cluster fell behind its schedule measured a lighter load than it says.
+//! cluster fell behind its schedule measured a lighter load than it says. `--full-speed`
+//! drops the schedule: the callers send as fast as the cluster answers, the load a node's
+//! memory must hold at its worst.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +26,10 @@ pub struct SoakArgs {
     /// Offered commands per second (a tool call is 3), on a fixed schedule.
     #[arg(long, default_value_t = 5_000.0, value_parser = tally_client::cli::bench::parse_rate)]
     rate: f64,
+    /// No schedule: every caller sends its next call as soon as the last is answered (the
+    /// cluster's full speed; set the callers with --concurrency).
+    #[arg(long, conflicts_with = "rate")]
+    full_speed: bool,
     /// Seconds under load, warm-up included.
     #[arg(long, default_value_t = 1_920)]
     duration_s: u64,
@@ -106,7 +112,8 @@ pub struct NodeSummary {
 
 #[derive(Debug, Serialize)]
 struct SoakReport {
-    offered_commands_per_s: f64,
+    /// `None`: full speed, no schedule.
+    offered_commands_per_s: Option<f64>,
     achieved_commands_per_s: f64,
     /// Commands decided: the load's count, or integrated from the samples when it stopped.
     commands: u64,
@@ -123,7 +130,7 @@ struct SoakReport {
 }
 
 /// The nodes' CPU per command decided after the warm-up: the cost of a committed command
-/// on all replicas together, at this soak's fixed offered rate (docs/benchmarks.md).
+/// on all replicas together, at this soak's load (docs/benchmarks.md).
 #[derive(Debug, Serialize, PartialEq)]
 pub struct ClusterCpu {
     pub seconds: f64,
@@ -131,6 +138,21 @@ pub struct ClusterCpu {
     pub cores: f64,
     pub commands: u64,
     pub us_per_command: f64,
+}
+
+impl SoakArgs {
+    /// The offered rate, `None` at full speed.
+    fn offered_rate(&self) -> Option<f64> {
+        (!self.full_speed).then_some(self.rate)
+    }
+}
+
+/// "offered N commands/s" or "full speed", for the printed lines and the chart's title.
+fn offered_text(offered: Option<f64>) -> String {
+    match offered {
+        Some(rate) => format!("offered {rate:.0} commands/s"),
+        None => "full speed (no schedule)".to_owned(),
+    }
 }
 
 pub async fn run(args: SoakArgs) -> anyhow::Result<()> {
@@ -170,14 +192,14 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<()> {
     cluster.set_retention_ms(args.retention_ms).await?;
     println!(
         "soak: 3 tally-node processes (async worker threads per node: {}) on {} (data in {}), \
-         memory_budget_bytes {}, retention {} ms; offering {:.0} commands/s (batch {}, {} callers, \
-         {} families) for {} s, sampling every {} s",
+         memory_budget_bytes {}, retention {} ms; {} (batch {}, {} callers, {} families) for {} s, \
+         sampling every {} s",
         cluster.worker_threads,
         cluster.endpoints.join(", "),
         temp.path().display(),
         args.memory_budget_bytes,
         args.retention_ms,
-        args.rate,
+        offered_text(args.offered_rate()),
         args.batch,
         args.concurrency,
         args.families,
@@ -194,7 +216,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<()> {
         concurrency: args.concurrency,
         duration_s: args.duration_s,
         batch: args.batch,
-        rate: Some(args.rate),
+        rate: args.offered_rate(),
         quiet: true,
     };
     let decided = Arc::new(AtomicU64::new(0));
@@ -233,7 +255,7 @@ fn finish(
         |l| l.commands_per_s,
     );
     let report = SoakReport {
-        offered_commands_per_s: args.rate,
+        offered_commands_per_s: args.offered_rate(),
         achieved_commands_per_s: achieved,
         commands,
         retention_ms: args.retention_ms,
@@ -251,12 +273,16 @@ fn finish(
         args.memory_budget_bytes,
         args.warmup_s,
         &format!(
-            "tally-bench soak: offered {:.0} commands/s, achieved {:.0}, retention {} s, batch {}{}",
-            report.offered_commands_per_s,
+            "tally-bench soak: {}, achieved {:.0} commands/s, retention {} s, batch {}{}",
+            offered_text(report.offered_commands_per_s),
             report.achieved_commands_per_s,
             args.retention_ms / 1_000,
             args.batch,
-            if report.stopped.is_some() { " (stopped early)" } else { "" }
+            if report.stopped.is_some() {
+                " (stopped early)"
+            } else {
+                ""
+            }
         ),
     )?;
     let json = args.out.join("soak.json");
@@ -557,8 +583,8 @@ fn slope_per_s(xs: &[f64], ys: &[f64]) -> f64 {
 fn print_report(report: &SoakReport) {
     match &report.load {
         Some(load) => println!(
-            "offered {:.0} commands/s, achieved {:.0} ({} commands, {} errors; per command p50 {:.2} ms, p99 {:.2} ms, max {:.0} ms)",
-            report.offered_commands_per_s,
+            "{}, achieved {:.0} commands/s ({} commands, {} errors; per command p50 {:.2} ms, p99 {:.2} ms, max {:.0} ms)",
+            offered_text(report.offered_commands_per_s),
             report.achieved_commands_per_s,
             load.commands,
             load.errors,
@@ -567,8 +593,10 @@ fn print_report(report: &SoakReport) {
             load.max_ms,
         ),
         None => println!(
-            "offered {:.0} commands/s, achieved {:.0} (~{} commands from the sampled rates; no latency figures)",
-            report.offered_commands_per_s, report.achieved_commands_per_s, report.commands
+            "{}, achieved {:.0} commands/s (~{} commands from the sampled rates; no latency figures)",
+            offered_text(report.offered_commands_per_s),
+            report.achieved_commands_per_s,
+            report.commands
         ),
     }
     if let Some(cpu) = &report.cpu {
@@ -706,16 +734,18 @@ mod tests {
         assert!(rss > 1 << 20, "{rss}");
     }
 
-    fn parse(args: &[&str]) -> SoakArgs {
+    fn try_parse(args: &[&str]) -> Result<SoakArgs, clap::Error> {
         #[derive(clap::Parser)]
         struct Cli {
             #[command(flatten)]
             soak: SoakArgs,
         }
         let all = ["soak"].iter().chain(args);
-        <Cli as clap::Parser>::try_parse_from(all)
-            .expect("parses")
-            .soak
+        <Cli as clap::Parser>::try_parse_from(all).map(|cli| cli.soak)
+    }
+
+    fn parse(args: &[&str]) -> SoakArgs {
+        try_parse(args).expect("parses")
     }
 
     #[test]
@@ -765,5 +795,21 @@ mod tests {
             args.duration_s, 1_920,
             "32 minutes: 2 of warm-up and 30 measured"
         );
+        assert_eq!(args.offered_rate(), Some(5_000.0));
+    }
+
+    #[test]
+    fn full_speed_drops_the_schedule_and_refuses_a_rate_beside_it() {
+        let args = parse(&["--full-speed"]);
+        assert_eq!(args.offered_rate(), None);
+        assert_eq!(
+            offered_text(args.offered_rate()),
+            "full speed (no schedule)"
+        );
+        assert_eq!(
+            offered_text(parse(&["--rate", "2000"]).offered_rate()),
+            "offered 2000 commands/s"
+        );
+        assert!(try_parse(&["--full-speed", "--rate", "2000"]).is_err());
     }
 }
