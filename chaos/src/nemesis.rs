@@ -323,14 +323,31 @@ impl Nemesis {
         } else {
             vec![leader]
         };
+        // Only a node that runs now can die at the point (the check below counts deaths).
+        let armed: Vec<u64> = armed
+            .into_iter()
+            .filter(|id| cluster.is_running(*id))
+            .collect();
+        anyhow::ensure!(!armed.is_empty(), "no node to arm {point} on is running");
         let name = point.split_once('=').map_or(point, |(name, _)| name);
+        // A node can abort at the point before its answer to the arming call leaves (a
+        // `reply.*` point fires on the next reply, a client's as well), so the call then fails
+        // with a reset connection although the point fired. A failed call is judged by whether
+        // the node died, below; it skips the fault only if none did.
+        let mut arm_failures = Vec::new();
         for id in &armed {
-            let mut admin = cluster.admin(*id).await?;
-            admin
-                .set_failpoints(pb::SetFailpointsRequest {
-                    spec: point.to_owned(),
-                })
-                .await?;
+            let armed_here = async {
+                let mut admin = cluster.admin(*id).await?;
+                admin
+                    .set_failpoints(pb::SetFailpointsRequest {
+                        spec: point.to_owned(),
+                    })
+                    .await?;
+                anyhow::Ok(())
+            };
+            if let Err(error) = armed_here.await {
+                arm_failures.push(error.context(format!("arming {point} on node {id}")));
+            }
         }
         let start = Instant::now();
         let mut died = Vec::new();
@@ -353,6 +370,9 @@ impl Nemesis {
             }
         }
         if died.is_empty() {
+            if let Some(error) = arm_failures.into_iter().next() {
+                return Err(error);
+            }
             return Ok((
                 armed,
                 format!("{point}: did not fire within {FAILPOINT_WAIT:?}; disarmed"),
