@@ -167,21 +167,22 @@ impl ProcessCluster {
         anyhow::bail!("no leader")
     }
 
-    /// Median of `samples` sequential `Admin.ClockProbe` calls to the leader over one mTLS
+    /// The median of 2,000 sequential `Admin.ClockProbe` calls to the leader over one mTLS
     /// channel: Tally's own loopback gRPC round trip (TLS, HTTP/2, tonic, no Raft, no disk),
-    /// the floor under a command's latency that the 1-caller target counts twice.
-    pub async fn round_trip_p50_ms(&self, samples: usize) -> anyhow::Result<f64> {
+    /// the floor under a command's latency that the 1-caller target counts twice. Printed
+    /// after `who`, the line's prefix.
+    pub async fn round_trip_p50_ms(&self, who: &str) -> anyhow::Result<f64> {
         let (leader, _) = self.leader_status().await?;
-        let mut admin = connect(&self.operator, &leader).await?;
-        let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-        for _ in 0..samples {
-            let began = Instant::now();
-            admin
-                .clock_probe(ClockProbeRequest { sent_at_ms: 0 })
-                .await?;
-            h.record((began.elapsed().as_micros() as u64).max(1))?;
-        }
-        Ok(h.value_at_quantile(0.5) as f64 / 1_000.0)
+        let admin = connect(&self.operator, &leader).await?;
+        let p50_ms = crate::round_trip::sequential_p50_ms(2_000, || {
+            let mut admin = admin.clone();
+            async move { admin.clock_probe(ClockProbeRequest { sent_at_ms: 0 }).await }
+        })
+        .await?;
+        println!(
+            "{who}: loopback gRPC round trip to the leader (Admin.ClockProbe, mTLS) p50 {p50_ms:.3} ms"
+        );
+        Ok(p50_ms)
     }
 
     /// The leader's last log index (entries written so far).

@@ -191,10 +191,7 @@ async fn run_tally(
         cluster.worker_threads,
         cluster.endpoints.join(", ")
     );
-    let round_trip_p50_ms = cluster.round_trip_p50_ms(2_000).await?;
-    println!(
-        "tally: loopback gRPC round trip to the leader (Admin.ClockProbe, mTLS) p50 {round_trip_p50_ms:.3} ms"
-    );
+    let round_trip_p50_ms = cluster.round_trip_p50_ms("tally").await?;
     let client = Arc::new(TallyClient::new(ClientConfig::new(
         cluster.endpoints.clone(),
         cluster.kernel.clone(),

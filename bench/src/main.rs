@@ -20,6 +20,7 @@ mod compare;
 mod etcd;
 mod fsync;
 mod regions;
+mod round_trip;
 mod scale_out_chart;
 mod soak;
 mod soak_chart;
@@ -161,10 +162,7 @@ async fn main() -> anyhow::Result<()> {
         cluster.worker_threads,
         cluster.endpoints.join(", ")
     );
-    let round_trip_p50_ms = cluster.round_trip_p50_ms(2_000).await?;
-    println!(
-        "cluster: loopback gRPC round trip to the leader (Admin.ClockProbe, mTLS) p50 {round_trip_p50_ms:.3} ms"
-    );
+    let round_trip_p50_ms = cluster.round_trip_p50_ms("cluster").await?;
     let client = Arc::new(TallyClient::new(ClientConfig::new(
         cluster.endpoints.clone(),
         cluster.kernel.clone(),

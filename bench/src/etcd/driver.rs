@@ -266,20 +266,18 @@ impl Etcd {
     /// Median of `samples` sequential serializable `Range`s of one absent key: the loopback
     /// gRPC round trip to etcd, with no Raft and no disk in it.
     pub async fn round_trip_p50_ms(&self, samples: usize) -> anyhow::Result<f64> {
-        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-        for _ in 0..samples {
-            let began = Instant::now();
-            self.kv
-                .clone()
-                .range(RangeRequest {
+        crate::round_trip::sequential_p50_ms(samples, || {
+            let mut kv = self.kv.clone();
+            async move {
+                kv.range(RangeRequest {
                     key: b"tb/probe".to_vec(),
                     serializable: true,
                     ..RangeRequest::default()
                 })
-                .await?;
-            h.record((began.elapsed().as_micros() as u64).max(1))?;
-        }
-        Ok(h.value_at_quantile(0.5) as f64 / 1_000.0)
+                .await
+            }
+        })
+        .await
     }
 
     /// Sums every account this scheme wrote, read in one linearizable `Range`.
