@@ -128,32 +128,28 @@ pub fn parse(node_id: u64, text: &str) -> NodeStages {
                 (k.trim() == key).then(|| v.trim().trim_matches('"').to_owned())
             })
         };
-        match name {
-            LEADER_METRIC => node.leader = value >= 1.0,
-            STAGE_METRIC | SPAN_METRIC => {
-                let (table, key) = match name {
-                    STAGE_METRIC => (&mut node.gaps, "stage"),
-                    _ => (&mut node.spans, "span"),
-                };
-                let (Some(stage), Some(quantile)) = (label(key), label("quantile")) else {
-                    continue;
-                };
-                let gap = table.entry(stage).or_default();
-                match quantile.as_str() {
-                    "0.5" => gap.p50_us = value,
-                    "0.99" => gap.p99_us = value,
-                    _ => {}
-                }
+        // Which table the series fills, by which label, and whether it is the sample count.
+        let (table, key, samples) = match name {
+            LEADER_METRIC => {
+                node.leader = value >= 1.0;
+                continue;
             }
-            SAMPLES_METRIC | SPAN_SAMPLES_METRIC => {
-                let (table, key) = match name {
-                    SAMPLES_METRIC => (&mut node.gaps, "stage"),
-                    _ => (&mut node.spans, "span"),
-                };
-                if let Some(stage) = label(key) {
-                    table.entry(stage).or_default().samples = value as u64;
-                }
-            }
+            STAGE_METRIC => (&mut node.gaps, "stage", false),
+            SAMPLES_METRIC => (&mut node.gaps, "stage", true),
+            SPAN_METRIC => (&mut node.spans, "span", false),
+            SPAN_SAMPLES_METRIC => (&mut node.spans, "span", true),
+            _ => continue,
+        };
+        let Some(stage) = label(key) else {
+            continue;
+        };
+        if samples {
+            table.entry(stage).or_default().samples = value as u64;
+            continue;
+        }
+        match label("quantile").as_deref() {
+            Some("0.5") => table.entry(stage).or_default().p50_us = value,
+            Some("0.99") => table.entry(stage).or_default().p99_us = value,
             _ => {}
         }
     }
