@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use tally_ledger::{ClusterParams, FamilyId, LogPosition};
 use tokio::sync::oneshot;
 
-use super::actor_table::{gone, send, ActorTable};
+use super::actor_table::{gone, send, ActorTable, Located};
 use super::batch::{self, FamilyWork, PendingOutput, Round};
 use super::cold_index::ColdIndex;
 use super::config::RouterConfig;
@@ -21,6 +21,10 @@ use super::router_state::RouterState;
 
 /// Families a round brings back from the store at a time (`FamilyRouter::slices`).
 const MAX_STORED_PER_SLICE: usize = 128;
+/// A slice's stored bytes are at most the families' share (`max_live_bytes`) over this: a
+/// family decodes to a few times its encoding, so a slice's families, decoded beside the
+/// live ones before the slice ends and spills them, stay a small part of the share.
+const SLICE_BYTES_DIVISOR: usize = 32;
 
 pub struct FamilyRouter {
     pub(super) config: RouterConfig,
@@ -110,27 +114,21 @@ impl FamilyRouter {
         Ok(outputs.into_iter().map(PendingOutput::finish).collect())
     }
 
-    /// The round's work in slices that each bring at most `MAX_STORED_PER_SLICE` families
-    /// back from the store. Families are independent, so the order of slices changes no
-    /// answer; a slice's families are passivated over the budget before the next is read,
-    /// so a round that touches every family (the first hold expiry after a long downtime)
-    /// holds a slice's stored bytes and decoding at a time, not every family's at once.
+    /// The round's work in slices (`slice_work`): a slice's families are passivated over the
+    /// budget before the next is read, so a round that touches every family (the first hold
+    /// expiry after a long downtime) holds a slice's stored bytes and decoding at a time, not
+    /// every family's at once.
     fn slices(&self, work: BTreeMap<FamilyId, FamilyWork>) -> Vec<BTreeMap<FamilyId, FamilyWork>> {
-        let mut slices = vec![BTreeMap::new()];
-        let mut stored_in_last = 0;
-        for (family_id, family_work) in work {
-            if self.actors.is_stored(&family_id) {
-                if stored_in_last == MAX_STORED_PER_SLICE {
-                    slices.push(BTreeMap::new());
-                    stored_in_last = 0;
-                }
-                stored_in_last += 1;
-            }
-            (slices.last_mut())
-                .expect("there is always a last slice")
-                .insert(family_id, family_work);
-        }
-        slices
+        let max_bytes = (self.config.max_live_bytes / SLICE_BYTES_DIVISOR).max(1);
+        slice_work(
+            work,
+            MAX_STORED_PER_SLICE,
+            max_bytes,
+            |family_id| match self.actors.locate(family_id) {
+                Located::Stored(row) => Some(row.bytes),
+                Located::Live(_) | Located::Absent => None,
+            },
+        )
     }
 
     async fn apply_slice(
@@ -346,9 +344,91 @@ impl FamilyRouter {
     }
 }
 
+/// Splits work into slices, in family order, that each bring back at most `max_families`
+/// stored families and at most `max_bytes` of their stored bytes (or one family larger than
+/// that); `stored_bytes` says which families are stored, and their size. Families not stored
+/// join the slice at hand. Families are independent, so the slicing changes no answer.
+fn slice_work<W>(
+    work: BTreeMap<FamilyId, W>,
+    max_families: usize,
+    max_bytes: usize,
+    stored_bytes: impl Fn(&FamilyId) -> Option<usize>,
+) -> Vec<BTreeMap<FamilyId, W>> {
+    assert!(max_families > 0, "a slice must take at least one family");
+    let mut slices = vec![BTreeMap::new()];
+    let (mut stored_in_last, mut bytes_in_last) = (0, 0);
+    for (family_id, family_work) in work {
+        if let Some(bytes) = stored_bytes(&family_id) {
+            let full = stored_in_last == max_families
+                || (stored_in_last > 0 && bytes_in_last + bytes > max_bytes);
+            if full {
+                slices.push(BTreeMap::new());
+                (stored_in_last, bytes_in_last) = (0, 0);
+            }
+            stored_in_last += 1;
+            bytes_in_last += bytes;
+        }
+        (slices.last_mut())
+            .expect("there is always a last slice")
+            .insert(family_id, family_work);
+    }
+    slices
+}
+
 impl Drop for FamilyRouter {
     /// Actors do not stop when their references drop; a router going away stops them.
     fn drop(&mut self) {
         self.actors.stop_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Families `a`..`h`: the even ones stored with `bytes` each, the odd ones live or new.
+    fn work() -> BTreeMap<FamilyId, ()> {
+        ["a", "b", "c", "d", "e", "f", "g", "h"]
+            .into_iter()
+            .map(|id| (FamilyId::from(id), ()))
+            .collect()
+    }
+
+    fn stored(bytes: usize) -> impl Fn(&FamilyId) -> Option<usize> {
+        move |family_id| (family_id.as_str().as_bytes()[0] % 2 == 1).then_some(bytes)
+    }
+
+    fn names(slices: &[BTreeMap<FamilyId, ()>]) -> Vec<String> {
+        (slices.iter())
+            .map(|slice| slice.keys().map(FamilyId::as_str).collect())
+            .collect()
+    }
+
+    #[test]
+    fn slices_are_bounded_by_stored_families_and_by_their_bytes() {
+        // a, c, e, g are stored ('a' is odd in ASCII).
+        assert_eq!(
+            names(&slice_work(work(), 2, 1_000, stored(10))),
+            ["abcd", "efgh"]
+        );
+        assert_eq!(
+            names(&slice_work(work(), 128, 25, stored(10))),
+            ["abcd", "efgh"],
+            "two stored families of 10 bytes fit in 25, a third does not"
+        );
+        assert_eq!(
+            names(&slice_work(work(), 128, 5, stored(10))),
+            ["ab", "cd", "ef", "gh"],
+            "a family larger than the bound takes a slice of its own"
+        );
+        assert_eq!(
+            names(&slice_work(work(), 128, 1 << 20, stored(10))),
+            ["abcdefgh"]
+        );
+        assert_eq!(
+            names(&slice_work(work(), 1, 1 << 20, |_| None)),
+            ["abcdefgh"],
+            "families not stored never start a slice"
+        );
     }
 }
