@@ -205,6 +205,75 @@ fn count_outcomes(results: &[Result<Decision, LedgerError>], counts: &mut (usize
     }
 }
 
+/// The filters over rows out of memory cost memory for ever (2 bytes a row), so they leave
+/// memory with their passivated family and come back with it: with many families that each
+/// have rows, and a budget that keeps a few live, the filters in memory stay those of the live
+/// families, within the budget, while every answer (replays of ids long out of memory among
+/// them) stays the roomy router's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filters_leave_memory_with_their_passivated_family() -> anyhow::Result<()> {
+    const MANY: usize = 40;
+    const BUDGET_BYTES: usize = 16 * 1024;
+    let dir = tempfile::tempdir()?;
+    let store = FamilyStore::create(&dir.path().join("families.redb"), 0)?;
+    let config = RouterConfig {
+        max_live_bytes: BUDGET_BYTES,
+        min_idle_entries_to_spill: 0,
+        ..RouterConfig::default()
+    };
+    let mut router = FamilyRouter::with_store(config, store)?;
+    let mut roomy = FamilyRouter::new(RouterConfig::default())?;
+    let mut sent: Vec<Command> = Vec::new();
+    let mut all = vec![short_retention(1)];
+    for index in 2..60u64 {
+        let now = T0 + index * 1_000;
+        // Every family in the first entries, then two at a time, and a replay of a command
+        // sent long ago (its row out of memory by then) every few entries.
+        let families: Vec<usize> = if index < 10 {
+            (0..MANY).collect()
+        } else {
+            vec![index as usize % MANY, (index as usize * 7) % MANY]
+        };
+        let mut commands = Vec::new();
+        for f in families {
+            let hold = format!("h-{index}-{f}");
+            commands.push(authorize(&family(f), &hold, 10, now, None));
+            commands.push(capture(&family(f), &hold, now));
+            commands.push(reconcile(&family(f), &hold, 10, 7, now));
+        }
+        if index > 20 && index.is_multiple_of(3) {
+            commands.push(sent[(index as usize * 13) % (MANY * 6)].clone());
+        }
+        sent.extend(commands.iter().cloned());
+        all.push(entry(index, now, commands));
+    }
+    for chunk in all.chunks(2) {
+        let got = router.apply(chunk.to_vec()).await?;
+        assert_eq!(
+            roomy.apply(chunk.to_vec()).await?,
+            got,
+            "the budget changed an answer"
+        );
+    }
+    let everyone = roomy.cold_filter_bytes();
+    assert!(
+        router.cold_rows() == roomy.cold_rows() && everyone >= MANY * 2048,
+        "every family has rows out of memory, and a filter of at least 2 KiB: {} rows, {everyone} bytes",
+        router.cold_rows()
+    );
+    assert!(
+        router.cold_filter_bytes() <= BUDGET_BYTES,
+        "{} bytes of filters in memory over a budget of {BUDGET_BYTES} (all of them: {everyone})",
+        router.cold_filter_bytes()
+    );
+    assert!(
+        router.passivated_families() >= MANY - 8,
+        "most families passivated"
+    );
+    assert_eq!(router.digest().await?, roomy.digest().await?);
+    Ok(())
+}
+
 /// A node's own snapshot links the store's runs instead of copying its rows: a router restored
 /// from it (runs taken in by link, filters loaded, no row read) digests and answers like the
 /// original, even once the original and its store are gone; expanded for another node it is
@@ -287,6 +356,11 @@ async fn a_linked_snapshot_restores_without_reading_rows_and_expands_to_the_stre
         "every run taken in by link, none rewritten: {adopted:?}"
     );
     assert_eq!(restored.cold_rows(), rows);
+    assert_eq!(
+        restored.cold_filter_bytes(),
+        0,
+        "every family starts passivated, with its filters in the store"
+    );
     assert_eq!(restored.digest().await?, full_digest);
 
     // The original goes (its runs are removed); the restored router reads the links.
@@ -297,6 +371,31 @@ async fn a_linked_snapshot_restores_without_reading_rows_and_expands_to_the_stre
     assert_eq!(restored.apply(more).await?, expected);
     assert_eq!(restored.digest().await?, expected_digest);
     assert!(restored_store.cold_reads() > 0, "rows read from the links");
+    assert!(
+        restored.cold_filter_bytes() > 0,
+        "the families the entries used have their filters back"
+    );
+    // With every family passivated, every filter is in the store; a snapshot reads them there.
+    restored.passivate_idle(0).await?;
+    assert_eq!(restored.live_actors(), 0);
+    assert_eq!(restored.cold_filter_bytes(), 0);
+    let again_dir = dir.path().join("again.runs");
+    std::fs::create_dir(&again_dir)?;
+    let mut again = Vec::new();
+    write_linked(restored.cut().await?, &mut again, &again_dir)?;
+    let (mut twice, digest) = restore_linked(
+        RouterConfig::default(),
+        &mut again.as_slice(),
+        &again_dir,
+        FamilyStore::create(&dir.path().join("families-c.redb"), 0)?,
+    )?;
+    assert_eq!(digest, expected_digest);
+    let last = entries(262, 30, &mut sent);
+    assert_eq!(
+        twice.apply(last.clone()).await?,
+        restored.apply(last).await?
+    );
+    assert_eq!(twice.digest().await?, restored.digest().await?);
 
     // Links that lost a run, or filters cut short, are refused before a router exists.
     let refused = |bytes: &[u8], runs: &std::path::Path, what: &str| {

@@ -148,19 +148,22 @@ impl ActorTable {
 
     /// Reads the stored bytes of `families` on a blocking thread: what a round must have in
     /// hand before it activates them, so no actor (and no ledger code) waits on the disk.
-    pub async fn fetch(
+    /// `also` reads what else goes with them (their filters) from the same view, on the same
+    /// thread; with no family to fetch it is not called.
+    pub async fn fetch<T: Default + Send + 'static>(
         &self,
         families: Vec<FamilyId>,
-    ) -> Result<BTreeMap<FamilyId, Vec<u8>>, RouterError> {
+        also: impl FnOnce(&StoreView) -> Result<T, RouterError> + Send + 'static,
+    ) -> Result<(BTreeMap<FamilyId, Vec<u8>>, T), RouterError> {
         if families.is_empty() {
-            return Ok(BTreeMap::new());
+            return Ok((BTreeMap::new(), T::default()));
         }
         let view = self.view()?;
-        let fetched = on_blocking_thread("a family fetch", move || {
-            view.read_each(families, |bytes| bytes)
+        let (fetched, also) = on_blocking_thread("a family fetch", move || {
+            Ok((view.read_each(families, |bytes| bytes)?, also(&view)?))
         })
         .await?;
-        Ok(fetched.into_iter().collect())
+        Ok((fetched.into_iter().collect(), also))
     }
 
     /// Records a live family's footprint after a batch.
@@ -236,19 +239,22 @@ impl ActorTable {
     }
 
     /// The live families to passivate, least recently used first: those beyond `max_live`,
-    /// then more while the live footprint exceeds `max_live_bytes`, but only families last
-    /// used before `spill_before` (the round just applied, or earlier: see
-    /// `RouterConfig::min_idle_entries_to_spill`). A family in use stays: passivating it would
-    /// only bring it back on its next command, so one family larger than the budget stays
-    /// live alone.
+    /// then more while the live footprint plus `other_bytes` exceeds `max_live_bytes`, but
+    /// only families last used before `spill_before` (the round just applied, or earlier: see
+    /// `RouterConfig::min_idle_entries_to_spill`). A family passivated frees its footprint and
+    /// `freed_with(family)` of `other_bytes` (its filters, which leave memory with it). A
+    /// family in use stays: passivating it would only bring it back on its next command, so
+    /// one family larger than the budget stays live alone.
     pub fn over_limit(
         &self,
         max_live: usize,
         max_live_bytes: usize,
+        other_bytes: usize,
+        freed_with: impl Fn(&FamilyId) -> usize,
         spill_before: u64,
     ) -> Vec<FamilyId> {
         let excess = self.live.len().saturating_sub(max_live);
-        let mut footprint = self.live_footprint_bytes;
+        let mut footprint = self.live_footprint_bytes + other_bytes;
         let mut chosen = Vec::new();
         for (used, family) in &self.lru {
             if chosen.len() >= excess && footprint <= max_live_bytes {
@@ -260,7 +266,7 @@ impl ActorTable {
             let live = self.live.get(family.id()).unwrap_or_else(|| {
                 panic!("family {} is in the LRU order but not live", family.id())
             });
-            footprint -= live.footprint_bytes;
+            footprint -= live.footprint_bytes + freed_with(family.id());
             chosen.push(family.id().clone());
         }
         chosen
@@ -276,9 +282,14 @@ impl ActorTable {
     }
 
     /// Passivates live families: takes each actor's state (its mailbox is empty, as the
-    /// router awaited every reply), writes the bytes to the store (on a blocking thread) and
-    /// waits for the actors to stop.
-    pub async fn passivate(&mut self, families: &[FamilyId]) -> Result<(), RouterError> {
+    /// router awaited every reply), writes the bytes to the store (on a blocking thread) with
+    /// what `also` gives to write beside them (their filters, encoded on that thread) in one
+    /// commit, and waits for the actors to stop.
+    pub async fn passivate(
+        &mut self,
+        families: &[FamilyId],
+        also: impl FnOnce() -> Vec<(FamilyId, Vec<u8>)> + Send + 'static,
+    ) -> Result<(), RouterError> {
         if families.is_empty() {
             return Ok(());
         }
@@ -304,7 +315,7 @@ impl ActorTable {
         }
         let store = self.store.clone();
         let written = on_blocking_thread("a family write", move || {
-            store.write(&written, &[]).map(|()| written)
+            (store.write_with_filters(&written, &also())).map(|()| written)
         })
         .await?;
         for (family_id, bytes) in written {

@@ -88,8 +88,28 @@ impl FamilyFilters<'_> {
 #[derive(Clone, Default)]
 struct ColdFamily {
     rows: u64,
+    /// Empty while `in_store`.
     filters: Vec<Bloom>,
+    /// The filters are in the family store, not in memory (`ColdIndex::to_spill`): only while
+    /// the family is passivated, so no round looks an id up in them.
+    in_store: bool,
 }
+
+/// A passivated family's filters on their way to the family store (`ColdIndex::to_spill`):
+/// their pages shared with the index, encoded off the async workers.
+pub(crate) struct FiltersToSpill(ColdFamily);
+
+impl FiltersToSpill {
+    /// The family's part of `ColdIndex::write_to` after its id: what the store keeps.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(encoded_family_len(self.0.rows));
+        write_family(&mut bytes, &self.0).expect("writing to memory cannot fail");
+        bytes
+    }
+}
+
+/// A family's filters read back from the family store (`ColdIndex::decode_spilled`).
+pub(crate) struct SpilledFilters(ColdFamily);
 
 /// A Bloom filter whose bits are pages shared copy-on-write: a clone clones the pages'
 /// references, not their bits.
@@ -184,8 +204,13 @@ impl ColdIndex {
             passed,
             ..
         } = self;
+        let family = families.get(family_id)?;
+        assert!(
+            !family.in_store,
+            "family {family_id}'s filters were looked up while in the family store"
+        );
         Some(FamilyFilters {
-            family: families.get(family_id)?,
+            family,
             lookups,
             passed,
         })
@@ -197,6 +222,10 @@ impl ColdIndex {
             Some(family) => family,
             None => self.families.entry(family_id.clone()).or_default(),
         };
+        assert!(
+            !family.in_store,
+            "family {family_id} moved a row out while its filters were in the family store"
+        );
         let full = family
             .filters
             .last()
@@ -231,37 +260,116 @@ impl ColdIndex {
     /// Saves the index (with a node's own snapshot), little-endian: the format number (u32),
     /// the family count (u64), then per family in family-id order its id's length (u32) and
     /// bytes, its rows (u64) and filter count (u32), and per filter its capacity, keys and
-    /// word count (u64 each) and then its words (u64 each).
-    pub fn write_to(&self, out: &mut impl Write) -> Result<(), RouterError> {
+    /// word count (u64 each) and then its words (u64 each). The families whose filters are in
+    /// the family store are read with `in_store` (the store's view at the same cut); their
+    /// bytes are checked for the length and rows the index expects before they are copied.
+    pub fn write_to(
+        &self,
+        out: &mut impl Write,
+        in_store: impl Fn(&FamilyId) -> Result<Vec<u8>, RouterError>,
+    ) -> Result<(), RouterError> {
         let mut families: Vec<_> = self.families.iter().collect();
         families.sort_unstable_by(|a, b| a.0.cmp(b.0));
         let mut head = Vec::with_capacity(12);
         head.extend_from_slice(&FORMAT.to_le_bytes());
         head.extend_from_slice(&(families.len() as u64).to_le_bytes());
         out.write_all(&head).map_err(io_error)?;
-        let mut buf = Vec::with_capacity(PAGE_WORDS * 8);
         for (family_id, family) in families {
             let id = family_id.as_str().as_bytes();
-            buf.clear();
+            let mut buf = Vec::with_capacity(4 + id.len());
             buf.extend_from_slice(&length_u32(id.len())?.to_le_bytes());
             buf.extend_from_slice(id);
-            buf.extend_from_slice(&family.rows.to_le_bytes());
-            buf.extend_from_slice(&length_u32(family.filters.len())?.to_le_bytes());
             out.write_all(&buf).map_err(io_error)?;
-            for filter in &family.filters {
-                buf.clear();
-                for field in [filter.capacity, filter.keys, filter.words] {
-                    buf.extend_from_slice(&(field as u64).to_le_bytes());
-                }
-                out.write_all(&buf).map_err(io_error)?;
-                for page in &filter.pages {
-                    buf.clear();
-                    page.iter()
-                        .for_each(|word| buf.extend_from_slice(&word.to_le_bytes()));
-                    out.write_all(&buf).map_err(io_error)?;
-                }
+            if !family.in_store {
+                write_family(out, family)?;
+                continue;
             }
+            let bytes = in_store(family_id)?;
+            let rows = (bytes.first_chunk::<8>()).map(|rows| u64::from_le_bytes(*rows));
+            if bytes.len() != encoded_family_len(family.rows) || rows != Some(family.rows) {
+                return Err(RouterError::Store(format!(
+                    "the family store holds {} bytes of filters for family {family_id}, not \
+                     the {} of its {} rows",
+                    bytes.len(),
+                    encoded_family_len(family.rows),
+                    family.rows
+                )));
+            }
+            out.write_all(&bytes).map_err(io_error)?;
         }
+        Ok(())
+    }
+
+    /// Copies of the filters of those of `families` that have them in memory, to write to
+    /// the family store; `spilled` then drops them from memory.
+    pub fn to_spill(&self, families: &[FamilyId]) -> Vec<(FamilyId, FiltersToSpill)> {
+        (families.iter())
+            .filter_map(|family_id| {
+                let family = self.families.get(family_id)?;
+                (!family.in_store).then(|| (family_id.clone(), FiltersToSpill(family.clone())))
+            })
+            .collect()
+    }
+
+    /// Drops the filters of `families` from memory: the family store holds them now
+    /// (`to_spill`). Only for passivated families: a round reloads them first.
+    pub fn spilled(&mut self, families: &[FamilyId]) {
+        for family_id in families {
+            let family = (self.families.get_mut(family_id))
+                .unwrap_or_else(|| panic!("filters of family {family_id} spilled, but unknown"));
+            assert!(
+                !family.in_store,
+                "family {family_id}'s filters spilled twice"
+            );
+            self.filter_bytes -= (family.filters.iter()).map(Bloom::bytes).sum::<usize>();
+            family.filters = Vec::new();
+            family.in_store = true;
+        }
+    }
+
+    /// Those of `families` whose filters are in the family store.
+    pub fn in_store<'f>(&self, families: impl IntoIterator<Item = &'f FamilyId>) -> Vec<FamilyId> {
+        (families.into_iter())
+            .filter(|family_id| self.families.get(*family_id).is_some_and(|f| f.in_store))
+            .cloned()
+            .collect()
+    }
+
+    /// Decodes a family's filters as the family store holds them, checking all of it.
+    pub fn decode_spilled(
+        family_id: &FamilyId,
+        bytes: &[u8],
+    ) -> Result<SpilledFilters, RouterError> {
+        let mut input = bytes;
+        let family = read_family(&mut input, family_id)?;
+        if !input.is_empty() {
+            return Err(invalid(format_args!(
+                "{} bytes after the filters of family {family_id:?}",
+                input.len()
+            )));
+        }
+        Ok(SpilledFilters(family))
+    }
+
+    /// Takes a family's filters back into memory (`decode_spilled`) before a round looks ids
+    /// up in them. Refused unless they are the filters of the rows the index counts.
+    pub fn reload(
+        &mut self,
+        family_id: &FamilyId,
+        spilled: SpilledFilters,
+    ) -> Result<(), RouterError> {
+        let family = (self.families.get_mut(family_id))
+            .filter(|family| family.in_store)
+            .unwrap_or_else(|| panic!("filters of family {family_id} reloaded, but not spilled"));
+        let SpilledFilters(loaded) = spilled;
+        if loaded.rows != family.rows {
+            return Err(RouterError::Store(format!(
+                "the family store holds filters of {} rows for family {family_id}, which has {}",
+                loaded.rows, family.rows
+            )));
+        }
+        self.filter_bytes += (loaded.filters.iter()).map(Bloom::bytes).sum::<usize>();
+        *family = loaded;
         Ok(())
     }
 
@@ -321,10 +429,52 @@ impl ColdIndex {
         self.filter_bytes
     }
 
+    /// The memory of one family's filters (0 while they are in the family store).
+    pub fn family_filter_bytes(&self, family_id: &FamilyId) -> usize {
+        (self.families.get(family_id))
+            .map_or(0, |family| family.filters.iter().map(Bloom::bytes).sum())
+    }
+
     /// `(ids looked up, ids the filters sent to the store)` so far.
     pub fn lookups(&self) -> (u64, u64) {
         (self.lookups, self.passed)
     }
+}
+
+/// One family's rows, filter count and filters, as `ColdIndex::write_to` writes them after its
+/// id (and the family store keeps them).
+fn write_family(out: &mut impl Write, family: &ColdFamily) -> Result<(), RouterError> {
+    let mut buf = Vec::with_capacity(PAGE_WORDS * 8);
+    buf.extend_from_slice(&family.rows.to_le_bytes());
+    buf.extend_from_slice(&length_u32(family.filters.len())?.to_le_bytes());
+    out.write_all(&buf).map_err(io_error)?;
+    for filter in &family.filters {
+        buf.clear();
+        for field in [filter.capacity, filter.keys, filter.words] {
+            buf.extend_from_slice(&(field as u64).to_le_bytes());
+        }
+        out.write_all(&buf).map_err(io_error)?;
+        for page in &filter.pages {
+            buf.clear();
+            page.iter()
+                .for_each(|word| buf.extend_from_slice(&word.to_le_bytes()));
+            out.write_all(&buf).map_err(io_error)?;
+        }
+    }
+    Ok(())
+}
+
+/// The length of `write_family`'s bytes for a family of `rows` rows: its filters follow from
+/// its rows (each full but the last, each `GROWTH` times the one before).
+fn encoded_family_len(rows: u64) -> usize {
+    let (mut len, mut left, mut capacity) = (8 + 4, rows, FIRST_FILTER_KEYS);
+    while left > 0 {
+        let words = filter_words(capacity).expect("a filter's capacity fits in memory");
+        len += 3 * 8 + words * 8;
+        left = left.saturating_sub(capacity as u64);
+        capacity *= GROWTH;
+    }
+    len
 }
 
 /// One family's rows and filters, after its id (`ColdIndex::read_from`).
@@ -355,7 +505,11 @@ fn read_family(input: &mut impl Read, family_id: &FamilyId) -> Result<ColdFamily
             "the filters of {whose} hold {keys_sum} keys, but it has {rows} rows"
         )));
     }
-    Ok(ColdFamily { rows, filters })
+    Ok(ColdFamily {
+        rows,
+        filters,
+        in_store: false,
+    })
 }
 
 /// A family's id: its length, at most `MAX_ID_BYTES`, then as many bytes of UTF-8.
@@ -534,7 +688,9 @@ mod tests {
 
     fn encode(index: &ColdIndex) -> Vec<u8> {
         let mut bytes = Vec::new();
-        index.write_to(&mut bytes).expect("writes to memory");
+        index
+            .write_to(&mut bytes, |_| unreachable!("no filters in the store"))
+            .expect("writes to memory");
         bytes
     }
 
@@ -604,6 +760,74 @@ mod tests {
     }
 
     /// A shared copy keeps the index as it was: later adds reach only the original.
+    /// A family's filters leave memory for the store and come back identical; a snapshot
+    /// writes them from the store byte for byte as from memory, and refuses store bytes that
+    /// are not the filters of the family's rows.
+    #[test]
+    fn spilled_filters_write_and_reload_as_they_were() {
+        let (a, b, c) = (
+            FamilyId::from("a"),
+            FamilyId::from("b"),
+            FamilyId::from("c"),
+        );
+        let mut index = index_of(&[("a", 5_000), ("b", 10)]);
+        let before = encode(&index);
+        let bytes_before = index.filter_bytes();
+        assert_eq!(
+            index.family_filter_bytes(&a) + index.family_filter_bytes(&b),
+            bytes_before
+        );
+        let copies = index.to_spill(&[a.clone(), b.clone(), c.clone()]);
+        let stored: BTreeMap<FamilyId, Vec<u8>> = (copies.into_iter())
+            .map(|(family_id, filters)| (family_id, filters.encode()))
+            .collect();
+        assert_eq!(stored.keys().collect::<Vec<_>>(), [&a, &b], "c has no rows");
+        assert_eq!(stored[&a].len(), encoded_family_len(5_000));
+        index.spilled(&[a.clone(), b.clone()]);
+        assert_eq!(index.filter_bytes(), 0, "no filter left in memory");
+        assert_eq!(index.family_filter_bytes(&a), 0);
+        assert_eq!(index.in_store([&a, &b, &c]), [a.clone(), b.clone()]);
+        assert!(
+            index.to_spill(std::slice::from_ref(&a)).is_empty(),
+            "spilled already"
+        );
+        assert_eq!(
+            index.counts(),
+            index_of(&[("a", 5_000), ("b", 10)]).counts()
+        );
+
+        let from_store = |family_id: &FamilyId| Ok(stored[family_id].clone());
+        let mut written = Vec::new();
+        index.write_to(&mut written, from_store).expect("writes");
+        assert!(written == before, "written from the store as from memory");
+        let swapped =
+            |family_id: &FamilyId| Ok(stored[if *family_id == a { &b } else { &a }].clone());
+        let refused = index.write_to(&mut Vec::new(), swapped);
+        assert!(matches!(refused, Err(RouterError::Store(_))), "{refused:?}");
+
+        let mut long = stored[&b].clone();
+        long.push(0);
+        assert!(
+            ColdIndex::decode_spilled(&b, &long).is_err(),
+            "a byte after them"
+        );
+        let b_as_a = ColdIndex::decode_spilled(&a, &stored[&b]).expect("decodes");
+        assert!(
+            index.reload(&a, b_as_a).is_err(),
+            "10 rows are not a's 5,000"
+        );
+        for family_id in [&a, &b] {
+            let filters =
+                ColdIndex::decode_spilled(family_id, &stored[family_id]).expect("decodes");
+            index.reload(family_id, filters).expect("reloads");
+        }
+        assert_eq!(index.filter_bytes(), bytes_before);
+        assert!(index.in_store([&a, &b]).is_empty());
+        assert!(encode(&index) == before, "the same filters back");
+        let mut filters = index.family(&a).expect("a has rows");
+        assert!((0..5_000).all(|n| filters.may_contain(hash(&format!("a-key-{n}")))));
+    }
+
     #[test]
     fn share_is_a_cut() {
         let mut index = index_of(&[("a", 1_000), ("b", 10)]);

@@ -31,6 +31,10 @@ use super::error::{store_error, RouterError};
 
 /// Family id → the family's canonical encoding (`Family::to_snapshot_bytes`).
 const FAMILIES: TableDefinition<&str, &[u8]> = TableDefinition::new("families");
+/// Family id → the filters over the family's rows out of memory (`ColdIndex::to_spill`), kept
+/// here while the family is passivated so that they cost no memory. A family's row is
+/// rewritten at each spill; one left over from an earlier spill is never read.
+const FILTERS: TableDefinition<&str, &[u8]> = TableDefinition::new("filters");
 
 /// Bytes written between two durable commits (see the module docs).
 const SYNC_EVERY_BYTES: u64 = 64 << 20;
@@ -117,26 +121,27 @@ struct Inner {
     /// Rows out of memory on disk.
     runs: ColdRuns,
     /// The file's part of a view at the last commit, handed to readers until the next write.
-    /// Only the table: a cached view holding the store itself would keep it (and its files)
+    /// Only the tables: a cached view holding the store itself would keep it (and its files)
     /// alive for ever.
-    view: Mutex<Option<FamiliesTable>>,
+    view: Mutex<Option<Tables>>,
     cache_bytes: AtomicUsize,
     /// Rows out of memory not yet on disk (see `cold_buffer.rs`).
     buffer: ColdBuffer,
 }
 
 impl Inner {
-    /// Writes `put` and removes `remove` in one commit, durable when `SYNC_EVERY_BYTES` were
-    /// written since the last durable one; then drops the cached view. Blocking.
-    fn commit(
-        &self,
-        put: &[(FamilyId, Arc<Vec<u8>>)],
-        remove: &[FamilyId],
-    ) -> Result<(), RouterError> {
-        if put.is_empty() && remove.is_empty() {
+    /// Makes `writes` in one commit, durable when `SYNC_EVERY_BYTES` were written since the
+    /// last durable one; then drops the cached view. Blocking.
+    fn commit(&self, writes: &[TableWrite<'_>]) -> Result<(), RouterError> {
+        if writes
+            .iter()
+            .all(|w| w.put.is_empty() && w.remove.is_empty())
+        {
             return Ok(());
         }
-        let written: u64 = put.iter().map(|(_, bytes)| bytes.len() as u64).sum();
+        let written: u64 = (writes.iter().flat_map(|w| &w.put))
+            .map(|(_, bytes)| bytes.len() as u64)
+            .sum();
         let before = self
             .written_since_sync
             .fetch_add(written, Ordering::Relaxed);
@@ -149,16 +154,16 @@ impl Inner {
         };
         txn.set_durability(durability)
             .map_err(|e| store_error("set durability", e))?;
-        {
+        for write in writes {
             let mut table = txn
-                .open_table(FAMILIES)
-                .map_err(|e| store_error("open the families table", e))?;
-            for (family_id, bytes) in put {
+                .open_table(write.table)
+                .map_err(|e| store_error("open a table", e))?;
+            for (family_id, bytes) in &write.put {
                 table
-                    .insert(family_id.as_str(), bytes.as_slice())
+                    .insert(family_id.as_str(), *bytes)
                     .map_err(|e| store_error("write a family", e))?;
             }
-            for family_id in remove {
+            for family_id in write.remove {
                 table
                     .remove(family_id.as_str())
                     .map_err(|e| store_error("remove a family", e))?;
@@ -195,6 +200,26 @@ impl Inner {
             writer.push(key, row)?;
         }
         writer.finish()
+    }
+}
+
+/// What one commit writes to one table.
+struct TableWrite<'a> {
+    table: TableDefinition<'static, &'static str, &'static [u8]>,
+    put: Vec<(&'a FamilyId, &'a [u8])>,
+    remove: &'a [FamilyId],
+}
+
+impl<'a> TableWrite<'a> {
+    fn put(
+        table: TableDefinition<'static, &'static str, &'static [u8]>,
+        rows: impl IntoIterator<Item = (&'a FamilyId, &'a [u8])>,
+    ) -> Self {
+        Self {
+            table,
+            put: rows.into_iter().collect(),
+            remove: &[],
+        }
     }
 }
 
@@ -257,8 +282,10 @@ impl FamilyStore {
         runs: ColdRuns,
     ) -> Result<Self, RouterError> {
         let txn = db.begin_write().map_err(|e| store_error("begin", e))?;
-        txn.open_table(FAMILIES)
-            .map_err(|e| store_error("create the families table", e))?;
+        for table in [FAMILIES, FILTERS] {
+            txn.open_table(table)
+                .map_err(|e| store_error("create the tables", e))?;
+        }
         txn.commit().map_err(|e| store_error("commit", e))?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -281,7 +308,25 @@ impl FamilyStore {
         put: &[(FamilyId, Arc<Vec<u8>>)],
         remove: &[FamilyId],
     ) -> Result<(), RouterError> {
-        self.inner.commit(put, remove)
+        let families = (put.iter()).map(|(family_id, bytes)| (family_id, bytes.as_slice()));
+        let mut write = TableWrite::put(FAMILIES, families);
+        write.remove = remove;
+        self.inner.commit(&[write])
+    }
+
+    /// Writes passivated families and their filters (`ColdIndex::to_spill`) in one commit.
+    /// Blocking.
+    pub fn write_with_filters(
+        &self,
+        families: &[(FamilyId, Arc<Vec<u8>>)],
+        filters: &[(FamilyId, Vec<u8>)],
+    ) -> Result<(), RouterError> {
+        let families = (families.iter()).map(|(family_id, bytes)| (family_id, bytes.as_slice()));
+        let filters = (filters.iter()).map(|(family_id, bytes)| (family_id, bytes.as_slice()));
+        self.inner.commit(&[
+            TableWrite::put(FAMILIES, families),
+            TableWrite::put(FILTERS, filters),
+        ])
     }
 
     /// Hands over rows moved out of memory (`(cold_row_key, row)`): they are in every view
@@ -381,9 +426,9 @@ impl FamilyStore {
             .view
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(table) = cached.as_ref() {
+        if let Some(tables) = cached.as_ref() {
             return Ok(FileView {
-                table: Arc::clone(table),
+                tables: tables.clone(),
                 store: Arc::clone(&self.inner),
             });
         }
@@ -392,13 +437,18 @@ impl FamilyStore {
             .db
             .begin_read()
             .map_err(|e| store_error("begin a read", e))?;
-        let table = txn
-            .open_table(FAMILIES)
-            .map_err(|e| store_error("open the families table", e))?;
-        let table = Arc::new(table);
-        *cached = Some(Arc::clone(&table));
+        let open = |table| {
+            (txn.open_table(table))
+                .map(Arc::new)
+                .map_err(|e| store_error("open a table", e))
+        };
+        let tables = Tables {
+            families: open(FAMILIES)?,
+            filters: open(FILTERS)?,
+        };
+        *cached = Some(tables.clone());
         Ok(FileView {
-            table,
+            tables,
             store: Arc::clone(&self.inner),
         })
     }
@@ -473,12 +523,19 @@ pub struct StoreView {
     rows: ColdView,
 }
 
-type FamiliesTable = Arc<ReadOnlyTable<&'static str, &'static [u8]>>;
+type Table = Arc<ReadOnlyTable<&'static str, &'static [u8]>>;
+
+/// The file's tables at one commit.
+#[derive(Clone)]
+struct Tables {
+    families: Table,
+    filters: Table,
+}
 
 /// The file's part of a view.
 #[derive(Clone)]
 struct FileView {
-    table: FamiliesTable,
+    tables: Tables,
     /// Keeps the database (and its file) alive while the view is read.
     store: Arc<Inner>,
 }
@@ -527,18 +584,27 @@ impl StoreView {
     /// fault of this node (fatal): its state cannot be found.
     pub fn get(&self, family_id: &FamilyId) -> Result<Vec<u8>, RouterError> {
         self.file.store.reads.fetch_add(1, Ordering::Relaxed);
-        let found = self
-            .file
-            .table
-            .get(family_id.as_str())
-            .map_err(|e| store_error("read a family", e))?;
-        match found {
-            Some(bytes) => Ok(bytes.value().to_vec()),
-            None => Err(RouterError::FamilyFailed {
-                family_id: family_id.clone(),
-                reason: "passivated, but missing from the family store".into(),
-            }),
-        }
+        let missing = "passivated, but missing from the family store";
+        read_row(&self.file.tables.families, family_id, missing)
+    }
+
+    /// The family's filters as `FamilyStore::write_with_filters` wrote them last. A family
+    /// the index says has its filters here but the view lacks is a fault of this node (fatal).
+    pub fn filters(&self, family_id: &FamilyId) -> Result<Vec<u8>, RouterError> {
+        let missing = "its filters are spilled, but missing from the family store";
+        read_row(&self.file.tables.filters, family_id, missing)
+    }
+}
+
+/// A family's row in `table`; a row missing is the family's failure, `missing` says why.
+fn read_row(table: &Table, family_id: &FamilyId, missing: &str) -> Result<Vec<u8>, RouterError> {
+    let found = (table.get(family_id.as_str())).map_err(|e| store_error("read a family", e))?;
+    match found {
+        Some(bytes) => Ok(bytes.value().to_vec()),
+        None => Err(RouterError::FamilyFailed {
+            family_id: family_id.clone(),
+            reason: missing.into(),
+        }),
     }
 }
 

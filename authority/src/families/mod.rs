@@ -19,6 +19,7 @@ mod error;
 mod expiry_index;
 mod family_actor;
 mod family_store;
+mod filter_spill;
 mod hold_index;
 mod messages;
 mod reads;

@@ -61,6 +61,9 @@ impl FamilyRouter {
         )
     }
 
+    /// The router of these parts. Families `actors` holds passivated have their filters
+    /// moved to the store (`spill_stored_filters`): a restored router's constructor writes to
+    /// its store, so restores build it on a blocking thread.
     pub(super) fn from_parts(
         config: RouterConfig,
         state: RouterState,
@@ -71,7 +74,7 @@ impl FamilyRouter {
         config.validate()?;
         // Families restored passivated have not been counted; a new router has none.
         let holds = HoldIndex::uncounted(actors.stored().keys());
-        Ok(Self {
+        let mut router = Self {
             config,
             state,
             expiry,
@@ -79,7 +82,9 @@ impl FamilyRouter {
             holds,
             cold,
             halted: None,
-        })
+        };
+        router.spill_stored_filters()?;
+        Ok(router)
     }
 
     /// Applies committed entries in log order and answers every command, per entry, in input
@@ -144,7 +149,7 @@ impl FamilyRouter {
             .filter(|family_id| self.actors.is_stored(family_id))
             .cloned()
             .collect();
-        let mut fetched = self.actors.fetch(stored).await?;
+        let mut fetched = self.fetch_stored(stored).await?;
         let mut cold = self.fetch_cold(&work).await?;
         let mut pending = Vec::with_capacity(work.len());
         for (family_id, family_work) in work {
@@ -192,14 +197,16 @@ impl FamilyRouter {
         self.actors.forget(&pristine).await;
         let spill_before = round_first_index.saturating_sub(self.config.min_idle_entries_to_spill);
         // What rows out of memory keep in memory (filters, rows waiting for disk, the runs'
-        // block indexes) counts against the families' share.
-        let cold_bytes = self.cold.filter_bytes() + self.actors.store().cold_memory_bytes();
+        // block indexes) counts against the families' share; a family's filters leave
+        // memory with it.
         let over = self.actors.over_limit(
             self.config.max_live_actors,
-            (self.config.max_live_bytes).saturating_sub(cold_bytes),
+            (self.config.max_live_bytes).saturating_sub(self.actors.store().cold_memory_bytes()),
+            self.cold.filter_bytes(),
+            |family_id| self.cold.family_filter_bytes(family_id),
             spill_before,
         );
-        self.actors.passivate(&over).await?;
+        self.passivate(&over).await?;
         Ok(())
     }
 
@@ -226,7 +233,7 @@ impl FamilyRouter {
             return Ok(0);
         };
         let idle = self.actors.idle_before(newest_idle + 1);
-        match self.actors.passivate(&idle).await {
+        match self.passivate(&idle).await {
             Ok(()) => Ok(idle.len()),
             Err(error) => Err(self.halt(error)),
         }

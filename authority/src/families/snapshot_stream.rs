@@ -65,7 +65,7 @@ pub fn write_cut(cut: RouterCut, out: &mut impl Write) -> Result<[u8; 32], Route
 
 /// Writes the cut as a node's own, linked snapshot: the stream without its rows, then the
 /// names of the run files in `runs_dir` (empty, and synced here) that hold them, then the
-/// filters over them. Returns the state's digest, as `write_cut` would.
+/// filters over them (those of passivated families read from the cut's view of the store). Returns the state's digest, as `write_cut` would.
 pub fn write_linked(
     cut: RouterCut,
     out: &mut impl Write,
@@ -85,13 +85,13 @@ pub fn write_linked(
         cold.total_rows(),
         "the store's view at the cut holds another number of rows than the index counts"
     );
-    let (digest, _) = write_families(cut, SNAPSHOT_FIELDS_WITHOUT_COLD_ROWS, out)?;
+    let (digest, view) = write_families(cut, SNAPSHOT_FIELDS_WITHOUT_COLD_ROWS, out)?;
     let count = u32::try_from(names.len()).map_err(encode_error)?;
     rmp::encode::write_array_len(out, count).map_err(encode_error)?;
     for name in &names {
         rmp::encode::write_str(out, name).map_err(encode_error)?;
     }
-    cold.write_to(out)?;
+    cold.write_to(out, |family_id| view.filters(family_id))?;
     Ok(digest)
 }
 

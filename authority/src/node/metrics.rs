@@ -543,8 +543,9 @@ pub async fn render(sources: &Sources) -> String {
     metric(
         "tally_cold_filter_bytes",
         "gauge",
-        "Memory of the filters that spare a fresh id a disk read (counted in the families' \
-         half of memory_budget_bytes).",
+        "Memory of the filters that spare a fresh id a disk read, those of the families in \
+         memory (counted in the families' half of memory_budget_bytes; a spilled family's \
+         filters are in the family store).",
         &plain(families_memory.cold_filter_bytes.to_string()),
     );
     let (lookups, passed) = families_memory.cold_lookups;
