@@ -48,21 +48,33 @@ impl FamilyRouter {
 
     /// Moves the filters of every passivated family to the store: what a router restored
     /// from a snapshot does before it applies anything, since all its families start
-    /// passivated. Blocking (restores run on a blocking thread).
+    /// passivated. A commit at least every `SPILL_COMMIT_BYTES` of encoded filters, each
+    /// dropping its families' filters from memory, so a restart holds the filters and one
+    /// commit's encoding, not two copies of them all. Blocking (restores run on a blocking
+    /// thread).
     pub(super) fn spill_stored_filters(&mut self) -> Result<(), RouterError> {
         let stored: Vec<FamilyId> = self.actors.stored().keys().cloned().collect();
-        let copies = self.cold.to_spill(&stored);
-        if copies.is_empty() {
-            return Ok(());
+        let mut batch: Vec<(FamilyId, Vec<u8>)> = Vec::new();
+        let mut batch_bytes = 0;
+        let mut copies = self.cold.to_spill(&stored).into_iter().peekable();
+        while let Some((family_id, filters)) = copies.next() {
+            let bytes = filters.encode();
+            drop(filters);
+            batch_bytes += bytes.len();
+            batch.push((family_id, bytes));
+            if batch_bytes >= SPILL_COMMIT_BYTES || copies.peek().is_none() {
+                self.actors.store().write_with_filters(&[], &batch)?;
+                let spilled: Vec<FamilyId> = batch.drain(..).map(|(id, _)| id).collect();
+                self.cold.spilled(&spilled);
+                batch_bytes = 0;
+            }
         }
-        let spilled: Vec<FamilyId> = copies.iter().map(|(id, _)| id.clone()).collect();
-        self.actors
-            .store()
-            .write_with_filters(&[], &encode(copies))?;
-        self.cold.spilled(&spilled);
         Ok(())
     }
 }
+
+/// Encoded filters a restored router writes to its store per commit (`spill_stored_filters`).
+const SPILL_COMMIT_BYTES: usize = 64 << 20;
 
 fn encode(copies: Vec<(FamilyId, FiltersToSpill)>) -> Vec<(FamilyId, Vec<u8>)> {
     (copies.into_iter())
