@@ -93,6 +93,11 @@ struct ColdFamily {
     /// The filters are in the family store, not in memory (`ColdIndex::to_spill`): only while
     /// the family is passivated, so no round looks an id up in them.
     in_store: bool,
+    /// The rows of the filters the family store holds for the family, if it holds any. Rows
+    /// only join a family, so while this is `rows` the store's copy is the filters in memory
+    /// and spilling them again writes nothing (a family brought back and let go before its
+    /// next compaction, the common case at a long retention).
+    stored_rows: Option<u64>,
 }
 
 /// A passivated family's filters on their way to the family store (`ColdIndex::to_spill`):
@@ -300,23 +305,27 @@ impl ColdIndex {
         Ok(())
     }
 
-    /// Copies of the filters of those of `families` that have them in memory, to write to
-    /// the family store; `spilled` then drops them from memory.
+    /// Copies of the filters of those of `families` that have them in memory and whose copy
+    /// in the family store is missing or older, to write there; `spilled` then drops them
+    /// from memory.
     pub fn to_spill(&self, families: &[FamilyId]) -> Vec<(FamilyId, FiltersToSpill)> {
         (families.iter())
             .filter_map(|family_id| {
                 let family = self.families.get(family_id)?;
-                (!family.in_store).then(|| (family_id.clone(), FiltersToSpill(family.clone())))
+                let write = !family.in_store && family.stored_rows != Some(family.rows);
+                write.then(|| (family_id.clone(), FiltersToSpill(family.clone())))
             })
             .collect()
     }
 
-    /// Drops the filters of `families` from memory: the family store holds them now
-    /// (`to_spill`). Only for passivated families: a round reloads them first.
+    /// Drops the filters of those of `families` that have rows from memory: the family store
+    /// holds them now (written by `to_spill`'s copies, or current already). Only for
+    /// passivated families: a round reloads them first.
     pub fn spilled(&mut self, families: &[FamilyId]) {
         for family_id in families {
-            let family = (self.families.get_mut(family_id))
-                .unwrap_or_else(|| panic!("filters of family {family_id} spilled, but unknown"));
+            let Some(family) = self.families.get_mut(family_id) else {
+                continue;
+            };
             assert!(
                 !family.in_store,
                 "family {family_id}'s filters spilled twice"
@@ -324,6 +333,7 @@ impl ColdIndex {
             self.filter_bytes -= (family.filters.iter()).map(Bloom::bytes).sum::<usize>();
             family.filters = Vec::new();
             family.in_store = true;
+            family.stored_rows = Some(family.rows);
         }
     }
 
@@ -369,7 +379,10 @@ impl ColdIndex {
             )));
         }
         self.filter_bytes += (loaded.filters.iter()).map(Bloom::bytes).sum::<usize>();
-        *family = loaded;
+        *family = ColdFamily {
+            stored_rows: Some(loaded.rows),
+            ..loaded
+        };
         Ok(())
     }
 
@@ -509,6 +522,7 @@ fn read_family(input: &mut impl Read, family_id: &FamilyId) -> Result<ColdFamily
         rows,
         filters,
         in_store: false,
+        stored_rows: None,
     })
 }
 
@@ -826,6 +840,27 @@ mod tests {
         assert!(encode(&index) == before, "the same filters back");
         let mut filters = index.family(&a).expect("a has rows");
         assert!((0..5_000).all(|n| filters.may_contain(hash(&format!("a-key-{n}")))));
+
+        // Let go again with no row added: the store's copies are current, nothing is written.
+        assert!(index.to_spill(&[a.clone(), b.clone()]).is_empty());
+        index.spilled(&[a.clone(), b.clone(), c.clone()]);
+        assert_eq!(index.filter_bytes(), 0);
+        let mut again = Vec::new();
+        index.write_to(&mut again, from_store).expect("writes");
+        assert!(
+            again == before,
+            "the copies in the store still serve the snapshot"
+        );
+        let filters = ColdIndex::decode_spilled(&a, &stored[&a]).expect("decodes");
+        index.reload(&a, filters).expect("reloads");
+        index.add(&a, b"a-key-new");
+        let copies = index.to_spill(std::slice::from_ref(&a));
+        assert_eq!(
+            copies.len(),
+            1,
+            "a row joined a: its copy in the store is old"
+        );
+        assert_eq!(copies[0].1.encode()[..8], 5_001u64.to_le_bytes());
     }
 
     #[test]

@@ -17,14 +17,14 @@ use super::router::FamilyRouter;
 use tally_ledger::FamilyId;
 
 impl FamilyRouter {
-    /// Passivates `families` and moves their filters to the store with them.
+    /// Passivates `families` and moves their filters to the store with them (writing only
+    /// those whose copy there is not current).
     pub(super) async fn passivate(&mut self, families: &[FamilyId]) -> Result<(), RouterError> {
         let copies = self.cold.to_spill(families);
-        let spilled: Vec<FamilyId> = copies.iter().map(|(id, _)| id.clone()).collect();
         self.actors
             .passivate(families, move || encode(copies))
             .await?;
-        self.cold.spilled(&spilled);
+        self.cold.spilled(families);
         Ok(())
     }
 
