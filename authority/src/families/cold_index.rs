@@ -108,7 +108,7 @@ impl FiltersToSpill {
     /// The family's part of `ColdIndex::write_to` after its id: what the store keeps.
     pub fn encode(&self) -> Vec<u8> {
         let mut bytes = Vec::with_capacity(encoded_family_len(self.0.rows));
-        write_family(&mut bytes, &self.0).expect("writing to memory cannot fail");
+        write_family(&mut bytes, &self.0, &mut Vec::new()).expect("writing to memory cannot fail");
         bytes
     }
 }
@@ -279,14 +279,15 @@ impl ColdIndex {
         head.extend_from_slice(&FORMAT.to_le_bytes());
         head.extend_from_slice(&(families.len() as u64).to_le_bytes());
         out.write_all(&head).map_err(io_error)?;
+        let mut buf = Vec::new();
         for (family_id, family) in families {
             let id = family_id.as_str().as_bytes();
-            let mut buf = Vec::with_capacity(4 + id.len());
+            buf.clear();
             buf.extend_from_slice(&length_u32(id.len())?.to_le_bytes());
             buf.extend_from_slice(id);
             out.write_all(&buf).map_err(io_error)?;
             if !family.in_store {
-                write_family(out, family)?;
+                write_family(out, family, &mut buf)?;
                 continue;
             }
             let bytes = in_store(family_id)?;
@@ -456,22 +457,28 @@ impl ColdIndex {
 
 /// One family's rows, filter count and filters, as `ColdIndex::write_to` writes them after its
 /// id (and the family store keeps them).
-fn write_family(out: &mut impl Write, family: &ColdFamily) -> Result<(), RouterError> {
-    let mut buf = Vec::with_capacity(PAGE_WORDS * 8);
+/// `buf` is scratch space the caller keeps across families: it grows to one page of the
+/// largest filter (64 KiB at most), once, not once per family.
+fn write_family(
+    out: &mut impl Write,
+    family: &ColdFamily,
+    buf: &mut Vec<u8>,
+) -> Result<(), RouterError> {
+    buf.clear();
     buf.extend_from_slice(&family.rows.to_le_bytes());
     buf.extend_from_slice(&length_u32(family.filters.len())?.to_le_bytes());
-    out.write_all(&buf).map_err(io_error)?;
+    out.write_all(buf).map_err(io_error)?;
     for filter in &family.filters {
         buf.clear();
         for field in [filter.capacity, filter.keys, filter.words] {
             buf.extend_from_slice(&(field as u64).to_le_bytes());
         }
-        out.write_all(&buf).map_err(io_error)?;
+        out.write_all(buf).map_err(io_error)?;
         for page in &filter.pages {
             buf.clear();
             page.iter()
                 .for_each(|word| buf.extend_from_slice(&word.to_le_bytes()));
-            out.write_all(&buf).map_err(io_error)?;
+            out.write_all(buf).map_err(io_error)?;
         }
     }
     Ok(())

@@ -154,7 +154,11 @@ impl Inner {
         };
         txn.set_durability(durability)
             .map_err(|e| store_error("set durability", e))?;
-        for write in writes {
+        // A table with nothing to write is not opened (a spill with no filter to write).
+        for write in writes
+            .iter()
+            .filter(|w| !w.put.is_empty() || !w.remove.is_empty())
+        {
             let mut table = txn
                 .open_table(write.table)
                 .map_err(|e| store_error("open a table", e))?;
