@@ -88,16 +88,22 @@ impl FamilyFilters<'_> {
 #[derive(Clone, Default)]
 struct ColdFamily {
     rows: u64,
-    /// Empty while `in_store`.
+    /// Empty while the filters are in the family store (`in_store`).
     filters: Vec<Bloom>,
-    /// The filters are in the family store, not in memory (`ColdIndex::to_spill`): only while
-    /// the family is passivated, so no round looks an id up in them.
-    in_store: bool,
     /// The rows of the filters the family store holds for the family, if it holds any. Rows
     /// only join a family, so while this is `rows` the store's copy is the filters in memory
     /// and spilling them again writes nothing (a family brought back and let go before its
     /// next compaction, the common case at a long retention).
     stored_rows: Option<u64>,
+}
+
+impl ColdFamily {
+    /// The filters are in the family store, not in memory (`ColdIndex::to_spill`): only while
+    /// the family is passivated, so no round looks an id up in them. A family with rows has
+    /// at least one filter in memory otherwise, so no flag is kept.
+    fn in_store(&self) -> bool {
+        self.rows > 0 && self.filters.is_empty()
+    }
 }
 
 /// A passivated family's filters on their way to the family store (`ColdIndex::to_spill`):
@@ -211,7 +217,7 @@ impl ColdIndex {
         } = self;
         let family = families.get(family_id)?;
         assert!(
-            !family.in_store,
+            !family.in_store(),
             "family {family_id}'s filters were looked up while in the family store"
         );
         Some(FamilyFilters {
@@ -228,7 +234,7 @@ impl ColdIndex {
             None => self.families.entry(family_id.clone()).or_default(),
         };
         assert!(
-            !family.in_store,
+            !family.in_store(),
             "family {family_id} moved a row out while its filters were in the family store"
         );
         let full = family
@@ -286,7 +292,7 @@ impl ColdIndex {
             buf.extend_from_slice(&length_u32(id.len())?.to_le_bytes());
             buf.extend_from_slice(id);
             out.write_all(&buf).map_err(io_error)?;
-            if !family.in_store {
+            if !family.in_store() {
                 write_family(out, family, &mut buf)?;
                 continue;
             }
@@ -313,7 +319,7 @@ impl ColdIndex {
         (families.iter())
             .filter_map(|family_id| {
                 let family = self.families.get(family_id)?;
-                let write = !family.in_store && family.stored_rows != Some(family.rows);
+                let write = !family.in_store() && family.stored_rows != Some(family.rows);
                 write.then(|| (family_id.clone(), FiltersToSpill(family.clone())))
             })
             .collect()
@@ -328,12 +334,11 @@ impl ColdIndex {
                 continue;
             };
             assert!(
-                !family.in_store,
+                !family.in_store(),
                 "family {family_id}'s filters spilled twice"
             );
             self.filter_bytes -= (family.filters.iter()).map(Bloom::bytes).sum::<usize>();
             family.filters = Vec::new();
-            family.in_store = true;
             family.stored_rows = Some(family.rows);
         }
     }
@@ -341,7 +346,11 @@ impl ColdIndex {
     /// Those of `families` whose filters are in the family store.
     pub fn in_store<'f>(&self, families: impl IntoIterator<Item = &'f FamilyId>) -> Vec<FamilyId> {
         (families.into_iter())
-            .filter(|family_id| self.families.get(*family_id).is_some_and(|f| f.in_store))
+            .filter(|family_id| {
+                self.families
+                    .get(*family_id)
+                    .is_some_and(ColdFamily::in_store)
+            })
             .cloned()
             .collect()
     }
@@ -370,7 +379,7 @@ impl ColdIndex {
         spilled: SpilledFilters,
     ) -> Result<(), RouterError> {
         let family = (self.families.get_mut(family_id))
-            .filter(|family| family.in_store)
+            .filter(|family| family.in_store())
             .unwrap_or_else(|| panic!("filters of family {family_id} reloaded, but not spilled"));
         let SpilledFilters(loaded) = spilled;
         if loaded.rows != family.rows {
@@ -528,7 +537,6 @@ fn read_family(input: &mut impl Read, family_id: &FamilyId) -> Result<ColdFamily
     Ok(ColdFamily {
         rows,
         filters,
-        in_store: false,
         stored_rows: None,
     })
 }
