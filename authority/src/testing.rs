@@ -99,7 +99,30 @@ impl TestCluster {
             .await
             .expect("initialize");
         cluster.wait_leader().await;
+        cluster.wait_rules(tally_ledger::CURRENT_RULES).await;
         cluster
+    }
+
+    /// Waits until every node applies the rules of `version`: a new cluster's leader raises
+    /// them once the members' clock probes report knowing them (`node/rules_raise.rs`), a
+    /// second or two after the first election. Tests start from there, so the entry that
+    /// raises them is not among the entries a test counts.
+    pub async fn wait_rules(&self, version: u32) {
+        let start = Instant::now();
+        loop {
+            let mut in_force = Vec::with_capacity(self.nodes.len());
+            for node in self.nodes.values() {
+                in_force.push(node.router.lock().await.params().rules_version);
+            }
+            if in_force.iter().all(|v| *v == version) {
+                return;
+            }
+            assert!(
+                start.elapsed() < LIVENESS,
+                "rules not raised to {version} within {LIVENESS:?}: {in_force:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
     }
 
     /// Starts a node from `config`, pinning its port so a restart reuses it.

@@ -1302,6 +1302,7 @@ async fn set_params_refuses_out_of_range_and_empty_changes_and_proposes_nothing(
         retention_ms: 1_000,
         max_clock_step_ms: 600_000,
         preferred_leader_regions: Vec::new(),
+        rules_version: tally_ledger::CURRENT_RULES,
     };
     assert_eq!(reply.params, Some(expected.clone()));
     assert_eq!(params_on(&cluster, leader).await, expected);
@@ -1365,6 +1366,7 @@ async fn concurrent_param_changes_of_different_fields_both_hold() {
         retention_ms: 3_600_000,
         max_clock_step_ms: 2_000,
         preferred_leader_regions: Vec::new(),
+        rules_version: tally_ledger::CURRENT_RULES,
     };
     cluster.converged_digests().await;
     for id in cluster.nodes.keys() {

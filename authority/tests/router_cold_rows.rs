@@ -10,7 +10,8 @@ mod router_support;
 use router_support::*;
 use tally_authority::families::{self, EntryInput, FamilyRouter, FamilyStore, RouterConfig};
 use tally_ledger::{
-    ClusterParams, Command, Decision, EventLookup, HoldView, LedgerError, Outcome, PreconditionCode,
+    ClusterParams, ColdKey, Command, Decision, EventLookup, HoldView, LedgerError, Outcome,
+    PreconditionCode, CURRENT_RULES,
 };
 use tokio::sync::Mutex;
 
@@ -20,6 +21,8 @@ const RETENTION_MS: u64 = 1_000;
 /// Entries one second apart: new holds run authorize → capture → reconcile, and every few
 /// entries an earlier command is sent again (a replay, long after it left memory), a new
 /// authorize reuses an old hold id, and a capture names an old hold under a new event id.
+/// Every fourth entry also carries an authorize the per-call limit denies, and later one that
+/// reuses the hold id an old denial claimed (out of memory from rules version 2).
 fn entries(first_index: u64, count: u64, sent: &mut Vec<Command>) -> Vec<EntryInput> {
     let mut out = Vec::new();
     for n in 0..count {
@@ -50,6 +53,20 @@ fn entries(first_index: u64, count: u64, sent: &mut Vec<Command>) -> Vec<EntryIn
             commands.push(late_capture);
         }
         sent.extend(commands.iter().take(3).cloned());
+        if index.is_multiple_of(4) {
+            let denied = authorize(&fam, &format!("d-{index}"), 500, now, None);
+            sent.push(denied.clone());
+            commands.push(denied);
+            if index > 100 {
+                let old = index - 88;
+                let old_family = family((old as usize) % FAMILIES);
+                let mut reuse = authorize(&old_family, &format!("d-{old}"), 10, now, None);
+                if let Command::Apply(c) = &mut reuse {
+                    c.header.event_id = format!("d-{old}:again").as_str().into();
+                }
+                commands.push(reuse);
+            }
+        }
         out.push(entry(index, now, commands));
     }
     out
@@ -80,8 +97,11 @@ async fn rows_out_of_memory_answer_like_the_ledger_and_survive_a_snapshot() -> a
     let mut roomy = FamilyRouter::new(RouterConfig::default())?;
     let mut reference = Reference::default();
     let mut sent = Vec::new();
-    let mut all = vec![short_retention(1)];
-    all.extend(entries(2, 240, &mut sent));
+    let mut all = vec![
+        short_retention(1),
+        raise_rules(2, T0 + 2_000, CURRENT_RULES),
+    ];
+    all.extend(entries(3, 240, &mut sent));
     let mut replayed = (0, 0);
     for (n, chunk) in all.chunks(3).enumerate() {
         if n % 10 == 9 {
@@ -132,17 +152,33 @@ async fn rows_out_of_memory_answer_like_the_ledger_and_survive_a_snapshot() -> a
 
     // Point reads find rows out of memory.
     let router = Mutex::new(router);
-    let fam = family(2);
-    let event = "h-2:reconcile".into();
+    let fam = family(3);
+    let event = "h-3:reconcile".into();
     let lookup = families::read(&router, |r| r.get_event(&fam, &event)).await?;
     let EventLookup::Applied { decision, record } = lookup else {
         panic!("an event out of memory reads as {lookup:?}")
     };
     assert!(record.is_none(), "the full record is compacted");
     assert!(matches!(decision.outcome, Outcome::Reconciled { .. }));
-    let hold = "h-2".into();
+    let hold = "h-3".into();
     let view = families::read(&router, |r| r.get_hold(&fam, &hold)).await?;
     assert!(matches!(view, Some(HoldView::Archived { .. })), "{view:?}");
+    // A denied authorize's claim, out of memory since rules version 2, reads as it was.
+    let fam = family(4);
+    let claim = "d-4".into();
+    let view = families::read(&router, |r| r.get_hold(&fam, &claim)).await?;
+    assert_eq!(
+        view,
+        Some(HoldView::Denied {
+            hold_id: claim.clone(),
+            event_id: "d-4:authorize".into(),
+        })
+    );
+    let key = families::cold_row_key(&fam, &ColdKey::Hold(claim).to_bytes());
+    assert!(
+        store.view()?.cold_row(&key)?.is_some(),
+        "the denied claim is in the store"
+    );
     let unknown = "never-sent".into();
     let lookup = families::read(&router, |r| r.get_event(&fam, &unknown)).await?;
     assert_eq!(lookup, EventLookup::Unknown);
@@ -161,7 +197,7 @@ async fn rows_out_of_memory_answer_like_the_ledger_and_survive_a_snapshot() -> a
     let mut restored = FamilyRouter::restore(RouterConfig::default(), snapshot.clone())?;
     assert_eq!(restored.digest().await?, router.digest().await?);
     assert_eq!(restored.cold_rows(), router.cold_rows());
-    let more = entries(242, 60, &mut sent);
+    let more = entries(243, 60, &mut sent);
     assert_eq!(
         restored.apply(more.clone()).await?,
         router.apply(more).await?

@@ -72,6 +72,7 @@ fn main() {
     let params = ClusterParams {
         retention_ms: 1_000,
         max_clock_step_ms: 10_000,
+        rules_version: tally_ledger::CURRENT_RULES,
     };
     let window_calls = calls.div_ceil(WINDOWS);
     println!(

@@ -12,7 +12,7 @@ use tally_ledger::*;
 
 mod common;
 
-use common::{ctx_at, tool_call, RequestIds, T0};
+use common::{ctx_at, denied_call, tool_call, RequestIds, T0};
 
 /// Live heap bytes and blocks of the whole process (the bench is single-threaded).
 struct Counting;
@@ -73,10 +73,14 @@ struct Footprint {
     snapshot_compacted: usize,
 }
 
-fn measure(ids: RequestIds) -> Footprint {
+fn measure<const N: usize>(
+    ids: RequestIds,
+    call: fn(RequestIds, u64, u64) -> [Command; N],
+) -> Footprint {
     let params = ClusterParams {
         retention_ms: RETENTION_MS,
         max_clock_step_ms: 10_000,
+        rules_version: tally_ledger::CURRENT_RULES,
     };
     let mut log_index = 0;
     let mut ctx = |now_ms: u64| {
@@ -86,17 +90,17 @@ fn measure(ids: RequestIds) -> Footprint {
     let (base_bytes, base_blocks) = live();
     let mut family = Family::new("fam".into());
     let mut end_ms = T0;
-    for call in 0..CALLS {
+    for n in 0..CALLS {
         // Built per call and dropped after it: what stays is what the family keeps.
-        end_ms = T0 + call;
-        for command in tool_call(ids, call, end_ms) {
+        end_ms = T0 + n;
+        for command in call(ids, n, end_ms) {
             let decision = family.apply(&command, &ctx(end_ms));
             assert!(decision.is_ok(), "bench command failed: {decision:?}");
         }
     }
     assert_eq!(
         family.journal_len() as u64,
-        3 * CALLS,
+        N as u64 * CALLS,
         "nothing may be compacted before retention ends"
     );
     let (full_bytes, full_blocks) = live();
@@ -139,8 +143,24 @@ fn measure(ids: RequestIds) -> Footprint {
     }
 }
 
+fn report(what: &str, name: &str, commands: usize, f: &Footprint) {
+    println!("ledger memory, {CALLS} {what}, {commands} commands), {name}:");
+    println!(
+        "  retained in full:  {:>6} bytes/command on the heap ({:.2} blocks/command); snapshot {} bytes/command",
+        f.full_bytes / commands,
+        f.full_blocks as f64 / commands as f64,
+        f.snapshot_full / commands
+    );
+    println!(
+        "  after compaction:  {:>6} bytes/command on the heap ({:.2} blocks/command); snapshot {} bytes/command",
+        f.compacted_bytes / commands,
+        f.compacted_blocks as f64 / commands as f64,
+        f.snapshot_compacted / commands
+    );
+}
+
 fn main() {
-    let commands = 3 * CALLS as usize;
+    let calls = CALLS as usize;
     for (name, ids) in [
         ("counter-named requests", RequestIds::Sequential),
         (
@@ -148,19 +168,14 @@ fn main() {
             RequestIds::Random,
         ),
     ] {
-        let f = measure(ids);
-        println!("ledger memory, {CALLS} calls (authorize+capture+reconcile, {commands} commands), {name}:");
-        println!(
-            "  retained in full:  {:>6} bytes/command on the heap ({:.2} blocks/command); snapshot {} bytes/command",
-            f.full_bytes / commands,
-            f.full_blocks as f64 / commands as f64,
-            f.snapshot_full / commands
+        let whole = measure(ids, tool_call);
+        report(
+            "calls (authorize+capture+reconcile",
+            name,
+            3 * calls,
+            &whole,
         );
-        println!(
-            "  after compaction:  {:>6} bytes/command on the heap ({:.2} blocks/command); snapshot {} bytes/command",
-            f.compacted_bytes / commands,
-            f.compacted_blocks as f64 / commands as f64,
-            f.snapshot_compacted / commands
-        );
+        let denied = measure(ids, denied_call);
+        report("denied authorizes (one command each", name, calls, &denied);
     }
 }

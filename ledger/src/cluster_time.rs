@@ -21,6 +21,14 @@ pub const RETENTION_MS: RangeInclusive<u64> = SECOND_MS..=365 * DAY_MS;
 /// could expire every hold at once (docs/spec.md §6).
 pub const MAX_CLOCK_STEP_MS: RangeInclusive<u64> = SECOND_MS..=600 * SECOND_MS;
 
+/// The rules every release applied before rules were versioned: a log replayed from its
+/// first entry, and a state from an older release, start here.
+pub const LEGACY_RULES: u32 = 1;
+
+/// The newest rules this release applies. Version 2: a denied authorize's claim on its
+/// `hold_id` leaves memory with its command's compact row (docs/spec.md §5.5).
+pub const CURRENT_RULES: u32 = 2;
+
 /// Replicated parameters: changed only through the log, so every replica compacts alike.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterParams {
@@ -28,13 +36,38 @@ pub struct ClusterParams {
     pub retention_ms: u64,
     /// The most cluster time may advance in one log entry.
     pub max_clock_step_ms: u64,
+    /// Which version of the rules that decide what leaves memory applies. Raised only through
+    /// the log (once every member runs a release that knows the new rules), so every replica
+    /// switches at the same entry. Last, and left out of the encoding at the legacy version,
+    /// so a state that never raised it encodes as before versions existed.
+    #[serde(default = "legacy_rules", skip_serializing_if = "is_legacy_rules")]
+    pub rules_version: u32,
 }
 
+fn legacy_rules() -> u32 {
+    LEGACY_RULES
+}
+
+fn is_legacy_rules(version: &u32) -> bool {
+    *version == LEGACY_RULES
+}
+
+impl ClusterParams {
+    /// Version 2: a denied authorize's claim leaves memory with its command.
+    pub fn denied_claims_leave_memory(&self) -> bool {
+        self.rules_version >= 2
+    }
+}
+
+/// The parameters a log starts with. The legacy rules, not the current ones: a log written by
+/// an older release replays to the same state on every replica only if it replays under the
+/// rules that wrote it; a new cluster's leader raises them through the log.
 impl Default for ClusterParams {
     fn default() -> Self {
         Self {
             retention_ms: 24 * 3_600_000,
             max_clock_step_ms: 10_000,
+            rules_version: LEGACY_RULES,
         }
     }
 }
@@ -88,6 +121,7 @@ impl ParamsChange {
         ClusterParams {
             retention_ms: self.retention_ms.unwrap_or(current.retention_ms),
             max_clock_step_ms: self.max_clock_step_ms.unwrap_or(current.max_clock_step_ms),
+            rules_version: current.rules_version,
         }
     }
 }
@@ -158,6 +192,7 @@ mod tests {
         let whole = ClusterParams {
             retention_ms: 7,
             max_clock_step_ms: u64::MAX,
+            rules_version: LEGACY_RULES,
         };
         assert_eq!(ParamsChange::from(whole).apply_to(current), whole);
     }

@@ -144,6 +144,9 @@ pub struct ColdRowError(String);
 enum ColdRowBody {
     Applied(AppliedRow),
     Hold(ArchivedHold),
+    /// Rules version 2 on: the claim of a denied authorize on its `hold_id` (the event that
+    /// claimed it). Last, so the other rows encode as before it existed.
+    DeniedHold(EventId),
 }
 
 /// A row's body as it is encoded: `ColdRowBody`'s encoding, borrowed.
@@ -152,6 +155,31 @@ enum ColdRowBody {
 enum ColdRowRef<'r> {
     Applied(&'r AppliedRow),
     Hold(&'r ArchivedHold),
+    DeniedHold(&'r EventId),
+}
+
+/// What a `hold_id` names among the rows out of memory: an archived hold, or the claim of a
+/// denied authorize (in memory, `HoldSlot::Archived` and `HoldSlot::Denied`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ColdHold {
+    Archived(ArchivedHold),
+    Denied { event_id: EventId },
+}
+
+impl ColdHold {
+    /// The read of it (`GetHold`).
+    pub fn to_view(&self, hold_id: &HoldId) -> crate::hold::HoldView {
+        match self {
+            Self::Archived(hold) => crate::hold::HoldView::Archived {
+                hold_id: hold_id.clone(),
+                hold: hold.clone(),
+            },
+            Self::Denied { event_id } => crate::hold::HoldView::Denied {
+                hold_id: hold_id.clone(),
+                event_id: event_id.clone(),
+            },
+        }
+    }
 }
 
 /// The rows a family moved out, counted and digested. Replicated: part of the family's
@@ -225,7 +253,7 @@ pub struct MovedRow {
 #[derive(Clone, Debug, Default)]
 pub struct ColdFetch {
     events: BTreeMap<EventId, AppliedRow>,
-    holds: BTreeMap<HoldId, ArchivedHold>,
+    holds: BTreeMap<HoldId, ColdHold>,
     /// The hashes of the ids looked up and not stored; sorted when the batch starts.
     absent: Vec<ColdKeyHash>,
 }
@@ -241,7 +269,13 @@ impl ColdFetch {
             (ColdKey::Event(id), ColdRowBody::Applied(row)) => {
                 self.events.insert(id, row).map(drop)
             }
-            (ColdKey::Hold(id), ColdRowBody::Hold(hold)) => self.holds.insert(id, hold).map(drop),
+            (ColdKey::Hold(id), ColdRowBody::Hold(hold)) => {
+                self.holds.insert(id, ColdHold::Archived(hold)).map(drop)
+            }
+            (ColdKey::Hold(id), ColdRowBody::DeniedHold(event_id)) => self
+                .holds
+                .insert(id, ColdHold::Denied { event_id })
+                .map(drop),
             (key, _) => return Err(another_kind(&key)),
         };
         Ok(())
@@ -291,7 +325,7 @@ fn another_kind(key: &ColdKey) -> ColdRowError {
 pub(crate) struct ColdRows {
     fetched: ColdFetch,
     moved_events: BTreeMap<EventId, AppliedRow>,
-    moved_holds: BTreeMap<HoldId, ArchivedHold>,
+    moved_holds: BTreeMap<HoldId, ColdHold>,
     moved: Vec<MovedRow>,
 }
 
@@ -324,7 +358,7 @@ impl<'f> ColdLookup<'f> {
         )
     }
 
-    pub fn hold(&self, hold_id: &HoldId) -> Option<&'f ArchivedHold> {
+    pub fn hold(&self, hold_id: &HoldId) -> Option<&'f ColdHold> {
         let rows = self.rows;
         let key = ColdKeyRef::hold(hold_id);
         self.find(hold_id, key, &rows.moved_holds, &rows.fetched.holds, "hold")
@@ -383,7 +417,7 @@ impl ColdRows {
         self.moved_events.get(event_id)
     }
 
-    pub fn moved_hold(&self, hold_id: &HoldId) -> Option<&ArchivedHold> {
+    pub fn moved_hold(&self, hold_id: &HoldId) -> Option<&ColdHold> {
         self.moved_holds.get(hold_id)
     }
 
@@ -404,7 +438,18 @@ impl ColdRows {
             ColdKey::Hold(hold_id.clone()),
             &ColdRowRef::Hold(&hold),
         );
-        self.moved_holds.insert(hold_id, hold);
+        self.moved_holds.insert(hold_id, ColdHold::Archived(hold));
+    }
+
+    /// Moves a denied authorize's claim on `hold_id` out, counting it in `meta`.
+    pub fn move_denied_hold(&mut self, meta: &mut ColdMeta, hold_id: HoldId, event_id: EventId) {
+        self.push(
+            meta,
+            ColdKey::Hold(hold_id.clone()),
+            &ColdRowRef::DeniedHold(&event_id),
+        );
+        self.moved_holds
+            .insert(hold_id, ColdHold::Denied { event_id });
     }
 
     fn push(&mut self, meta: &mut ColdMeta, key: ColdKey, body: &ColdRowRef<'_>) {
@@ -526,7 +571,9 @@ pub fn event_read_with_stored(
                 decision: row.decision(event_id),
                 record: None,
             }),
-            ColdRowBody::Hold(_) => Err(another_kind(&ColdKey::Event(event_id.clone()))),
+            ColdRowBody::Hold(_) | ColdRowBody::DeniedHold(_) => {
+                Err(another_kind(&ColdKey::Event(event_id.clone())))
+            }
         },
         (found, _) => Ok(found),
     }
@@ -540,10 +587,10 @@ pub fn hold_read_with_stored(
 ) -> Result<Option<crate::hold::HoldView>, ColdRowError> {
     match (found, stored) {
         (None, Some(bytes)) => match decode_body(bytes)? {
-            ColdRowBody::Hold(hold) => Ok(Some(crate::hold::HoldView::Archived {
-                hold_id: hold_id.clone(),
-                hold,
-            })),
+            ColdRowBody::Hold(hold) => Ok(Some(ColdHold::Archived(hold).to_view(hold_id))),
+            ColdRowBody::DeniedHold(event_id) => {
+                Ok(Some(ColdHold::Denied { event_id }.to_view(hold_id)))
+            }
             ColdRowBody::Applied(_) => Err(another_kind(&ColdKey::Hold(hold_id.clone()))),
         },
         (found, _) => Ok(found),

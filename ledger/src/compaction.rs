@@ -4,20 +4,23 @@
 //! moved out of memory to the node's store (`cold.rs`).
 //! Items are ordered by due time, so each step pops the queue's first entry.
 
+use crate::cluster_time::ClusterParams;
+use crate::commit_index::BudgetCommitIndex;
 use crate::family::Family;
 use crate::hold::HoldSlot;
+use crate::ids::EventId;
 use crate::limits::MAX_COMPACTIONS_PER_COMMAND;
 use crate::tables::compaction_queue::{CompactionItem, CompactionWork, DueItem};
 
 impl Family {
     /// Runs due compaction steps, at most `MAX_COMPACTIONS_PER_COMMAND`, in due order.
     /// Deterministic: it depends only on replicated state and cluster time.
-    pub(crate) fn compact_due(&mut self, now_ms: u64) {
+    pub(crate) fn compact_due(&mut self, now_ms: u64, params: &ClusterParams) {
         for _ in 0..MAX_COMPACTIONS_PER_COMMAND {
             let Some(due) = self.compaction_queue.pop_due(now_ms) else {
                 return;
             };
-            self.compact(due, now_ms);
+            self.compact(due, now_ms, params);
         }
     }
 
@@ -28,7 +31,7 @@ impl Family {
         self.compaction_queue.work()
     }
 
-    fn compact(&mut self, due: DueItem, now_ms: u64) {
+    fn compact(&mut self, due: DueItem, now_ms: u64, params: &ClusterParams) {
         match due.item {
             CompactionItem::Journal(index) => {
                 self.journal.discard(index, |_| true);
@@ -40,6 +43,9 @@ impl Family {
                     "command {event_id:?} queued without its identity"
                 );
                 if let Some(index) = due.own_event {
+                    if params.denied_claims_leave_memory() {
+                        self.move_denied_claim(index, &event_id);
+                    }
                     assert!(
                         self.journal
                             .discard(index, |record| record.event_id == event_id),
@@ -72,5 +78,30 @@ impl Family {
                 }
             }
         }
+    }
+
+    /// Rules version 2: a denied authorize claims its `hold_id` for ever (a later authorize
+    /// naming it is a conflict) but opens no hold, so its claim is as done as its command's
+    /// row and leaves memory with it, read back on a miss like an archived hold. Under the
+    /// legacy rules it stayed in memory for ever: 224–272 bytes a denial (the ledger's memory
+    /// bench), which an agent retrying against an exhausted budget grows without end.
+    fn move_denied_claim(&mut self, own_event: BudgetCommitIndex, event_id: &EventId) {
+        let Some(record) = self.journal.get(own_event) else {
+            return;
+        };
+        if record.allowed {
+            return;
+        }
+        let Some(hold_id) = record.hold_id.clone() else {
+            return;
+        };
+        match self.holds.get(&hold_id) {
+            Some(HoldSlot::Denied { event_id: claimed }) if claimed == event_id => {}
+            // Only the authorize that claimed the id moves its claim.
+            _ => return,
+        }
+        self.holds.remove(&hold_id);
+        self.cold_rows
+            .move_denied_hold(&mut self.cold, hold_id, event_id.clone());
     }
 }

@@ -311,7 +311,7 @@ impl Family {
         if result.is_err() && step.appended() == 0 {
             return result;
         }
-        self.compact_due(ctx.now_ms);
+        self.compact_due(ctx.now_ms, &ctx.params);
         result
     }
 

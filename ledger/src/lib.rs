@@ -30,8 +30,10 @@ pub mod snapshot;
 pub mod tables;
 
 pub use account::{Account, AccountKey, GrantLimits, LegacyUnheld, UsageRecord};
-pub use cluster_time::{ClusterParams, ParamsChange};
-pub use cold::{ColdFetch, ColdKey, ColdKeyHash, ColdKeyRef, ColdMeta, ColdRowsInMemory, MovedRow};
+pub use cluster_time::{ClusterParams, ParamsChange, CURRENT_RULES, LEGACY_RULES};
+pub use cold::{
+    ColdFetch, ColdHold, ColdKey, ColdKeyHash, ColdKeyRef, ColdMeta, ColdRowsInMemory, MovedRow,
+};
 pub use command::{AncestorAccount, ClientCommand, Command, CommandHeader, Operation};
 pub use commit_index::{BudgetCommitIndex, LogPosition};
 pub use decision::{Decision, DenyReason, DenyRule, Outcome, Resolution};

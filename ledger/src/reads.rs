@@ -123,10 +123,7 @@ impl Family {
             return self
                 .cold_rows
                 .moved_hold(hold_id)
-                .map(|hold| HoldView::Archived {
-                    hold_id: hold_id.clone(),
-                    hold: hold.clone(),
-                });
+                .map(|hold| hold.to_view(hold_id));
         };
         Some(match slot {
             HoldSlot::Live(hold) => HoldView::Live((**hold).clone()),

@@ -282,6 +282,69 @@ fn a_family_past_its_tables_split_restores_alike_and_answers_alike() {
     assert_eq!(restored.digest(), h.family.digest());
 }
 
+/// Rules version 2 (docs/spec.md §5.5): a denied authorize claims its `hold_id` for ever but
+/// opens no hold, so the claim leaves memory with its command's compact row; every answer
+/// naming it is the same wherever it is: the replay, a reuse of the id under another event,
+/// a capture of it, a read. Under the legacy rules the claim stays in memory (the pinned
+/// encoding above is the legacy one), so a replica switches only when the log says.
+#[test]
+fn a_denied_claim_leaves_memory_with_its_command_from_rules_version_2() {
+    for rules_version in [LEGACY_RULES, CURRENT_RULES] {
+        let mut h = short_retention();
+        h.params.rules_version = rules_version;
+        let authorize = h.authorize("h1", 500);
+        let denied = h.ok(authorize.clone());
+        assert!(
+            matches!(denied.outcome, Outcome::Denied { .. }),
+            "{denied:?}"
+        );
+        h.advance(62_000);
+        h.ok(h.expire(h.now_ms));
+        assert_eq!(h.family.journal_len(), 0, "the denied event left memory");
+        // One more batch: the rows the last one moved out stay readable until the next.
+        h.ok(h.expire(h.now_ms));
+        let claim = ColdKey::Hold("h1".into());
+        let moved = rules_version >= 2;
+        assert_eq!(
+            h.family.get_hold(&"h1".into()).is_none(),
+            moved,
+            "rules {rules_version}: the claim is in memory only under the legacy rules"
+        );
+        assert_eq!(h.cold.get(&claim).is_some(), moved);
+        assert_eq!(
+            h.cold.get_hold(&h.family, &"h1".into()),
+            Some(HoldView::Denied {
+                hold_id: "h1".into(),
+                event_id: "h1:authorize".into(),
+            }),
+            "rules {rules_version}: a read finds the claim"
+        );
+
+        let replay = h.ok(authorize.clone());
+        assert_eq!(
+            (&replay.outcome, replay.commit_index, replay.log_id),
+            (&denied.outcome, denied.commit_index, denied.log_id),
+            "rules {rules_version}: the replay answers the original denial"
+        );
+        let Command::Apply(first) = authorize else {
+            unreachable!("a client command")
+        };
+        let reused = h.on(h.header("h1:again"), first.op);
+        assert!(
+            matches!(
+                h.err_unchanged(reused),
+                LedgerError::Conflict(ConflictReason::HoldReused { .. })
+            ),
+            "rules {rules_version}: the id stays claimed"
+        );
+        assert_eq!(
+            code(&h.err_unchanged(h.capture("h1", "a"))),
+            PreconditionCode::UnknownHold,
+            "rules {rules_version}: a denied claim is no hold to capture"
+        );
+    }
+}
+
 /// Rows out of memory are counted and digested by the family, every id a command names is
 /// looked up before it applies, and a node that forgot to look one up stops the apply
 /// rather than take "not found" for an answer.

@@ -841,6 +841,7 @@ impl Sut {
             params: ClusterParams {
                 retention_ms: RETENTION_MS,
                 max_clock_step_ms: 10_000,
+                rules_version: tally_ledger::CURRENT_RULES,
             },
             no_space: self.no_space,
         };

@@ -11,6 +11,7 @@ impl From<ClusterParams> for pb::ClusterParams {
             max_clock_step_ms: params.max_clock_step_ms,
             // Kept beside the budget parameters by the authority, which fills them in.
             preferred_leader_regions: Vec::new(),
+            rules_version: params.rules_version,
         }
     }
 }
@@ -20,6 +21,7 @@ impl From<pb::ClusterParams> for ClusterParams {
         Self {
             retention_ms: params.retention_ms,
             max_clock_step_ms: params.max_clock_step_ms,
+            rules_version: params.rules_version.max(tally_ledger::LEGACY_RULES),
         }
     }
 }

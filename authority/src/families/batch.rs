@@ -88,7 +88,10 @@ pub(crate) fn split_rounds(entries: Vec<EntryInput>, max_commands: usize) -> Vec
 fn command_count(entry: &EntryInput) -> usize {
     match &entry.payload {
         EntryPayload::Commands(commands) => commands.len(),
-        EntryPayload::Blank | EntryPayload::SetParams(_) | EntryPayload::Alarm(_) => 0,
+        EntryPayload::Blank
+        | EntryPayload::SetParams(_)
+        | EntryPayload::Alarm(_)
+        | EntryPayload::RaiseRules(_) => 0,
     }
 }
 
@@ -105,7 +108,10 @@ pub(crate) fn plan(
         let now_ms = state.enter(&entry)?;
         let commands = match entry.payload {
             EntryPayload::Commands(commands) => commands,
-            EntryPayload::Blank | EntryPayload::SetParams(_) | EntryPayload::Alarm(_) => Vec::new(),
+            EntryPayload::Blank
+            | EntryPayload::SetParams(_)
+            | EntryPayload::Alarm(_)
+            | EntryPayload::RaiseRules(_) => Vec::new(),
         };
         assert!(
             commands.len() <= MAX_COMMANDS_PER_ENTRY,

@@ -25,6 +25,9 @@ pub enum EntryPayload {
     /// An alarm raised or cleared (docs/spec.md §5.6): through the log, so every replica
     /// refuses alike from this entry on.
     Alarm(AlarmChange),
+    /// The rules that decide what leaves memory raised to this version (never lowered): from
+    /// this entry on every replica applies them. A node that does not know the version stops.
+    RaiseRules(u32),
 }
 
 /// The answers to one entry's commands, in the entry's order.

@@ -24,6 +24,17 @@ pub enum RouterError {
     /// reach part of its state, so it stops.
     #[error("family store: {0}")]
     Store(String),
+    /// An entry raises the rules to a version this release does not know: applying on under
+    /// older rules would leave this node's state apart from its peers'.
+    #[error(
+        "entry {at:?} raises the rules to version {version}; this release applies up to \
+         {supported}: upgrade this node"
+    )]
+    RulesUnknown {
+        at: LogPosition,
+        version: u32,
+        supported: u32,
+    },
     #[error("invalid router config: {0}")]
     Config(String),
     /// A family actor stopped before answering a read queued to it: the router was replaced

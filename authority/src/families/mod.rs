@@ -29,6 +29,7 @@ mod snapshot;
 pub mod snapshot_stream;
 
 pub use alarms::{AlarmChange, AlarmKind, Alarms, RaisedAlarm, MAX_ALARMS, MAX_ALARM_REASON_BYTES};
+pub use cold_keys::cold_row_key;
 pub use config::RouterConfig;
 pub use entry::{EntryInput, EntryOutput, EntryPayload};
 pub use error::RouterError;

@@ -5,7 +5,7 @@
 use serde::ser::SerializeStruct;
 use serde::{Deserialize, Serialize, Serializer};
 use tally_ledger::cluster_time::advance;
-use tally_ledger::{ClusterParams, LogPosition};
+use tally_ledger::{ClusterParams, LogPosition, CURRENT_RULES};
 
 use super::alarms::Alarms;
 use super::entry::{EntryInput, EntryPayload};
@@ -70,6 +70,15 @@ impl RouterState {
                 });
             }
         }
+        if let EntryPayload::RaiseRules(version) = &entry.payload {
+            if *version > CURRENT_RULES {
+                return Err(RouterError::RulesUnknown {
+                    at: entry.log_id,
+                    version: *version,
+                    supported: CURRENT_RULES,
+                });
+            }
+        }
         self.last_applied = Some(entry.log_id);
         self.cluster_time_ms = advance(
             self.cluster_time_ms,
@@ -86,6 +95,9 @@ impl RouterState {
             EntryPayload::Alarm(change) => {
                 self.alarms
                     .apply(change, entry.log_id, self.cluster_time_ms)
+            }
+            EntryPayload::RaiseRules(version) => {
+                self.params.rules_version = self.params.rules_version.max(*version);
             }
             EntryPayload::Blank | EntryPayload::Commands(_) => {}
         }
@@ -205,5 +217,66 @@ mod tests {
         assert_eq!((without[0], cleared[0]), (0x93, 0x93));
         let decoded: RouterState = rmp_serde::from_slice(&cleared).expect("decodes");
         assert_eq!(decoded, state);
+    }
+
+    /// The rules rise through the log and never fall; a version this release does not know
+    /// stops the node rather than apply on under older rules. A state at the legacy rules
+    /// encodes as before versions existed; a raised one round-trips.
+    #[test]
+    fn rules_rise_through_the_log_and_an_unknown_version_is_fatal() {
+        use tally_ledger::{CURRENT_RULES, LEGACY_RULES};
+
+        let entry = |index: u64, payload: EntryPayload| EntryInput {
+            log_id: LogPosition { term: 1, index },
+            stamped_ms: 1_000 * index,
+            payload,
+        };
+        let mut state = RouterState::default();
+        assert_eq!(state.params.rules_version, LEGACY_RULES);
+        state
+            .enter(&entry(1, EntryPayload::Blank))
+            .expect("in order");
+        let legacy = BeforeAlarms {
+            last_applied: state.last_applied,
+            cluster_time_ms: state.cluster_time_ms,
+            params: ClusterParams {
+                rules_version: LEGACY_RULES,
+                ..state.params
+            },
+        };
+        assert_eq!(
+            rmp_serde::to_vec(&state).expect("encodes"),
+            rmp_serde::to_vec(&legacy).expect("encodes")
+        );
+        let params_before =
+            rmp_serde::to_vec(&(state.params.retention_ms, state.params.max_clock_step_ms))
+                .expect("encodes");
+        assert_eq!(
+            rmp_serde::to_vec(&state.params).expect("encodes"),
+            params_before,
+            "legacy parameters encode as the two fields they had"
+        );
+
+        state
+            .enter(&entry(2, EntryPayload::RaiseRules(CURRENT_RULES)))
+            .expect("known rules");
+        assert_eq!(state.params.rules_version, CURRENT_RULES);
+        state
+            .enter(&entry(3, EntryPayload::RaiseRules(LEGACY_RULES)))
+            .expect("an older version is no change");
+        assert_eq!(state.params.rules_version, CURRENT_RULES, "never lowered");
+        let bytes = rmp_serde::to_vec(&state).expect("encodes");
+        let decoded: RouterState = rmp_serde::from_slice(&bytes).expect("decodes");
+        assert_eq!(decoded, state);
+
+        let unknown = state.enter(&entry(4, EntryPayload::RaiseRules(CURRENT_RULES + 1)));
+        let error = unknown.expect_err("a version newer than this release");
+        assert!(error.is_fatal(), "{error}");
+        assert!(error.to_string().contains("upgrade this node"), "{error}");
+        assert_eq!(
+            state.last_applied_index(),
+            3,
+            "the refused entry changed nothing"
+        );
     }
 }

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tonic::transport::Channel;
 
 use super::clock::{verdict, within_majority, ClockSample, NodeClock};
-use crate::raft::types::{NodeId, Raft};
+use crate::raft::types::{Metrics, NodeId, Raft};
 
 pub struct Health {
     clock: Arc<NodeClock>,
@@ -26,6 +26,10 @@ pub struct Health {
     /// `max_clock_offset_ms` of this node's; replaced whole at every probe round, so it holds
     /// at most the current members.
     peer_clocks_agree: Mutex<BTreeMap<String, bool>>,
+    /// The newest rules version each peer (by client address) reported in its last answer to
+    /// a probe; a peer that did not answer keeps its last report. Replaced at every round, so
+    /// it holds at most the current members.
+    peer_rules_known: Mutex<BTreeMap<String, u32>>,
     raft: Raft,
 }
 
@@ -36,6 +40,7 @@ impl Health {
             clock_ok: AtomicBool::new(true),
             clock_offset_ms: AtomicI64::new(0),
             peer_clocks_agree: Mutex::new(BTreeMap::new()),
+            peer_rules_known: Mutex::new(BTreeMap::new()),
             raft,
         }
     }
@@ -50,6 +55,19 @@ impl Health {
             .get(address)
             .copied()
             .unwrap_or(false)
+    }
+
+    /// The newest rules version each peer at `addresses` (client addresses) reported
+    /// knowing; `None` for a peer never heard from.
+    pub fn peers_rules_known(&self, addresses: &[String]) -> Vec<Option<u32>> {
+        let known = self
+            .peer_rules_known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        addresses
+            .iter()
+            .map(|address| known.get(address).copied())
+            .collect()
     }
 
     /// This node's clock (wall clock plus its configured offset).
@@ -88,7 +106,20 @@ impl Health {
     }
 }
 
-/// Probes every peer's clock every `interval`, and applies docs/spec.md §6's rule.
+/// The client addresses of every member but `node_id` (voters and learners): the peers a
+/// node probes, and whose reports a leader weighs.
+pub fn peer_addresses(metrics: &Metrics, node_id: NodeId) -> Vec<String> {
+    metrics
+        .membership_config
+        .membership()
+        .nodes()
+        .filter(|(id, _)| **id != node_id)
+        .map(|(_, node)| node.addr.clone())
+        .collect()
+}
+
+/// Probes every peer's clock every `interval`, and applies docs/spec.md §6's rule; records
+/// the rules version each peer reports knowing, for `rules_raise`.
 pub async fn monitor_clock(
     node_id: NodeId,
     raft: Raft,
@@ -106,16 +137,29 @@ pub async fn monitor_clock(
             _ = shutdown.changed() => return,
         }
         let metrics = crate::raft::types::current_metrics(&raft);
-        let peers: Vec<String> = metrics
-            .membership_config
-            .membership()
-            .nodes()
-            .filter(|(id, _)| **id != node_id)
-            .map(|(_, node)| node.addr.clone())
-            .collect();
+        let peers = peer_addresses(&metrics, node_id);
         let mut samples = Vec::with_capacity(peers.len());
+        let mut rules_known = Vec::with_capacity(peers.len());
         for address in &peers {
-            samples.push(probe(&mut clients, &transport, address, interval, health.clock()).await);
+            let answer = probe(&mut clients, &transport, address, interval, health.clock()).await;
+            rules_known.push(answer.map(|(_, known)| known));
+            samples.push(answer.map(|(sample, _)| sample));
+        }
+        {
+            let mut known = health
+                .peer_rules_known
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let reported: BTreeMap<String, u32> = peers
+                .iter()
+                .zip(&rules_known)
+                .filter_map(|(address, answer)| {
+                    answer
+                        .or_else(|| known.get(address).copied())
+                        .map(|version| (address.clone(), version))
+                })
+                .collect();
+            *known = reported;
         }
         let mut offsets: Vec<i64> = samples
             .iter()
@@ -175,7 +219,7 @@ async fn probe(
     address: &str,
     timeout: Duration,
     clock: &NodeClock,
-) -> Option<ClockSample> {
+) -> Option<(ClockSample, u32)> {
     if !clients.contains_key(address) {
         // Peers' clocks are read on their client ports (`Admin.ClockProbe`, which node
         // certificates may call).
@@ -194,11 +238,15 @@ async fn probe(
     .await;
     let received_ms = clock.now_ms();
     match reply {
-        Ok(Ok(reply)) => Some(ClockSample {
-            sent_ms,
-            peer_ms: reply.into_inner().wall_clock_ms,
-            received_ms,
-        }),
+        Ok(Ok(reply)) => {
+            let reply = reply.into_inner();
+            let sample = ClockSample {
+                sent_ms,
+                peer_ms: reply.wall_clock_ms,
+                received_ms,
+            };
+            Some((sample, reply.rules_known))
+        }
         _ => {
             clients.remove(address);
             None

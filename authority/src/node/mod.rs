@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod placement;
 pub mod proposer;
 pub mod recent_latency;
+pub mod rules_raise;
 pub mod write_error;
 
 use std::sync::Arc;
@@ -489,6 +490,14 @@ pub async fn start(
         config.max_clock_offset_ms,
         Duration::from_millis(1_000),
         transport.clone(),
+        shutdown_rx.clone(),
+    )));
+    tasks.push(tokio::spawn(rules_raise::run(
+        config.node_id,
+        raft.clone(),
+        router.clone(),
+        proposer.clone(),
+        health.clone(),
         shutdown_rx.clone(),
     )));
     tasks.push(tokio::spawn(report_health(

@@ -255,15 +255,30 @@ impl Proposer {
     /// Proposes a parameter change, validated by the caller (leader only; the admin service
     /// forwards nothing).
     pub async fn propose_params(&self, change: ParamsChange) -> Result<ProposalReply, WriteError> {
+        let proposal = Proposal::change_params(self.clock.now_ms(), change);
+        self.write_on_leader(proposal, "parameters change").await
+    }
+
+    /// Proposes raising the rules to `rules_version` (leader only; `node/rules_raise.rs`
+    /// decides when every member knows them).
+    pub async fn propose_rules(&self, rules_version: u32) -> Result<ProposalReply, WriteError> {
+        let proposal = Proposal::raise_rules(self.clock.now_ms(), rules_version);
+        self.write_on_leader(proposal, "rules are raised").await
+    }
+
+    /// Writes `proposal` here if this node leads; `what` says what only happens on the leader.
+    async fn write_on_leader(
+        &self,
+        proposal: Proposal,
+        what: &str,
+    ) -> Result<ProposalReply, WriteError> {
         if !self.is_leader() {
             return Err(WriteError::Unavailable {
                 leader: self.leader(),
-                reason: "parameters change on the leader".to_owned(),
+                reason: format!("{what} on the leader"),
             });
         }
-        self.writer
-            .write(Proposal::change_params(self.clock.now_ms(), change))
-            .await
+        self.writer.write(proposal).await
     }
 
     /// Proposes an alarm change on this node only, never forwarding (leader only): an
@@ -272,15 +287,8 @@ impl Proposer {
         &self,
         change: AlarmChange,
     ) -> Result<ProposalReply, WriteError> {
-        if !self.is_leader() {
-            return Err(WriteError::Unavailable {
-                leader: self.leader(),
-                reason: "alarms change on the leader".to_owned(),
-            });
-        }
-        self.writer
-            .write(Proposal::alarm(self.clock.now_ms(), change))
-            .await
+        let proposal = Proposal::alarm(self.clock.now_ms(), change);
+        self.write_on_leader(proposal, "alarms change").await
     }
 
     /// Has `change` (this node's raise) go through the log: proposed here on the leader, or

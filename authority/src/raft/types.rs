@@ -42,6 +42,10 @@ pub enum ProposalBody {
     ChangeParams(ParamsChange),
     /// An alarm raised or cleared through the log (docs/spec.md §5.6).
     Alarm(AlarmChange),
+    /// The rules raised to this version, proposed by a leader once every member runs a release
+    /// that knows it (`node/rules_raise.rs`). A node from before this variant cannot decode it
+    /// and stops, as it would have to: it does not know the rules.
+    RaiseRules(u32),
 }
 
 impl ProposalBody {
@@ -52,6 +56,7 @@ impl ProposalBody {
             Self::SetParams(params) => EntryPayload::SetParams(ParamsChange::from(params)),
             Self::ChangeParams(change) => EntryPayload::SetParams(change),
             Self::Alarm(change) => EntryPayload::Alarm(change),
+            Self::RaiseRules(version) => EntryPayload::RaiseRules(version),
         }
     }
 }
@@ -78,6 +83,14 @@ impl Proposal {
             version: PROPOSAL_VERSION,
             stamped_ms,
             body: ProposalBody::Alarm(change),
+        }
+    }
+
+    pub fn raise_rules(stamped_ms: u64, rules_version: u32) -> Self {
+        Self {
+            version: PROPOSAL_VERSION,
+            stamped_ms,
+            body: ProposalBody::RaiseRules(rules_version),
         }
     }
 }
@@ -112,6 +125,13 @@ impl fmt::Display for Proposal {
                 write!(
                     f,
                     "proposal v{} @{}: alarm {change}",
+                    self.version, self.stamped_ms
+                )
+            }
+            ProposalBody::RaiseRules(version) => {
+                write!(
+                    f,
+                    "proposal v{} @{}: raise the rules to version {version}",
                     self.version, self.stamped_ms
                 )
             }
@@ -251,6 +271,7 @@ mod tests {
         let old = ClusterParams {
             retention_ms: 3_600_000,
             max_clock_step_ms: 5_000,
+            rules_version: tally_ledger::LEGACY_RULES,
         };
         let decoded: Proposal =
             rmp_serde::from_slice(&hex(OLD_SET_PARAMS)).expect("an old entry decodes");
@@ -309,6 +330,7 @@ mod tests {
             ClusterParams {
                 retention_ms: 60_000,
                 max_clock_step_ms: 2_000,
+                rules_version: tally_ledger::LEGACY_RULES,
             },
             "neither change reverts the other (started from {current:?})"
         );

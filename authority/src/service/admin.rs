@@ -428,6 +428,7 @@ impl Admin for AdminService {
         Ok(Response::new(pb::ClockProbeReply {
             node_id: self.node_id,
             wall_clock_ms: self.health.clock().now_ms(),
+            rules_known: tally_ledger::CURRENT_RULES,
         }))
     }
 }

@@ -121,6 +121,14 @@ pub fn set_params(index: u64, stamped_ms: u64, params: ClusterParams) -> EntryIn
     }
 }
 
+pub fn raise_rules(index: u64, stamped_ms: u64, version: u32) -> EntryInput {
+    EntryInput {
+        log_id: LogPosition { term: 1, index },
+        stamped_ms,
+        payload: EntryPayload::RaiseRules(version),
+    }
+}
+
 pub fn alarm(index: u64, stamped_ms: u64, change: AlarmChange) -> EntryInput {
     EntryInput {
         log_id: LogPosition { term: 1, index },
@@ -152,6 +160,9 @@ impl Reference {
                 EntryPayload::SetParams(change) => self.params = change.apply_to(self.params),
                 EntryPayload::Alarm(change) => {
                     self.no_space = matches!(change, AlarmChange::Raise { .. })
+                }
+                EntryPayload::RaiseRules(version) => {
+                    self.params.rules_version = self.params.rules_version.max(*version)
                 }
                 EntryPayload::Commands(commands) => {
                     for (position, command) in commands.iter().enumerate() {

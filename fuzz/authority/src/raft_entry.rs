@@ -199,6 +199,7 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         body: ProposalBody::SetParams(tally_ledger::ClusterParams {
             retention_ms: 3_600_000,
             max_clock_step_ms: 5_000,
+            rules_version: tally_ledger::LEGACY_RULES,
         }),
     });
     let named = |p: &Proposal| rmp_serde::to_vec_named(p).expect("encodes");

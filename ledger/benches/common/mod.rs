@@ -67,6 +67,28 @@ fn splitmix64(n: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// One authorize that the grant's per-call limit denies (200 units asked, 100 allowed), as an
+/// agent retrying against an exhausted budget sends them: it journals its event and claims
+/// its `hold_id` without opening a hold.
+#[allow(
+    dead_code,
+    reason = "the memory bench's; the other benches share this module"
+)]
+pub fn denied_call(ids: RequestIds, n: u64, now_ms: u64) -> [Command; 1] {
+    let hold = HoldId::from(format!("budget-hold:{}:cap:0", ids.request_id(n)));
+    [command(
+        format!("{hold}:authorize"),
+        Operation::AuthorizeHold {
+            hold_id: hold,
+            requested_exposure_units: 200,
+            limits: GrantLimits::monetary(None, Some(100), None, "USD"),
+            ancestors: vec![],
+            hold_timeout_ms: Some(30_000),
+        },
+        now_ms,
+    )]
+}
+
 /// The three commands of one monetary tool call, stamped at `now_ms`.
 pub fn tool_call(ids: RequestIds, n: u64, now_ms: u64) -> [Command; 3] {
     let hold = HoldId::from(format!("budget-hold:{}:cap:0", ids.request_id(n)));

@@ -1,6 +1,7 @@
 //! Finding the hold a command names, expiring it when it is due, and ending a hold: the
 //! pieces every hold command shares.
 
+use crate::cold::ColdHold;
 use crate::command::ClientCommand;
 use crate::commit_index::BudgetCommitIndex;
 use crate::error::{checked_add, checked_sub, checked_sub_u32, LedgerError, PreconditionCode};
@@ -56,11 +57,12 @@ pub(crate) fn touch_hold<'h, 'f: 'h>(
     let cold = books.cold;
     match holds.get_mut(hold_id) {
         None => match cold.hold(hold_id) {
-            Some(hold) => {
+            Some(ColdHold::Archived(hold)) => {
                 on_other_account(&hold.capability_id, hold.grant_index)?;
                 Ok(Found::Archived(hold))
             }
-            None => Err(LedgerError::precondition(
+            // A denied authorize's claim, out of memory: as `HoldSlot::Denied` below.
+            Some(ColdHold::Denied { .. }) | None => Err(LedgerError::precondition(
                 PreconditionCode::UnknownHold,
                 format!("unknown hold {hold_id}"),
             )),

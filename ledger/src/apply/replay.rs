@@ -2,6 +2,7 @@
 //! re-checked; the answer comes from the stored outcome and, for authorize and capture, from
 //! where the hold is now.
 
+use crate::cold::ColdHold;
 use crate::command::{ClientCommand, Operation};
 use crate::decision::{Decision, Outcome};
 use crate::error::{LedgerError, PreconditionCode};
@@ -88,12 +89,15 @@ impl Family {
                 captured: hold.captured.clone(),
             },
             None => match self.cold_lookup().hold(hold_id) {
-                Some(hold) => HoldNow {
+                Some(ColdHold::Archived(hold)) => HoldNow {
                     states: hold.states,
                     expired: false,
                     owner: hold.capture_attempt_id.clone(),
                     captured: hold.captured.clone(),
                 },
+                Some(denied @ ColdHold::Denied { .. }) => {
+                    panic!("an applied authorize or capture of {hold_id} left {denied:?}")
+                }
                 None => panic!("an applied authorize or capture of {hold_id} left no hold"),
             },
             other => panic!("an applied authorize or capture of {hold_id} left {other:?}"),

@@ -1,0 +1,97 @@
+//! Raising the rules (docs/spec.md §5.5, "Rules versions"). What leaves memory, and when, is
+//! replicated state, so a release that changes it must not apply its new rules until every
+//! replica does, from the same entry. On the leader only, every `CHECK_EVERY` this task reads
+//! the rules version each member reported in its last clock probe (`Admin.ClockProbe`) and,
+//! once every member knows a version newer than the one in force, proposes raising it through
+//! the log. A rolling upgrade thus switches by itself after its last node restarts; a new
+//! cluster switches within seconds of electing its first leader.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::ServerState;
+use tally_ledger::CURRENT_RULES;
+use tokio::sync::watch;
+
+use super::health::{peer_addresses, Health};
+use super::proposer::Proposer;
+use crate::raft::state_machine::SharedRouter;
+use crate::raft::types::{NodeId, Raft};
+
+/// How often the leader looks. Cheap: a metrics read, the router lock for a moment, and no
+/// network (the clock monitor's probes carry the members' versions).
+pub const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// The version to raise the rules to: the newest that this node (`own`) and every peer know,
+/// if it is newer than `in_force`. A peer never heard from (`None`) or from a release that
+/// predates versions (0) holds the rules where they are.
+pub fn rules_to_raise(in_force: u32, own: u32, peers: &[Option<u32>]) -> Option<u32> {
+    let mut common = own;
+    for peer in peers {
+        common = common.min((*peer)?);
+    }
+    (common > in_force).then_some(common)
+}
+
+pub async fn run(
+    node_id: NodeId,
+    raft: Raft,
+    router: SharedRouter,
+    proposer: Arc<Proposer>,
+    health: Arc<Health>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut ticker = tokio::time::interval(CHECK_EVERY);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let (state, peers) = crate::raft::types::with_metrics(&raft, |metrics| {
+            (metrics.state, peer_addresses(metrics, node_id))
+        });
+        if state != ServerState::Leader {
+            continue;
+        }
+        let in_force = router.lock().await.params().rules_version;
+        let Some(version) =
+            rules_to_raise(in_force, CURRENT_RULES, &health.peers_rules_known(&peers))
+        else {
+            continue;
+        };
+        match proposer.propose_rules(version).await {
+            Ok(reply) => tracing::info!(
+                from = in_force,
+                to = version,
+                log_index = reply.log_id.index,
+                "every member knows newer rules: raised them"
+            ),
+            Err(error) => {
+                tracing::warn!(%error, to = version, "raising the rules failed; retrying next tick")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rules_to_raise;
+
+    #[test]
+    fn rules_rise_only_to_what_every_member_knows() {
+        // Every member knows 2: raise from 1.
+        assert_eq!(rules_to_raise(1, 2, &[Some(2), Some(2)]), Some(2));
+        // One node alone raises at once.
+        assert_eq!(rules_to_raise(1, 2, &[]), Some(2));
+        // Already in force, or newer than this node knows: nothing.
+        assert_eq!(rules_to_raise(2, 2, &[Some(2)]), None);
+        assert_eq!(rules_to_raise(3, 2, &[Some(3)]), None);
+        // A peer not heard from, or from before versions (0), holds them.
+        assert_eq!(rules_to_raise(1, 2, &[Some(2), None]), None);
+        assert_eq!(rules_to_raise(1, 2, &[Some(2), Some(0)]), None);
+        // Mixed releases: the newest that all know.
+        assert_eq!(rules_to_raise(1, 3, &[Some(2), Some(3)]), Some(2));
+        assert_eq!(rules_to_raise(2, 3, &[Some(2), Some(3)]), None);
+    }
+}
