@@ -203,6 +203,7 @@ async fn run_tally(
             let bench = BenchArgs {
                 families: args.families,
                 hot_share,
+                denied_share: 0.0,
                 concurrency,
                 duration_s: duration.as_secs(),
                 batch,

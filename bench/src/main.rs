@@ -182,6 +182,7 @@ async fn main() -> anyhow::Result<()> {
         let bench = BenchArgs {
             families: args.families,
             hot_share: 0.1,
+            denied_share: 0.0,
             concurrency,
             duration_s: args.duration_s,
             batch,

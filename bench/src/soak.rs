@@ -213,6 +213,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<()> {
     let bench = BenchArgs {
         families: args.families,
         hot_share: 0.1,
+        denied_share: 0.0,
         concurrency: args.concurrency,
         duration_s: args.duration_s,
         batch: args.batch,

@@ -73,4 +73,20 @@ fn bad_usage_exits_2() {
         "an invalid command is refused before any call"
     );
     assert!(String::from_utf8_lossy(&output.stderr).contains("greater than zero"));
+    for share in ["--hot-share", "--denied-share"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_tally"))
+            .args(["bench", share, "1.5", "--endpoints", "127.0.0.1:9"])
+            .output()
+            .expect("runs");
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{share} 1.5 is a usage error"
+        );
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("a share of calls within 0..=1"),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
 }

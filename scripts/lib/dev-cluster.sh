@@ -1,8 +1,8 @@
-# A local `tally-node dev` cluster for the measuring scripts (restart-time, restore-peak):
-# started in the background, waited for until every node answers `tally status`, stopped by
-# its pid. Source it after setting NAME (the script's name, for messages), PORT (the dev
-# cluster's base port) and WORK (the script's temp dir, which receives dev.log); NODES (the
-# cluster's nodes, 1 to 7) defaults to 3.
+# A local `tally-node dev` cluster for the measuring scripts (restart-time, restore-peak,
+# denial-memory): started in the background, waited for until every node answers `tally
+# status`, stopped by its pid. Source it after setting NAME (the script's name, for
+# messages), PORT (the dev cluster's base port) and WORK (the script's temp dir, which
+# receives dev.log); NODES (the cluster's nodes, 1 to 7) defaults to 3.
 # shellcheck shell=bash
 
 PID=

@@ -24,8 +24,13 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1_000)]
     pub families: u64,
     /// Share of calls that go to family 0, the hot one (0.0 to 1.0).
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, value_parser = parse_share)]
     pub hot_share: f64,
+    /// Share of calls whose authorize asks more than the grant's per-call limit, so that the
+    /// cluster denies it (0.0 to 1.0): one command, no capture, as an agent retrying against
+    /// an exhausted budget sends them.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_share)]
+    pub denied_share: f64,
     /// Concurrent callers.
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
@@ -48,6 +53,15 @@ pub struct BenchArgs {
 /// The highest `--rate`: far above what a cluster commits, low enough that the schedule's
 /// step stays above a nanosecond.
 pub const MAX_RATE_PER_S: f64 = 10_000_000.0;
+
+/// A share of calls (`--hot-share`, `--denied-share`): within 0..=1.
+fn parse_share(text: &str) -> Result<f64, String> {
+    let share: f64 = text.parse().map_err(|e| format!("`{text}`: {e}"))?;
+    if !(0.0..=1.0).contains(&share) {
+        return Err(format!("{share}: a share of calls within 0..=1"));
+    }
+    Ok(share)
+}
 
 /// `--rate`'s parser, for every command that offers a fixed rate.
 pub fn parse_rate(text: &str) -> Result<f64, String> {
@@ -83,10 +97,6 @@ pub struct BenchReport {
 }
 
 pub async fn run(client: Arc<TallyClient>, args: BenchArgs, json: bool) -> anyhow::Result<u8> {
-    anyhow::ensure!(
-        (0.0..=1.0).contains(&args.hot_share),
-        "--hot-share must be within 0..=1"
-    );
     anyhow::ensure!(
         args.families > 0 && args.concurrency > 0,
         "--families and --concurrency must be positive"
@@ -163,7 +173,10 @@ pub async fn drive_counted(
                 } else {
                     rand::rng().random_range(0..args.families)
                 };
-                ToolCall::new(worker, family).run(&submitter, &meter).await;
+                let denied = rand::rng().random_bool(args.denied_share);
+                ToolCall::new(worker, family, denied)
+                    .run(&submitter, &meter)
+                    .await;
                 meter.calls.fetch_add(1, Ordering::Relaxed);
             }
         }));
@@ -349,12 +362,14 @@ struct ToolCall {
     family_id: FamilyId,
     hold: HoldId,
     not_after_ms: u64,
+    /// Asks over the per-call limit: the authorize is denied and the call ends there.
+    over_limit: bool,
 }
 
 const BENCH_CAPABILITY: &str = "bench-cap";
 
 impl ToolCall {
-    fn new(worker: usize, family: u64) -> Self {
+    fn new(worker: usize, family: u64, over_limit: bool) -> Self {
         let request_id = request_uuid(rand::rng().random());
         Self {
             worker,
@@ -362,6 +377,7 @@ impl ToolCall {
             hold: ids::hold_id(&request_id, &BENCH_CAPABILITY.into(), 0)
                 .expect("a UUID is a short request id"),
             not_after_ms: crate::wall_clock_ms() + 60_000,
+            over_limit,
         }
     }
 
@@ -370,6 +386,9 @@ impl ToolCall {
         let Some(authorized) = submitter.submit(meter, self.authorize()).await else {
             return;
         };
+        if authorized.outcome.is_denied() {
+            return;
+        }
         let Some(authorize_index) = authorized.commit_index else {
             return;
         };
@@ -400,7 +419,7 @@ impl ToolCall {
             ids::authorize_event(&self.hold),
             Operation::AuthorizeHold {
                 hold_id: self.hold.clone(),
-                requested_exposure_units: 100,
+                requested_exposure_units: if self.over_limit { 200 } else { 100 },
                 limits: GrantLimits::monetary(None, Some(100), None, "USD"),
                 ancestors: vec![],
                 hold_timeout_ms: Some(60_000),
@@ -495,7 +514,7 @@ mod tests {
             request_uuid(u128::MAX),
             "ffffffff-ffff-4fff-bfff-ffffffffffff"
         );
-        let call = ToolCall::new(3, 7);
+        let call = ToolCall::new(3, 7, false);
         let authorize = call.authorize();
         assert_eq!(authorize.header.family_id.as_str(), "bench-family-7");
         let event = authorize.header.event_id.as_str();
@@ -514,5 +533,27 @@ mod tests {
             call.reconcile().header.event_id,
             ids::reconcile_event(&call.hold)
         );
+    }
+
+    /// A call of `--denied-share` is denied by the ledger's own rules (not refused as
+    /// invalid), and a whole call's authorize is allowed.
+    #[test]
+    fn an_over_limit_call_is_denied_and_a_whole_one_authorized() {
+        use tally_ledger::{ApplyCtx, ClusterParams, Command, Family, LogPosition};
+        for (over_limit, denied) in [(true, true), (false, false)] {
+            let call = ToolCall::new(0, 1, over_limit);
+            let mut family = Family::new(call.family_id.clone());
+            let ctx = ApplyCtx {
+                log_id: LogPosition { term: 1, index: 1 },
+                command_position: 0,
+                now_ms: call.not_after_ms - 60_000,
+                params: ClusterParams::default(),
+                no_space: false,
+            };
+            let decision = family
+                .apply(&Command::Apply(call.authorize()), &ctx)
+                .expect("a valid authorize");
+            assert_eq!(decision.outcome.is_denied(), denied, "{decision:?}");
+        }
     }
 }
