@@ -99,7 +99,9 @@ fn change_of(body: &ProposalBody) -> ParamsChange {
     match body {
         ProposalBody::ChangeParams(change) => change.clone(),
         ProposalBody::SetParams(params) => ParamsChange::from(*params),
-        ProposalBody::Commands(_) | ProposalBody::Alarm(_) => ParamsChange::default(),
+        ProposalBody::Commands(_) | ProposalBody::Alarm(_) | ProposalBody::RaiseRules(_) => {
+            ParamsChange::default()
+        }
     }
 }
 
@@ -182,6 +184,11 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         .enumerate()
         .map(|(i, chunk)| Proposal::commands(T0 + 1_000 * i as u64, chunk.to_vec()))
         .collect();
+    // The rules raised early, so the commands after it apply under the newest rules.
+    proposals.insert(
+        1,
+        Proposal::raise_rules(T0 + 500, tally_ledger::CURRENT_RULES),
+    );
     proposals.insert(
         2,
         Proposal::change_params(
