@@ -274,6 +274,20 @@ impl ChaosCluster {
         }
     }
 
+    /// The rules version each node applies (docs/spec.md §5.5, "Rules versions"), as
+    /// `id: version`; `?` for a node that does not answer.
+    pub async fn rules_versions(&self) -> String {
+        let mut out = Vec::new();
+        for id in self.ids() {
+            let version = self.status(id).await.and_then(|s| s.params);
+            out.push(match version {
+                Some(params) => format!("{id}: {}", params.rules_version),
+                None => format!("{id}: ?"),
+            });
+        }
+        out.join(", ")
+    }
+
     /// The node that says it leads, at the highest term among those that answer.
     pub async fn leader(&self) -> Option<(u64, u64)> {
         let mut best: Option<(u64, u64)> = None;

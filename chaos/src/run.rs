@@ -188,6 +188,12 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<RunReport> {
     // Abandoned holds expire 1.5 s after they were opened; let the leader's expiry run.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (replicas, converged) = read_replicas(&cluster, &profile.workload).await;
+    // The leader raises the rules once every member reports knowing them (a new cluster's
+    // first seconds): under faults too, every node ends on the newest.
+    let liveness = format!(
+        "{liveness}; rules version by node: {}",
+        cluster.rules_versions().await
+    );
     stop_watch.store(true, Ordering::Relaxed);
     let _ = tokio::time::timeout(Duration::from_secs(5), watcher).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), follower).await;
