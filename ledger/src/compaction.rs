@@ -5,10 +5,9 @@
 //! Items are ordered by due time, so each step pops the queue's first entry.
 
 use crate::cluster_time::ClusterParams;
-use crate::commit_index::BudgetCommitIndex;
 use crate::family::Family;
 use crate::hold::HoldSlot;
-use crate::ids::EventId;
+use crate::ids::{EventId, HoldId};
 use crate::limits::MAX_COMPACTIONS_PER_COMMAND;
 use crate::tables::compaction_queue::{CompactionItem, CompactionWork, DueItem};
 
@@ -43,14 +42,23 @@ impl Family {
                     "command {event_id:?} queued without its identity"
                 );
                 if let Some(index) = due.own_event {
-                    if params.denied_claims_leave_memory() {
-                        self.move_denied_claim(index, &event_id);
-                    }
+                    // The record is seen once, as it is dropped: a denied one names the
+                    // hold id its command may have claimed.
+                    let mut denied_hold = None;
                     assert!(
-                        self.journal
-                            .discard(index, |record| record.event_id == event_id),
+                        self.journal.discard(index, |record| {
+                            if !record.allowed {
+                                denied_hold.clone_from(&record.hold_id);
+                            }
+                            record.event_id == event_id
+                        }),
                         "command {event_id:?} lost its own event {index:?}"
                     );
+                    if let Some(hold_id) = denied_hold {
+                        if params.denied_claims_leave_memory() {
+                            self.move_denied_claim(hold_id, &event_id);
+                        }
+                    }
                 }
                 // The row is compact now: it leaves memory (`cold.rs`).
                 let row = self.dedupe.take_applied(&event_id);
@@ -85,16 +93,7 @@ impl Family {
     /// row and leaves memory with it, read back on a miss like an archived hold. Under the
     /// legacy rules it stayed in memory for ever: 224–272 bytes a denial (the ledger's memory
     /// bench), which an agent retrying against an exhausted budget grows without end.
-    fn move_denied_claim(&mut self, own_event: BudgetCommitIndex, event_id: &EventId) {
-        let Some(record) = self.journal.get(own_event) else {
-            return;
-        };
-        if record.allowed {
-            return;
-        }
-        let Some(hold_id) = record.hold_id.clone() else {
-            return;
-        };
+    fn move_denied_claim(&mut self, hold_id: HoldId, event_id: &EventId) {
         match self.holds.get(&hold_id) {
             Some(HoldSlot::Denied { event_id: claimed }) if claimed == event_id => {}
             // Only the authorize that claimed the id moves its claim.
