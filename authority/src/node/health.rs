@@ -118,6 +118,23 @@ pub fn peer_addresses(metrics: &Metrics, node_id: NodeId) -> Vec<String> {
         .collect()
 }
 
+/// Replaces a per-peer map with one entry per current peer (so it holds at most the
+/// members): `judge(at, last)` from the `at`-th peer's answer this round and its last entry;
+/// `None` leaves the peer out.
+fn replace_per_peer<T: Copy>(
+    map: &Mutex<BTreeMap<String, T>>,
+    peers: &[String],
+    judge: impl Fn(usize, Option<T>) -> Option<T>,
+) {
+    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+    let judged: BTreeMap<String, T> = (peers.iter().enumerate())
+        .filter_map(|(at, address)| {
+            judge(at, map.get(address).copied()).map(|value| (address.clone(), value))
+        })
+        .collect();
+    *map = judged;
+}
+
 /// Probes every peer's clock every `interval`, and applies docs/spec.md §6's rule; records
 /// the rules version each peer reports knowing, for `rules_raise`.
 pub async fn monitor_clock(
@@ -145,22 +162,10 @@ pub async fn monitor_clock(
             rules_known.push(answer.map(|(_, known)| known));
             samples.push(answer.map(|(sample, _)| sample));
         }
-        {
-            let mut known = health
-                .peer_rules_known
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            let reported: BTreeMap<String, u32> = peers
-                .iter()
-                .zip(&rules_known)
-                .filter_map(|(address, answer)| {
-                    answer
-                        .or_else(|| known.get(address).copied())
-                        .map(|version| (address.clone(), version))
-                })
-                .collect();
-            *known = reported;
-        }
+        // A peer that did not answer keeps its last report.
+        replace_per_peer(&health.peer_rules_known, &peers, |at, last| {
+            rules_known[at].or(last)
+        });
         let mut offsets: Vec<i64> = samples
             .iter()
             .flatten()
@@ -171,23 +176,10 @@ pub async fn monitor_clock(
             offsets.get(offsets.len() / 2).copied().unwrap_or(0),
             Ordering::Relaxed,
         );
-        {
-            let mut agree = health
-                .peer_clocks_agree
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            // A probe too slow to judge by keeps the peer's last verdict (agreeing if none).
-            let judged: BTreeMap<String, bool> = peers
-                .iter()
-                .zip(&samples)
-                .map(|(address, sample)| {
-                    let agrees = verdict(sample.as_ref(), max_offset_ms)
-                        .unwrap_or_else(|| agree.get(address).copied().unwrap_or(true));
-                    (address.clone(), agrees)
-                })
-                .collect();
-            *agree = judged;
-        }
+        // A probe too slow to judge by keeps the peer's last verdict (agreeing if none).
+        replace_per_peer(&health.peer_clocks_agree, &peers, |at, last| {
+            Some(verdict(samples[at].as_ref(), max_offset_ms).unwrap_or(last.unwrap_or(true)))
+        });
         let ok = within_majority(&samples, max_offset_ms);
         let was_ok = health.clock_ok.swap(ok, Ordering::Relaxed);
         if ok != was_ok {
