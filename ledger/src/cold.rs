@@ -168,15 +168,15 @@ pub enum ColdHold {
 
 impl ColdHold {
     /// The read of it (`GetHold`).
-    pub fn to_view(&self, hold_id: &HoldId) -> crate::hold::HoldView {
+    pub fn into_view(self, hold_id: &HoldId) -> crate::hold::HoldView {
         match self {
             Self::Archived(hold) => crate::hold::HoldView::Archived {
                 hold_id: hold_id.clone(),
-                hold: hold.clone(),
+                hold,
             },
             Self::Denied { event_id } => crate::hold::HoldView::Denied {
                 hold_id: hold_id.clone(),
-                event_id: event_id.clone(),
+                event_id,
             },
         }
     }
@@ -587,9 +587,9 @@ pub fn hold_read_with_stored(
 ) -> Result<Option<crate::hold::HoldView>, ColdRowError> {
     match (found, stored) {
         (None, Some(bytes)) => match decode_body(bytes)? {
-            ColdRowBody::Hold(hold) => Ok(Some(ColdHold::Archived(hold).to_view(hold_id))),
+            ColdRowBody::Hold(hold) => Ok(Some(ColdHold::Archived(hold).into_view(hold_id))),
             ColdRowBody::DeniedHold(event_id) => {
-                Ok(Some(ColdHold::Denied { event_id }.to_view(hold_id)))
+                Ok(Some(ColdHold::Denied { event_id }.into_view(hold_id)))
             }
             ColdRowBody::Applied(_) => Err(another_kind(&ColdKey::Hold(hold_id.clone()))),
         },

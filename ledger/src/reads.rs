@@ -123,7 +123,7 @@ impl Family {
             return self
                 .cold_rows
                 .moved_hold(hold_id)
-                .map(|hold| hold.to_view(hold_id));
+                .map(|hold| hold.clone().into_view(hold_id));
         };
         Some(match slot {
             HoldSlot::Live(hold) => HoldView::Live((**hold).clone()),

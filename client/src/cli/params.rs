@@ -76,12 +76,14 @@ pub async fn run(client: &TallyClient, args: ParamsArgs, json: bool) -> anyhow::
         (client.status(&leader).await?.params, None)
     };
     let params = params.ok_or_else(|| anyhow::anyhow!("the leader {leader} sent no parameters"))?;
+    // 0 from a node that predates versions: it applies version 1.
+    let rules_version = params.rules_version.max(tally_ledger::LEGACY_RULES);
     if json {
         print_json(&serde_json::json!({
             "retention_ms": params.retention_ms,
             "max_clock_step_ms": params.max_clock_step_ms,
             "preferred_leader_regions": params.preferred_leader_regions,
-            "rules_version": params.rules_version.max(1),
+            "rules_version": rules_version,
             "committed_at_log_index": log_index,
         }));
     } else {
@@ -100,8 +102,7 @@ pub async fn run(client: &TallyClient, args: ParamsArgs, json: bool) -> anyhow::
             params.retention_ms.to_string(),
             params.max_clock_step_ms.to_string(),
             preferred,
-            // 0 from a node that predates versions: it applies version 1.
-            params.rules_version.max(1).to_string(),
+            rules_version.to_string(),
         ]);
         table.print();
         if let Some(index) = log_index {
