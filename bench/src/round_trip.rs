@@ -3,9 +3,11 @@
 //! alike, so both are measured the same way.
 
 use std::future::Future;
-use std::time::Instant;
 
 use hdrhistogram::Histogram;
+// Tokio's clock: the same as the system's in a run, and paused in the test, so the test's
+// pauses are measured exactly however busy the machine is.
+use tokio::time::Instant;
 
 /// The median of `samples` sequential calls of `call`, in milliseconds.
 pub async fn sequential_p50_ms<F, Fut, T, E>(samples: usize, mut call: F) -> anyhow::Result<f64>
@@ -30,7 +32,7 @@ mod tests {
 
     use super::*;
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_median_is_of_the_calls_and_a_failed_call_is_an_error() {
         let mut n = 0u64;
         let p50 = sequential_p50_ms(5, || {
