@@ -99,7 +99,14 @@ impl TestCluster {
             .await
             .expect("initialize");
         cluster.wait_leader().await;
-        cluster.wait_rules(tally_ledger::CURRENT_RULES).await;
+        // The newest every member lets the cluster raise to (`max_rules_version`).
+        let common = cluster
+            .configs
+            .values()
+            .map(|config| config.max_rules_version)
+            .min()
+            .unwrap_or(tally_ledger::CURRENT_RULES);
+        cluster.wait_rules(common).await;
         cluster
     }
 

@@ -816,13 +816,7 @@ async fn a_node_whose_clock_is_off_refuses_to_lead_and_reports_unhealthy() {
         "the skewed leader stepped down after {} ms",
         started.elapsed().as_millis()
     );
-    let status = cluster
-        .admin(skewed)
-        .await
-        .status(pb::StatusRequest {})
-        .await
-        .expect("status")
-        .into_inner();
+    let status = status_of(&cluster, skewed).await;
     assert!(!status.healthy, "Status reports the skewed node unhealthy");
     assert!(
         status.clock_offset_ms.abs() > 500,
@@ -1220,13 +1214,8 @@ async fn a_node_restarted_from_a_snapshot_rebuilds_its_hold_index() {
 
 /// The parameters in force on node `id`, as `Admin.Status` reports them.
 async fn params_on(cluster: &TestCluster, id: u64) -> pb::ClusterParams {
-    cluster
-        .admin(id)
+    status_of(cluster, id)
         .await
-        .status(pb::StatusRequest {})
-        .await
-        .expect("status")
-        .into_inner()
         .params
         .expect("status carries the parameters")
 }
@@ -1611,5 +1600,77 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
         .authorize_hold(authorize("cap", "h2", 1))
         .await
         .expect("served once a connection closed");
+    cluster.shutdown().await;
+}
+
+/// docs/spec.md §5.5, "Rules versions": a member configured with a lower `max_rules_version`
+/// reports it in its clock probes and status, and the leader keeps the rules where they are
+/// until that member lets them rise (here: restarted without the setting). The pure choice
+/// is `rules_raise.rs`'s unit test; this is the wiring, from config through probe to the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_holds_the_rules_back_keeps_them_until_it_lets_them_rise() {
+    use tally_ledger::{CURRENT_RULES, LEGACY_RULES};
+    init_logs();
+    let held_by = 3;
+    let mut cluster = TestCluster::start_with(3, |config| {
+        if config.node_id == held_by {
+            config.max_rules_version = LEGACY_RULES;
+        }
+    })
+    .await;
+    let leader = cluster.wait_leader().await;
+
+    // Every member reports what it knows: in its status, and (to the leader) in its probes.
+    for id in 1..=3 {
+        let status = status_of(&cluster, id).await;
+        let expected = if id == held_by {
+            LEGACY_RULES
+        } else {
+            CURRENT_RULES
+        };
+        assert_eq!(status.rules_known, expected, "node {id}'s status");
+    }
+    let peers: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    let addresses: Vec<String> = peers.iter().map(|id| cluster.address(*id)).collect();
+    let start = std::time::Instant::now();
+    let reported = loop {
+        let reported = cluster.nodes[&leader].health.peers_rules_known(&addresses);
+        if reported.iter().all(Option::is_some) {
+            break reported;
+        }
+        assert!(
+            start.elapsed() < LIVENESS,
+            "the leader never heard its peers' probes"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    for (id, known) in peers.iter().zip(&reported) {
+        let expected = if *id == held_by {
+            LEGACY_RULES
+        } else {
+            CURRENT_RULES
+        };
+        assert_eq!(*known, Some(expected), "node {id} as the leader heard it");
+    }
+
+    // The leader has looked several times since hearing every member; the rules stay.
+    tokio::time::sleep(tally_authority::node::rules_raise::CHECK_EVERY * 3).await;
+    for id in 1..=3 {
+        assert_eq!(
+            params_on(&cluster, id).await.rules_version,
+            LEGACY_RULES,
+            "node {id}: the rules rose past what node {held_by} lets them"
+        );
+    }
+
+    // Restarted without the setting, the member lets them rise, and the leader raises them.
+    cluster.kill(held_by).await;
+    cluster
+        .configs
+        .get_mut(&held_by)
+        .expect("its config")
+        .max_rules_version = CURRENT_RULES;
+    cluster.restart(held_by).await;
+    cluster.wait_rules(CURRENT_RULES).await;
     cluster.shutdown().await;
 }

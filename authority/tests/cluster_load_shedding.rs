@@ -186,13 +186,8 @@ async fn an_isolated_leader_sheds_writes_past_the_threshold_and_serves_after_hea
         .await
         .expect_err("shed");
     assert_shed(&status, "a write past the threshold");
-    let shown = cluster
-        .admin(old)
+    let shown = status_of(&cluster, old)
         .await
-        .status(pb::StatusRequest {})
-        .await
-        .expect("status")
-        .into_inner()
         .load_shedding
         .expect("status shows load shedding");
     assert!(shown.shedding, "{shown:?}");

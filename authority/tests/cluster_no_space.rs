@@ -76,13 +76,7 @@ async fn a_full_follower_raises_no_space_through_the_log_and_an_operator_clears_
     assert_eq!(listed.alarms[0].kind, pb::AlarmKind::NoSpace as i32);
     assert_eq!(listed.alarms[0].node_id, follower);
     assert!(listed.alarms[0].reason.contains("quota"), "{listed:?}");
-    let status = cluster
-        .admin(follower)
-        .await
-        .status(pb::StatusRequest {})
-        .await
-        .expect("status")
-        .into_inner();
+    let status = status_of(&cluster, follower).await;
     assert_eq!(status.alarms, listed.alarms, "status shows the alarm");
     assert!(status.healthy, "a node with NoSpace raised still serves");
     let health_detail =

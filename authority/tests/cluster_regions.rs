@@ -35,16 +35,6 @@ fn regions(list: &[&str]) -> pb::SetParamsRequest {
     }
 }
 
-async fn status_of(cluster: &TestCluster, id: u64) -> pb::StatusReply {
-    cluster
-        .admin(id)
-        .await
-        .status(pb::StatusRequest {})
-        .await
-        .expect("status")
-        .into_inner()
-}
-
 /// Waits until every live node agrees that `expected` leads; panics with what was seen.
 async fn wait_for_leader(cluster: &TestCluster, expected: u64, why: &str) {
     let start = Instant::now();

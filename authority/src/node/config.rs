@@ -131,6 +131,14 @@ pub struct NodeConfig {
     /// region that flaps cannot bounce leadership faster than this.
     #[serde(default = "default_leader_placement_interval_ms")]
     pub leader_placement_interval_ms: u64,
+    /// The newest rules version (docs/spec.md §5.5, "Rules versions") this node lets the
+    /// cluster raise to: it reports no newer one in its clock probes, and the leader raises the
+    /// rules only to what every member reports. Defaults to the newest this release knows. Set
+    /// it to the version in force while a rolling upgrade is on trial, so the way back to the
+    /// older release stays open; unset it (a rolling restart) to let the raise happen. It
+    /// lowers nothing already raised.
+    #[serde(default = "default_max_rules_version")]
+    pub max_rules_version: u32,
     /// `pretty` or `json`.
     pub log_format: LogFormat,
     /// Shifts this node's clock by this many ms. Always 0 in production; tests use it to make
@@ -187,6 +195,7 @@ impl Default for NodeConfig {
             disk_reserve_bytes: default_disk_reserve_bytes(),
             disk_check_interval_ms: default_disk_check_interval_ms(),
             leader_placement_interval_ms: default_leader_placement_interval_ms(),
+            max_rules_version: default_max_rules_version(),
             log_format: LogFormat::Pretty,
             clock_offset_ms: 0,
         }
@@ -222,6 +231,10 @@ fn default_disk_reserve_bytes() -> u64 {
 /// 10 s: a check reads two counters; a trim happens only after a burst.
 fn default_malloc_trim_interval_ms() -> u64 {
     10_000
+}
+
+fn default_max_rules_version() -> u32 {
+    tally_ledger::CURRENT_RULES
 }
 
 fn default_disk_check_interval_ms() -> u64 {
@@ -454,6 +467,11 @@ impl NodeConfig {
             self.spill_idle_entries,
             0..=tally_ledger::limits::MAX_LOG_INDEX,
         )?;
+        within(
+            "max_rules_version",
+            u64::from(self.max_rules_version),
+            u64::from(tally_ledger::LEGACY_RULES)..=u64::from(tally_ledger::CURRENT_RULES),
+        )?;
         if self.disk_quota_bytes != 0 {
             within(
                 "disk_quota_bytes (or 0 for no quota)",
@@ -660,6 +678,33 @@ mod tests {
             };
             assert!(config.validate().is_ok(), "{worker_threads} worker threads");
         }
+        // Rules versions: none before the first, none newer than this release knows.
+        let newest = tally_ledger::CURRENT_RULES;
+        for max_rules_version in [0, newest + 1] {
+            let message = refused(NodeConfig {
+                max_rules_version,
+                ..secure()
+            });
+            assert_eq!(
+                message,
+                format!("max_rules_version must be 1..={newest}, got {max_rules_version}")
+            );
+        }
+        for max_rules_version in 1..=newest {
+            let config = NodeConfig {
+                max_rules_version,
+                ..secure()
+            };
+            assert!(
+                config.validate().is_ok(),
+                "rules version {max_rules_version}"
+            );
+        }
+        assert_eq!(
+            secure().max_rules_version,
+            newest,
+            "the default is the newest"
+        );
     }
 
     #[test]

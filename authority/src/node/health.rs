@@ -30,19 +30,28 @@ pub struct Health {
     /// a probe; a peer that did not answer keeps its last report. Replaced at every round, so
     /// it holds at most the current members.
     peer_rules_known: Mutex<BTreeMap<String, u32>>,
+    /// The newest rules version this node reports knowing: its release's newest, or the
+    /// lower `max_rules_version` it was configured with.
+    rules_known: u32,
     raft: Raft,
 }
 
 impl Health {
-    pub fn new(raft: Raft, clock: Arc<NodeClock>) -> Self {
+    pub fn new(raft: Raft, clock: Arc<NodeClock>, rules_known: u32) -> Self {
         Self {
             clock,
             clock_ok: AtomicBool::new(true),
             clock_offset_ms: AtomicI64::new(0),
             peer_clocks_agree: Mutex::new(BTreeMap::new()),
             peer_rules_known: Mutex::new(BTreeMap::new()),
+            rules_known,
             raft,
         }
+    }
+
+    /// The newest rules version this node lets the cluster raise to (`max_rules_version`).
+    pub fn rules_known(&self) -> u32 {
+        self.rules_known
     }
 
     /// Whether the peer at `address` (its client address) answered the last clock probe

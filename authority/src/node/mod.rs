@@ -281,7 +281,11 @@ pub async fn start(
         applied.clone(),
         timeout,
     ));
-    let health = Arc::new(Health::new(raft.clone(), clock.clone()));
+    let health = Arc::new(Health::new(
+        raft.clone(),
+        clock.clone(),
+        config.max_rules_version,
+    ));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
 
     let listener = bind(config.listen_addr).await?;
@@ -527,6 +531,7 @@ pub async fn start(
         shed_after_ms = config.shed_after_ms,
         memory_budget_bytes = config.memory_budget_bytes,
         malloc_trim_interval_ms = config.malloc_trim_interval_ms,
+        max_rules_version = config.max_rules_version,
         "node started"
     );
     Ok(NodeHandle {

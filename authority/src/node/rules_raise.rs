@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::ServerState;
-use tally_ledger::CURRENT_RULES;
 use tokio::sync::watch;
 
 use super::health::{peer_addresses, Health};
@@ -22,7 +21,8 @@ use crate::raft::types::{NodeId, Raft};
 /// network (the clock monitor's probes carry the members' versions).
 pub const CHECK_EVERY: Duration = Duration::from_secs(1);
 
-/// The version to raise the rules to: the newest that this node (`own`) and every peer know,
+/// The version to raise the rules to: the newest that this node (`own`, its
+/// `max_rules_version`) and every peer know,
 /// if it is newer than `in_force`. A peer never heard from (`None`) or from a release that
 /// predates versions (0) holds the rules where they are.
 pub fn rules_to_raise(in_force: u32, own: u32, peers: &[Option<u32>]) -> Option<u32> {
@@ -43,6 +43,9 @@ pub async fn run(
 ) {
     let mut ticker = tokio::time::interval(CHECK_EVERY);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // What held the rules at the last look, so a wait is logged once, not every second.
+    let mut last_held: Option<String> = None;
+    let mut warned_already_raised = false;
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
@@ -51,15 +54,47 @@ pub async fn run(
         let (state, peers) = crate::raft::types::with_metrics(&raft, |metrics| {
             (metrics.state, peer_addresses(metrics, node_id))
         });
+        let in_force = router.lock().await.params().rules_version;
+        let own = health.rules_known();
+        if in_force > own && !warned_already_raised {
+            warned_already_raised = true;
+            tracing::warn!(
+                in_force,
+                max_rules_version = own,
+                "the rules in force are newer than max_rules_version: they were raised before \
+                 it was set, and the setting holds nothing back"
+            );
+        }
         if state != ServerState::Leader {
             continue;
         }
-        let in_force = router.lock().await.params().rules_version;
-        let Some(version) =
-            rules_to_raise(in_force, CURRENT_RULES, &health.peers_rules_known(&peers))
-        else {
+        let reported = health.peers_rules_known(&peers);
+        let Some(version) = rules_to_raise(in_force, own, &reported) else {
+            // Said once per change of what holds them, not every tick.
+            let newest = reported.iter().flatten().copied().chain([own]).max();
+            let holding = (newest > Some(in_force)).then(|| {
+                peers
+                    .iter()
+                    .zip(&reported)
+                    .map(|(peer, known)| {
+                        format!("{peer}: {}", known.map_or("?".into(), |k| k.to_string()))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            });
+            if holding.is_some() && holding != last_held {
+                tracing::info!(
+                    in_force,
+                    own,
+                    peers = holding.as_deref().unwrap_or_default(),
+                    "newer rules wait for every member to know them (max_rules_version, or an \
+                     older release)"
+                );
+            }
+            last_held = holding;
             continue;
         };
+        last_held = None;
         match proposer.propose_rules(version).await {
             Ok(reply) => tracing::info!(
                 from = in_force,

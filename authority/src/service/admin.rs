@@ -326,6 +326,7 @@ impl Admin for AdminService {
             alarms,
             load_shedding: Some(load_shedding_message(&self.proposer.load_shedding())),
             leader_in_preferred_region,
+            rules_known: self.health.rules_known(),
         }))
     }
 
@@ -428,7 +429,7 @@ impl Admin for AdminService {
         Ok(Response::new(pb::ClockProbeReply {
             node_id: self.node_id,
             wall_clock_ms: self.health.clock().now_ms(),
-            rules_known: tally_ledger::CURRENT_RULES,
+            rules_known: self.health.rules_known(),
         }))
     }
 }

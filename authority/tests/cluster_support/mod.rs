@@ -363,3 +363,14 @@ pub async fn assert_params_refused(
         );
     }
 }
+
+/// Node `id`'s `Admin.Status`.
+pub async fn status_of(cluster: &TestCluster, id: u64) -> pb::StatusReply {
+    cluster
+        .admin(id)
+        .await
+        .status(pb::StatusRequest {})
+        .await
+        .expect("status")
+        .into_inner()
+}

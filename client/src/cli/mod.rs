@@ -279,6 +279,7 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
                     "region": region_of(r, r.node_id),
                     "preferred_leader_regions": r.params.as_ref().map(|p| p.preferred_leader_regions.clone()),
                     "leader_in_preferred_region": r.leader_in_preferred_region,
+                    "rules_version": r.params.as_ref().map(|p| p.rules_version), "rules_known": r.rules_known,
                     "alarms": r.alarms.iter().map(|a| serde_json::json!({
                         "kind": alarm::kind_name(a.kind), "node_id": a.node_id, "reason": a.reason,
                         "raised_at_index": a.raised_at_index,
@@ -332,6 +333,11 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
             .filter_map(|(_, r)| r.as_ref())
             .max_by_key(|r| r.applied_index);
         if let Some(line) = most_applied.and_then(placement_line) {
+            println!("\n{line}");
+        }
+        let answered: Vec<&pb::StatusReply> =
+            replies.iter().filter_map(|(_, r)| r.as_ref()).collect();
+        if let Some(line) = most_applied.and_then(|r| rules_line(r, &answered)) {
             println!("\n{line}");
         }
         let alarms = most_applied.map(|r| r.alarms.clone()).unwrap_or_default();
@@ -393,6 +399,39 @@ fn placement_line(reply: &pb::StatusReply) -> Option<String> {
     Some(format!(
         "preferred leader regions: {}{leader}",
         preferred.join(", ")
+    ))
+}
+
+/// "rules version 1 in force; 2 waits until every member knows it: node 3 lets it rise to 1
+/// (max_rules_version)", or `None` when no node answering knows newer rules than those in
+/// force (`in_force` is the most applied reply). A node reporting 0 predates rules versions.
+fn rules_line(in_force: &pb::StatusReply, replies: &[&pb::StatusReply]) -> Option<String> {
+    let version = in_force.params.as_ref()?.rules_version;
+    let newest = replies.iter().map(|r| r.rules_known).max()?;
+    if newest <= version {
+        return None;
+    }
+    let holding: Vec<String> = replies
+        .iter()
+        .filter(|r| r.rules_known < newest)
+        .map(|r| match r.rules_known {
+            0 => format!(
+                "node {} runs a release from before rules versions",
+                r.node_id
+            ),
+            known => format!(
+                "node {} lets it rise to {known} (max_rules_version or an older release)",
+                r.node_id
+            ),
+        })
+        .collect();
+    Some(format!(
+        "rules version {version} in force; {newest} waits until every member knows it: {}",
+        if holding.is_empty() {
+            "the leader raises it within seconds".to_owned()
+        } else {
+            holding.join("; ")
+        }
     ))
 }
 
@@ -674,6 +713,44 @@ mod tests {
             Some("preferred leader regions: us-east; no leader known")
         );
         assert_eq!(placement_line(&status(&[], Some(1), None)), None);
+    }
+
+    #[test]
+    fn status_names_the_members_that_hold_the_rules_back() {
+        let node = |id: u64, in_force: u32, known: u32| pb::StatusReply {
+            node_id: id,
+            rules_known: known,
+            params: Some(pb::ClusterParams {
+                rules_version: in_force,
+                ..pb::ClusterParams::default()
+            }),
+            ..pb::StatusReply::default()
+        };
+        let (one, two, three) = (node(1, 1, 2), node(2, 1, 2), node(3, 1, 1));
+        assert_eq!(
+            rules_line(&one, &[&one, &two, &three]).as_deref(),
+            Some(
+                "rules version 1 in force; 2 waits until every member knows it: node 3 lets it \
+                 rise to 1 (max_rules_version or an older release)"
+            )
+        );
+        let old = node(3, 1, 0);
+        assert_eq!(
+            rules_line(&one, &[&one, &old]).as_deref(),
+            Some(
+                "rules version 1 in force; 2 waits until every member knows it: node 3 runs a \
+                 release from before rules versions"
+            )
+        );
+        // Everyone knows 2 but the raise has not applied yet.
+        assert_eq!(
+            rules_line(&one, &[&one, &two]).as_deref(),
+            Some("rules version 1 in force; 2 waits until every member knows it: the leader raises it within seconds")
+        );
+        // Raised, or nobody knows newer: nothing to say.
+        let raised = node(1, 2, 2);
+        assert_eq!(rules_line(&raised, &[&raised]), None);
+        assert_eq!(rules_line(&three, &[&three]), None);
     }
 
     #[test]

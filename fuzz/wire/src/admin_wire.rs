@@ -222,6 +222,7 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
             cluster_id: "tally-dev".into(),
             params: Some(ClusterParams::default().into()),
             leader_in_preferred_region: Some(true),
+            rules_known: 2,
         }
         .encode_to_vec(),
     );
