@@ -71,6 +71,19 @@ struct Footprint {
     compacted_blocks: usize,
     snapshot_full: usize,
     snapshot_compacted: usize,
+    /// The same state read back from its encoding (from the family store or a snapshot).
+    decoded_full_bytes: usize,
+    decoded_compacted_bytes: usize,
+}
+
+/// Heap bytes of `family` decoded from its encoding: what a family read back takes.
+fn decoded_bytes(family: &Family) -> usize {
+    let encoded = family.to_snapshot_bytes();
+    let (before, _) = live();
+    let decoded = Family::from_snapshot_bytes(&encoded).expect("decodes");
+    let (after, _) = live();
+    assert_eq!(decoded.digest(), family.digest(), "read back unchanged");
+    after - before
 }
 
 fn measure<const N: usize>(
@@ -105,6 +118,7 @@ fn measure<const N: usize>(
     );
     let (full_bytes, full_blocks) = live();
     let snapshot_full = family.to_snapshot_bytes().len();
+    let decoded_full_bytes = decoded_bytes(&family);
 
     // Past every command's `not_after_ms + retention_ms`: each command compacts a bounded
     // number of items (MAX_COMPACTIONS_PER_COMMAND), so apply expiry sweeps until all is done.
@@ -132,6 +146,7 @@ fn measure<const N: usize>(
     assert_eq!(family.live_hold_count(), 0, "every hold archived");
     let (compacted_bytes, compacted_blocks) = live();
     let snapshot_compacted = family.to_snapshot_bytes().len();
+    let decoded_compacted_bytes = decoded_bytes(&family);
     drop(family);
     Footprint {
         full_bytes: full_bytes - base_bytes,
@@ -140,6 +155,8 @@ fn measure<const N: usize>(
         compacted_blocks: compacted_blocks - base_blocks,
         snapshot_full,
         snapshot_compacted,
+        decoded_full_bytes,
+        decoded_compacted_bytes,
     }
 }
 
@@ -156,6 +173,12 @@ fn report(what: &str, name: &str, commands: usize, f: &Footprint) {
         f.compacted_bytes / commands,
         f.compacted_blocks as f64 / commands as f64,
         f.snapshot_compacted / commands
+    );
+    println!(
+        "  read back:         {:>6} bytes/command in full, {} after compaction (decoded from \
+         the encoding, as from the store or a snapshot)",
+        f.decoded_full_bytes / commands,
+        f.decoded_compacted_bytes / commands
     );
 }
 

@@ -88,11 +88,26 @@ macro_rules! id_type {
 
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                let value = String::deserialize(deserializer)?;
-                Ok(Self::new(value))
+                deserializer.deserialize_str(IdVisitor).map(Self)
             }
         }
     };
+}
+
+/// Decodes an id's text into its string, shared with equal ids of the same decode
+/// (`id_sharing.rs`); a borrowed text (`rmp_serde::from_slice`) is copied once, not twice.
+struct IdVisitor;
+
+impl<'de> serde::de::Visitor<'de> for IdVisitor {
+    type Value = Arc<str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an id string")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Self::Value, E> {
+        Ok(crate::id_sharing::shared(text))
+    }
 }
 
 id_type!(

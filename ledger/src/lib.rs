@@ -18,6 +18,7 @@ pub mod event;
 pub mod family;
 mod footprint;
 pub mod hold;
+mod id_sharing;
 pub mod identity;
 pub mod ids;
 mod invariants;

@@ -17,8 +17,10 @@ impl Family {
             .expect("a family always encodes: it holds no maps with non-string keys")
     }
 
+    /// Decodes a family with its equal ids sharing one string, as `apply` built them, so a
+    /// family read back takes what its footprint estimate says (`id_sharing.rs`).
     pub fn from_snapshot_bytes(bytes: &[u8]) -> Result<Self, SnapshotError> {
-        Ok(rmp_serde::from_slice(bytes)?)
+        crate::id_sharing::decoding_with_shared_ids(|| Ok(rmp_serde::from_slice(bytes)?))
     }
 
     /// SHA-256 of the canonical encoding: same state, same digest, on every replica.

@@ -964,15 +964,17 @@ fn snapshot_round_trips_byte_identically_and_digest_tracks_state() {
     assert!(Family::from_snapshot_bytes(&bytes[..bytes.len() / 2]).is_err());
 }
 
+/// Whether two strings are one: the same bytes in memory, not only equal text.
+fn same(a: &str, b: &str) -> bool {
+    std::ptr::eq(a.as_ptr(), b.as_ptr())
+}
+
 /// Memory (docs/sizing.md): each command arrives with its own copies of the
 /// capability id and currency. Once the account exists, a new hold, its after-images and its
 /// record keep the account row's strings instead, and a capture's or reconcile's answer keeps
 /// the hold's id, so those copies are freed with the command.
 #[test]
 fn holds_records_and_answers_share_the_strings_already_stored() {
-    fn same(a: &str, b: &str) -> bool {
-        std::ptr::eq(a.as_ptr(), b.as_ptr())
-    }
     let mut h = Harness::new();
     h.ok(h.authorize("h1", 40));
     h.ok(h.authorize("h2", 40));
@@ -1014,4 +1016,40 @@ fn holds_records_and_answers_share_the_strings_already_stored() {
         same(hold_id.as_str(), second.hold_id.as_str()),
         "the answer keeps the capture command's copy of the hold id"
     );
+}
+
+/// Memory (docs/sizing.md): a family read back from its encoding (the family store, a
+/// snapshot) keeps one string per id as the family `apply` built does, not one per row that
+/// names it: read back, it takes what its footprint estimate says.
+#[test]
+fn a_family_read_back_shares_its_strings_like_the_one_built() {
+    let mut h = Harness::new();
+    h.ok(h.authorize("h1", 40));
+    h.ok(h.authorize("h2", 40));
+    h.ok(h.capture("h2", "attempt-1"));
+    let bytes = h.family.to_snapshot_bytes();
+    h.family = Family::from_snapshot_bytes(&bytes).expect("decodes");
+    assert_eq!(h.family.to_snapshot_bytes(), bytes, "read back unchanged");
+    let (first, second) = (h.hold("h1"), h.hold("h2"));
+    assert!(same(
+        first.capability_id.as_str(),
+        second.capability_id.as_str()
+    ));
+    let events = h.events();
+    let hold_id_of = |at: usize| events[at].hold_id.clone().expect("names its hold");
+    assert!(
+        same(hold_id_of(1).as_str(), second.hold_id.as_str()),
+        "the authorize's record and the hold share the hold id"
+    );
+    assert!(same(hold_id_of(2).as_str(), second.hold_id.as_str()));
+    assert!(same(
+        events[2].capability_id.as_str(),
+        first.capability_id.as_str()
+    ));
+    // A second read back shares nothing with the first: each decode starts afresh.
+    let again = Family::from_snapshot_bytes(&bytes).expect("decodes");
+    let Some(HoldView::Live(other)) = again.get_hold(&HoldId::from("h2")) else {
+        panic!("h2 is live");
+    };
+    assert!(!same(other.hold_id.as_str(), second.hold_id.as_str()));
 }
