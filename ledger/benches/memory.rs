@@ -74,6 +74,9 @@ struct Footprint {
     /// The same state read back from its encoding (from the family store or a snapshot).
     decoded_full_bytes: usize,
     decoded_compacted_bytes: usize,
+    /// `Family::footprint_bytes`, what the node's memory budget weighs.
+    estimate_full_bytes: usize,
+    estimate_compacted_bytes: usize,
 }
 
 /// Heap bytes of `family` decoded from its encoding: what a family read back takes.
@@ -119,6 +122,7 @@ fn measure<const N: usize>(
     let (full_bytes, full_blocks) = live();
     let snapshot_full = family.to_snapshot_bytes().len();
     let decoded_full_bytes = decoded_bytes(&family);
+    let estimate_full_bytes = family.footprint_bytes();
 
     // Past every command's `not_after_ms + retention_ms`: each command compacts a bounded
     // number of items (MAX_COMPACTIONS_PER_COMMAND), so apply expiry sweeps until all is done.
@@ -147,6 +151,7 @@ fn measure<const N: usize>(
     let (compacted_bytes, compacted_blocks) = live();
     let snapshot_compacted = family.to_snapshot_bytes().len();
     let decoded_compacted_bytes = decoded_bytes(&family);
+    let estimate_compacted_bytes = family.footprint_bytes();
     drop(family);
     Footprint {
         full_bytes: full_bytes - base_bytes,
@@ -157,6 +162,8 @@ fn measure<const N: usize>(
         snapshot_compacted,
         decoded_full_bytes,
         decoded_compacted_bytes,
+        estimate_full_bytes,
+        estimate_compacted_bytes,
     }
 }
 
@@ -179,6 +186,12 @@ fn report(what: &str, name: &str, commands: usize, f: &Footprint) {
          the encoding, as from the store or a snapshot)",
         f.decoded_full_bytes / commands,
         f.decoded_compacted_bytes / commands
+    );
+    println!(
+        "  estimated:         {:>6} bytes/command in full, {} after compaction (the footprint \
+         the memory budget weighs)",
+        f.estimate_full_bytes / commands,
+        f.estimate_compacted_bytes / commands
     );
 }
 
