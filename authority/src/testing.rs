@@ -135,22 +135,9 @@ impl TestCluster {
     /// Starts a node from `config`, pinning its port so a restart reuses it.
     pub async fn launch(&mut self, mut config: NodeConfig) -> &NodeHandle {
         let id = config.node_id;
-        let start = Instant::now();
-        let node = loop {
-            match node::start(config.clone(), self.faults.clone()).await {
-                Ok(node) => break node,
-                // A node `kill`ed in this process lets go of its Raft log when its aborted
-                // tasks are dropped, which happens after `kill` returns: a restart right
-                // after it can find the log still open, as a real crash never does.
-                Err(error)
-                    if error.to_string().contains("already open elsewhere")
-                        && start.elapsed() < LIVENESS =>
-                {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(error) => panic!("node {id} starts: {error}"),
-            }
-        };
+        let node = node::start(config.clone(), self.faults.clone())
+            .await
+            .expect("node starts");
         config.listen_addr = node.local_addr;
         config.advertise_addr = Some(node.local_addr.to_string());
         config.peer_listen_addr = node.peer_local_addr;

@@ -623,6 +623,8 @@ impl NodeHandle {
     }
 
     /// A crash: every task is aborted and every handle dropped, with no goodbye to peers.
+    /// Returns once the aborted tasks are gone, so what they held (the Raft log's lock among
+    /// it) is released as a crashed process's is, and the node can start again at once.
     pub async fn abort(self) {
         for server in &self.servers {
             server.abort();
@@ -631,6 +633,12 @@ impl NodeHandle {
             task.abort();
         }
         let _ = self.raft.shutdown().await;
+        for server in self.servers {
+            let _ = server.await;
+        }
+        for task in self.tasks {
+            let _ = task.await;
+        }
         drop(self.router);
     }
 }
