@@ -33,6 +33,20 @@ pub fn rules_to_raise(in_force: u32, own: u32, peers: &[Option<u32>]) -> Option<
     (common > in_force).then_some(common)
 }
 
+/// When some member knows rules newer than `in_force` but they are not raised: each peer's
+/// report ("127.0.0.1:7403: 1", "?" for none yet), for the leader's log. `None` when no one
+/// knows newer rules, so nothing is held.
+fn held_by(in_force: u32, own: u32, peers: &[String], reported: &[Option<u32>]) -> Option<String> {
+    let newest = reported.iter().flatten().copied().chain([own]).max();
+    (newest > Some(in_force)).then(|| {
+        let each = peers.iter().zip(reported).map(|(peer, known)| match known {
+            Some(known) => format!("{peer}: {known}"),
+            None => format!("{peer}: ?"),
+        });
+        each.collect::<Vec<_>>().join(", ")
+    })
+}
+
 pub async fn run(
     node_id: NodeId,
     raft: Raft,
@@ -54,6 +68,11 @@ pub async fn run(
         let (state, peers) = crate::raft::types::with_metrics(&raft, |metrics| {
             (metrics.state, peer_addresses(metrics, node_id))
         });
+        let leads = state == ServerState::Leader;
+        // A follower looks only until it has warned: the warning is its only work here.
+        if !leads && warned_already_raised {
+            continue;
+        }
         let in_force = router.lock().await.params().rules_version;
         let own = health.rules_known();
         if in_force > own && !warned_already_raised {
@@ -65,23 +84,13 @@ pub async fn run(
                  it was set, and the setting holds nothing back"
             );
         }
-        if state != ServerState::Leader {
+        if !leads {
             continue;
         }
         let reported = health.peers_rules_known(&peers);
         let Some(version) = rules_to_raise(in_force, own, &reported) else {
             // Said once per change of what holds them, not every tick.
-            let newest = reported.iter().flatten().copied().chain([own]).max();
-            let holding = (newest > Some(in_force)).then(|| {
-                peers
-                    .iter()
-                    .zip(&reported)
-                    .map(|(peer, known)| {
-                        format!("{peer}: {}", known.map_or("?".into(), |k| k.to_string()))
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            });
+            let holding = held_by(in_force, own, &peers, &reported);
             if holding.is_some() && holding != last_held {
                 tracing::info!(
                     in_force,
@@ -112,6 +121,17 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::rules_to_raise;
+
+    #[test]
+    fn the_log_names_each_peers_report_only_while_newer_rules_wait() {
+        let peers = ["a:1".to_owned(), "b:2".to_owned()];
+        assert_eq!(
+            super::held_by(1, 2, &peers, &[Some(1), None]).as_deref(),
+            Some("a:1: 1, b:2: ?")
+        );
+        assert_eq!(super::held_by(2, 2, &peers, &[Some(2), Some(2)]), None);
+        assert_eq!(super::held_by(1, 1, &peers, &[Some(1), Some(1)]), None);
+    }
 
     #[test]
     fn rules_rise_only_to_what_every_member_knows() {
