@@ -52,14 +52,10 @@ pub fn decoding_with_shared_ids<T>(decode: impl FnOnce() -> T) -> T {
 /// The string for an id being decoded: within a decode, the one already made for equal text.
 pub(crate) fn shared(text: &str) -> Arc<str> {
     SEEN.with(|seen| match seen.borrow_mut().as_mut() {
-        Some(seen) => match seen.get(text) {
-            Some(existing) => existing.clone(),
-            None => {
-                let new: Arc<str> = Arc::from(text);
-                seen.insert(new.clone());
-                new
-            }
-        },
+        // One hash and one probe for a new id as for a repeated one.
+        Some(seen) => seen
+            .get_or_insert_with(text, |text: &str| Arc::from(text))
+            .clone(),
         None => Arc::from(text),
     })
 }
