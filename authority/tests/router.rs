@@ -304,6 +304,94 @@ async fn a_passivated_family_resumes_with_exactly_its_state() -> anyhow::Result<
     Ok(())
 }
 
+/// A passivation of many families writes them a bounded group per commit (1/32 of the
+/// families' share), so it never holds every family's encoding and the store's pages for
+/// them at once; every family still resumes with exactly its state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_passivation_commits_a_bounded_group_at_a_time() -> anyhow::Result<()> {
+    let families: Vec<FamilyId> = (10..26).map(family).collect();
+    let commands = |f: &FamilyId| vec![authorize(f, "h", 5, T0, None)];
+    let mut probe = router(1_000);
+    probe
+        .apply(vec![entry(1, T0, commands(&families[0]))])
+        .await?;
+    let footprint = probe.live_footprint_bytes();
+    assert!(footprint > 0, "a family with a hold has a footprint");
+    // A step of two and a half families: groups of two.
+    let mut router = FamilyRouter::new(RouterConfig {
+        max_live_bytes: 32 * footprint * 5 / 2,
+        ..RouterConfig::default()
+    })?;
+    let entries = (families.iter().enumerate())
+        .map(|(i, f)| entry(i as u64 + 1, T0, commands(f)))
+        .collect();
+    router.apply(entries).await?;
+    assert_eq!(router.live_actors(), families.len(), "all fit in the share");
+    let mut digests = Vec::new();
+    for f in &families {
+        digests.push(router.family_digest(f).await?);
+    }
+    let commits_before = router.store().commits();
+
+    assert_eq!(router.passivate_idle(0).await?, families.len());
+    let commits = router.store().commits() - commits_before;
+    assert!(
+        (families.len() as u64 / 3..=families.len() as u64 / 2).contains(&commits),
+        "16 families of about {footprint} bytes in steps of 2.5 families took {commits} commits"
+    );
+    assert_eq!(router.passivated_families(), families.len());
+    for (f, digest) in families.iter().zip(digests) {
+        assert_eq!(router.family_digest(f).await?, digest, "family {f} changed");
+    }
+    Ok(())
+}
+
+/// A family brought back only by maintenance that leaves work due now (a compaction
+/// backlog: a command compacts a bounded number of steps) counts as in use: spilled, it
+/// would be encoded only to be decoded again by the next round. One whose maintenance is
+/// done goes first, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_family_with_maintenance_still_due_stays_live_between_rounds() -> anyhow::Result<()> {
+    let (backlog, done) = (family(1), family(2));
+    let mut router = FamilyRouter::new(RouterConfig {
+        max_live_bytes: 1,
+        min_idle_entries_to_spill: 0,
+        ..RouterConfig::default()
+    })?;
+    let params = ClusterParams {
+        retention_ms: 1_000,
+        ..ClusterParams::default()
+    };
+    let mut entries = vec![set_params(1, T0, params)];
+    // More commands to compact than one command compacts (1,024).
+    for chunk in 0..12 {
+        let holds = (0..100).map(|n| authorize(&backlog, &format!("h{chunk}-{n}"), 1, T0, None));
+        entries.push(entry(chunk + 2, T0, holds.collect()));
+    }
+    entries.push(entry(14, T0, vec![authorize(&done, "h", 1, T0, None)]));
+    // Past every command's deadline and retention, 10 s per entry (the clock's step).
+    entries.extend((1..=8).map(|step| blank(14 + step, T0 + step * 10_000)));
+    router.apply(entries).await?;
+    router.passivate_idle(0).await?;
+    assert_eq!(router.passivated_families(), 2);
+
+    let now = T0 + 90_000;
+    let expiry = vec![expire(&backlog, now), expire(&done, now)];
+    router.apply(vec![entry(23, now, expiry)]).await?;
+    let due = router.maintenance_due_ms(&backlog);
+    assert!(
+        due.is_some_and(|due| due <= router.cluster_time_ms()),
+        "the backlog is left due: {due:?} at {}",
+        router.cluster_time_ms()
+    );
+    assert!(router.is_live(&backlog), "a family still due stays live");
+    assert!(
+        !router.is_live(&done),
+        "a family whose maintenance is done is spilled"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn least_recently_used_families_are_passivated_beyond_the_limit() -> anyhow::Result<()> {
     let mut router = router(2);

@@ -116,6 +116,11 @@ impl ActorTable {
         self.live.contains_key(family_id)
     }
 
+    /// A live family's footprint after its last batch (`set_footprint`); none if not live.
+    pub fn live_footprint(&self, family_id: &FamilyId) -> Option<usize> {
+        self.live.get(family_id).map(|live| live.footprint_bytes)
+    }
+
     pub fn is_stored(&self, family_id: &FamilyId) -> bool {
         self.stored.contains_key(family_id)
     }
@@ -188,20 +193,12 @@ impl ActorTable {
         used_at: Option<u64>,
         fetched: &mut BTreeMap<FamilyId, Vec<u8>>,
     ) -> Result<ActorRef<FamilyMsg>, RouterError> {
-        if let Some(live) = self.live.get_mut(family_id) {
-            let Some(log_index) = used_at else {
-                return Ok(live.actor.clone());
-            };
-            // One key, moved from the old LRU row to the new one.
-            let mut row = (live.last_used, IdKey::new(family_id.clone()));
-            assert!(
-                self.lru.remove(&row),
-                "family {family_id} is live but not in the LRU order"
-            );
-            row.0 = log_index;
-            live.last_used = log_index;
-            self.lru.insert(row);
-            return Ok(live.actor.clone());
+        if let Some(live) = self.live.get(family_id) {
+            let actor = live.actor.clone();
+            if let Some(log_index) = used_at {
+                self.mark_used(family_id, log_index);
+            }
+            return Ok(actor);
         }
         let start = match self.stored.remove(family_id) {
             Some(row) => {
@@ -279,6 +276,21 @@ impl ActorTable {
             .take_while(|(used, _)| *used < before)
             .map(|(_, family)| family.id().clone())
             .collect()
+    }
+
+    /// Marks a live family used at `log_index`: it moves to that place in the LRU order.
+    pub fn mark_used(&mut self, family_id: &FamilyId, log_index: u64) {
+        let live = (self.live.get_mut(family_id))
+            .unwrap_or_else(|| panic!("family {family_id} marked used but not live"));
+        // One key, moved from the old LRU row to the new one.
+        let mut row = (live.last_used, IdKey::new(family_id.clone()));
+        assert!(
+            self.lru.remove(&row),
+            "family {family_id} is live but not in the LRU order"
+        );
+        row.0 = log_index;
+        live.last_used = log_index;
+        self.lru.insert(row);
     }
 
     /// Passivates live families: takes each actor's state (its mailbox is empty, as the

@@ -29,12 +29,21 @@ use super::cold_runs::{ColdRuns, Run, RunWriter};
 use super::cold_view::ColdView;
 use super::error::{store_error, RouterError};
 
+/// A table of rows by family id, each row stored in chunks (`CHUNK_BYTES`) under
+/// `(family id, chunk number)`.
+type ChunkedTable = TableDefinition<'static, (&'static str, u32), &'static [u8]>;
 /// Family id → the family's canonical encoding (`Family::to_snapshot_bytes`).
-const FAMILIES: TableDefinition<&str, &[u8]> = TableDefinition::new("families");
+const FAMILIES: ChunkedTable = TableDefinition::new("families");
 /// Family id → the filters over the family's rows out of memory (`ColdIndex::to_spill`), kept
 /// here while the family is passivated so that they cost no memory. A family's row is
 /// rewritten at each spill; one left over from an earlier spill is never read.
-const FILTERS: TableDefinition<&str, &[u8]> = TableDefinition::new("filters");
+const FILTERS: ChunkedTable = TableDefinition::new("filters");
+/// A row is stored in chunks of this size, the last one shorter. redb gives a value a page of
+/// its size rounded up to a power of two and writes or replaces it whole: one family of
+/// 270 MB (the hot family of a restore's first expiry round) took a 256 MiB page to write and
+/// another to read the one it replaced, beside its encoding. In chunks that fit a 1 MiB page,
+/// the store's cache and write buffer bound what a write holds.
+const CHUNK_BYTES: usize = (1 << 20) - (4 << 10);
 
 /// Bytes written between two durable commits (see the module docs).
 const SYNC_EVERY_BYTES: u64 = 64 << 20;
@@ -118,6 +127,8 @@ struct Inner {
     reads: AtomicU64,
     /// Lookups of rows out of memory that went to the store, for metrics.
     cold_reads: AtomicU64,
+    /// Commits that wrote families or filters, for metrics.
+    commits: AtomicU64,
     /// Rows out of memory on disk.
     runs: ColdRuns,
     /// The file's part of a view at the last commit, handed to readers until the next write.
@@ -163,17 +174,14 @@ impl Inner {
                 .open_table(write.table)
                 .map_err(|e| store_error("open a table", e))?;
             for (family_id, bytes) in &write.put {
-                table
-                    .insert(family_id.as_str(), *bytes)
-                    .map_err(|e| store_error("write a family", e))?;
+                put_chunked(&mut table, family_id.as_str(), bytes)?;
             }
             for family_id in write.remove {
-                table
-                    .remove(family_id.as_str())
-                    .map_err(|e| store_error("remove a family", e))?;
+                remove_chunks_from(&mut table, family_id.as_str(), 0)?;
             }
         }
         txn.commit().map_err(|e| store_error("commit", e))?;
+        self.commits.fetch_add(1, Ordering::Relaxed);
         if durable {
             self.written_since_sync.store(0, Ordering::Relaxed);
         }
@@ -209,16 +217,13 @@ impl Inner {
 
 /// What one commit writes to one table.
 struct TableWrite<'a> {
-    table: TableDefinition<'static, &'static str, &'static [u8]>,
+    table: ChunkedTable,
     put: Vec<(&'a FamilyId, &'a [u8])>,
     remove: &'a [FamilyId],
 }
 
 impl<'a> TableWrite<'a> {
-    fn put(
-        table: TableDefinition<'static, &'static str, &'static [u8]>,
-        rows: impl IntoIterator<Item = (&'a FamilyId, &'a [u8])>,
-    ) -> Self {
+    fn put(table: ChunkedTable, rows: impl IntoIterator<Item = (&'a FamilyId, &'a [u8])>) -> Self {
         Self {
             table,
             put: rows.into_iter().collect(),
@@ -298,6 +303,7 @@ impl FamilyStore {
                 written_since_sync: AtomicU64::new(0),
                 reads: AtomicU64::new(0),
                 cold_reads: AtomicU64::new(0),
+                commits: AtomicU64::new(0),
                 runs,
                 view: Mutex::new(None),
                 buffer: ColdBuffer::default(),
@@ -469,6 +475,12 @@ impl FamilyStore {
         self.inner.reads.load(Ordering::Relaxed)
     }
 
+    /// Commits that wrote families or filters so far (a passivation is one per bounded
+    /// group of families).
+    pub fn commits(&self) -> u64 {
+        self.inner.commits.load(Ordering::Relaxed)
+    }
+
     /// Lookups of a row out of memory that went to the store so far.
     pub fn cold_reads(&self) -> u64 {
         self.inner.cold_reads.load(Ordering::Relaxed)
@@ -527,7 +539,7 @@ pub struct StoreView {
     rows: ColdView,
 }
 
-type Table = Arc<ReadOnlyTable<&'static str, &'static [u8]>>;
+type Table = Arc<ReadOnlyTable<(&'static str, u32), &'static [u8]>>;
 
 /// The file's tables at one commit.
 #[derive(Clone)]
@@ -600,16 +612,75 @@ impl StoreView {
     }
 }
 
-/// A family's row in `table`; a row missing is the family's failure, `missing` says why.
+/// A family's row in `table`, its chunks joined; a row missing is the family's failure,
+/// `missing` says why.
 fn read_row(table: &Table, family_id: &FamilyId, missing: &str) -> Result<Vec<u8>, RouterError> {
-    let found = (table.get(family_id.as_str())).map_err(|e| store_error("read a family", e))?;
-    match found {
-        Some(bytes) => Ok(bytes.value().to_vec()),
-        None => Err(RouterError::FamilyFailed {
+    let read_error = |e| store_error("read a family", e);
+    let id = family_id.as_str();
+    let mut chunks = (table.range((id, 0)..=(id, u32::MAX))).map_err(read_error)?;
+    let Some(last) = chunks.next_back() else {
+        return Err(RouterError::FamilyFailed {
             family_id: family_id.clone(),
             reason: missing.into(),
-        }),
+        });
+    };
+    let (last_key, last) = last.map_err(read_error)?;
+    let count = last_key.value().1 as usize + 1;
+    // Every chunk but the last is full, so the row's length is known before it is read.
+    let mut bytes = Vec::with_capacity((count - 1) * CHUNK_BYTES + last.value().len());
+    for (number, chunk) in chunks.enumerate() {
+        let (key, chunk) = chunk.map_err(read_error)?;
+        if key.value().1 as usize != number || chunk.value().len() != CHUNK_BYTES {
+            return Err(RouterError::Store(format!(
+                "family {family_id}'s row is broken at chunk {number} of {count}"
+            )));
+        }
+        bytes.extend_from_slice(chunk.value());
     }
+    if bytes.len() != (count - 1) * CHUNK_BYTES {
+        return Err(RouterError::Store(format!(
+            "family {family_id}'s row lacks chunks: {} bytes before its last chunk {}",
+            bytes.len(),
+            count - 1
+        )));
+    }
+    bytes.extend_from_slice(last.value());
+    Ok(bytes)
+}
+
+/// Writes `bytes` as `family_id`'s row in chunks (at least one, so an empty row is found),
+/// and removes the chunks an earlier, longer row left beyond them.
+fn put_chunked(
+    table: &mut redb::Table<'_, (&'static str, u32), &'static [u8]>,
+    family_id: &str,
+    bytes: &[u8],
+) -> Result<(), RouterError> {
+    let count = bytes.len().div_ceil(CHUNK_BYTES).max(1);
+    let count = u32::try_from(count).map_err(|_| {
+        RouterError::Store(format!(
+            "family {family_id}'s row of {} bytes is too large",
+            bytes.len()
+        ))
+    })?;
+    for number in 0..count {
+        let start = number as usize * CHUNK_BYTES;
+        let chunk = &bytes[start..bytes.len().min(start + CHUNK_BYTES)];
+        table
+            .insert((family_id, number), chunk)
+            .map_err(|e| store_error("write a family", e))?;
+    }
+    remove_chunks_from(table, family_id, count)
+}
+
+/// Removes `family_id`'s chunks numbered `first` and on.
+fn remove_chunks_from(
+    table: &mut redb::Table<'_, (&'static str, u32), &'static [u8]>,
+    family_id: &str,
+    first: u32,
+) -> Result<(), RouterError> {
+    table
+        .retain_in((family_id, first)..=(family_id, u32::MAX), |_, _| false)
+        .map_err(|e| store_error("remove a family", e))
 }
 
 /// Runs store I/O (and the encoding or decoding that goes with it) on a blocking thread,
@@ -657,6 +728,36 @@ mod tests {
 
     /// Rows handed over are read from memory until written, then from a run on disk, and a
     /// family's rows come out in key order wherever each one is; a view keeps what it saw.
+    /// Rows longer than a chunk, rewritten shorter and longer, read back exactly; an empty
+    /// row is found; a removed row leaves no chunk behind; a neighbour whose id extends the
+    /// family's is untouched.
+    #[test]
+    fn rows_in_chunks_read_back_exactly_whatever_they_replaced() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = FamilyStore::create(&dir.path().join("families.redb"), 0).expect("create");
+        let (fam, neighbour) = (FamilyId::from("fam"), FamilyId::from("fam\0x"));
+        let row = |len: usize| Arc::new((0..len).map(|n| (n % 251) as u8).collect::<Vec<u8>>());
+        let read = |family_id: &FamilyId| store.view().expect("view").get(family_id);
+        store
+            .write(&[(neighbour.clone(), row(CHUNK_BYTES + 1))], &[])
+            .expect("write");
+        for len in [2 * CHUNK_BYTES + 7, CHUNK_BYTES, 0, 3 * CHUNK_BYTES, 5] {
+            store.write(&[(fam.clone(), row(len))], &[]).expect("write");
+            assert_eq!(read(&fam).expect("read"), *row(len), "a row of {len} bytes");
+        }
+        store
+            .write(&[], std::slice::from_ref(&fam))
+            .expect("remove");
+        assert!(read(&fam).is_err(), "a removed row is missing");
+        store.write(&[(fam.clone(), row(9))], &[]).expect("write");
+        assert_eq!(
+            read(&fam).expect("read"),
+            *row(9),
+            "no chunk of an old row is left"
+        );
+        assert_eq!(read(&neighbour).expect("read"), *row(CHUNK_BYTES + 1));
+    }
+
     #[test]
     fn rows_out_of_memory_read_alike_from_the_buffer_and_the_file() {
         let dir = tempfile::tempdir().expect("dir");

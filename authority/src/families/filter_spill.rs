@@ -18,13 +18,16 @@ use tally_ledger::FamilyId;
 
 impl FamilyRouter {
     /// Passivates `families` and moves their filters to the store with them (writing only
-    /// those whose copy there is not current).
+    /// those whose copy there is not current), a bounded group per commit
+    /// (`passivation_groups`).
     pub(super) async fn passivate(&mut self, families: &[FamilyId]) -> Result<(), RouterError> {
-        let copies = self.cold.to_spill(families);
-        self.actors
-            .passivate(families, move || encode(copies))
-            .await?;
-        self.cold.spilled(families);
+        for group in self.passivation_groups(families) {
+            let copies = self.cold.to_spill(&group);
+            self.actors
+                .passivate(&group, move || encode(copies))
+                .await?;
+            self.cold.spilled(&group);
+        }
         Ok(())
     }
 

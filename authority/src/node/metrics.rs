@@ -216,6 +216,7 @@ struct FamiliesMemory {
     stored_bytes: usize,
     store_file_bytes: u64,
     store_reads: u64,
+    store_commits: u64,
     cold_rows: u64,
     cold_filter_bytes: usize,
     cold_lookups: (u64, u64),
@@ -258,6 +259,7 @@ pub async fn render(sources: &Sources) -> String {
             stored_bytes: router.passivated_bytes(),
             store_file_bytes: router.store().file_bytes().unwrap_or(0),
             store_reads: router.store().reads(),
+            store_commits: router.store().commits(),
             cold_rows: router.cold_rows(),
             cold_filter_bytes: router.cold_filter_bytes(),
             cold_lookups: router.cold_lookups(),
@@ -532,6 +534,13 @@ pub async fn render(sources: &Sources) -> String {
         "counter",
         "Families read back from the family store (activations, reads, digests, snapshots).",
         &plain(families_memory.store_reads.to_string()),
+    );
+    metric(
+        "tally_family_store_commits_total",
+        "counter",
+        "Commits that wrote families or their filters to the family store (a passivation \
+         writes a group of families of at most 1/32 of the families' share per commit).",
+        &plain(families_memory.store_commits.to_string()),
     );
     metric(
         "tally_cold_rows",
