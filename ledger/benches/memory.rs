@@ -77,6 +77,10 @@ struct Footprint {
     /// `Family::footprint_bytes`, what the node's memory budget weighs.
     estimate_full_bytes: usize,
     estimate_compacted_bytes: usize,
+    /// Read back and estimated once half the events are compacted: a family with a
+    /// compaction backlog, as a restore's first expiry round finds a busy one.
+    decoded_half_bytes: usize,
+    estimate_half_bytes: usize,
 }
 
 /// Heap bytes of `family` decoded from its encoding: what a family read back takes.
@@ -131,9 +135,13 @@ fn measure<const N: usize>(
         family_id: "fam".into(),
         up_to_ms: after_ms,
     };
+    let mut half = None;
     for _ in 0..(4 * CALLS) {
         if family.journal_len() == 0 && family.live_hold_count() == 0 {
             break;
+        }
+        if half.is_none() && family.journal_len() as u64 <= N as u64 * CALLS / 2 {
+            half = Some((decoded_bytes(&family), family.footprint_bytes()));
         }
         // Each sweep is a batch of its own: the rows it moves out of memory go to the
         // node's store (here: nowhere) before the next, as in a node.
@@ -153,6 +161,7 @@ fn measure<const N: usize>(
     let decoded_compacted_bytes = decoded_bytes(&family);
     let estimate_compacted_bytes = family.footprint_bytes();
     drop(family);
+    let (decoded_half_bytes, estimate_half_bytes) = half.expect("the sweeps pass half");
     Footprint {
         full_bytes: full_bytes - base_bytes,
         full_blocks: full_blocks - base_blocks,
@@ -164,6 +173,8 @@ fn measure<const N: usize>(
         decoded_compacted_bytes,
         estimate_full_bytes,
         estimate_compacted_bytes,
+        decoded_half_bytes,
+        estimate_half_bytes,
     }
 }
 
@@ -192,6 +203,12 @@ fn report(what: &str, name: &str, commands: usize, f: &Footprint) {
          the memory budget weighs)",
         f.estimate_full_bytes / commands,
         f.estimate_compacted_bytes / commands
+    );
+    println!(
+        "  half compacted:    {:>6} bytes/command read back, {} estimated (a family with a \
+         compaction backlog)",
+        f.decoded_half_bytes / commands,
+        f.estimate_half_bytes / commands
     );
 }
 

@@ -177,7 +177,7 @@ impl Inner {
                 put_chunked(&mut table, family_id.as_str(), bytes)?;
             }
             for family_id in write.remove {
-                remove_chunks_from(&mut table, family_id.as_str(), 0)?;
+                remove_row(&mut table, family_id.as_str())?;
             }
         }
         txn.commit().map_err(|e| store_error("commit", e))?;
@@ -617,6 +617,17 @@ impl StoreView {
 fn read_row(table: &Table, family_id: &FamilyId, missing: &str) -> Result<Vec<u8>, RouterError> {
     let read_error = |e| store_error("read a family", e);
     let id = family_id.as_str();
+    // Most rows are one short chunk: one lookup, as before rows had chunks.
+    match table.get((id, 0)).map_err(read_error)? {
+        Some(first) if first.value().len() < CHUNK_BYTES => return Ok(first.value().to_vec()),
+        Some(_) => {}
+        None => {
+            return Err(RouterError::FamilyFailed {
+                family_id: family_id.clone(),
+                reason: missing.into(),
+            })
+        }
+    }
     let mut chunks = (table.range((id, 0)..=(id, u32::MAX))).map_err(read_error)?;
     let Some(last) = chunks.next_back() else {
         return Err(RouterError::FamilyFailed {
@@ -662,14 +673,34 @@ fn put_chunked(
             bytes.len()
         ))
     })?;
+    // Only a row whose chunk `count - 1` was full can have left chunks beyond it.
+    let mut longer_before = false;
     for number in 0..count {
         let start = number as usize * CHUNK_BYTES;
         let chunk = &bytes[start..bytes.len().min(start + CHUNK_BYTES)];
-        table
+        let replaced = table
             .insert((family_id, number), chunk)
             .map_err(|e| store_error("write a family", e))?;
+        longer_before = replaced.is_some_and(|old| old.value().len() == CHUNK_BYTES);
     }
-    remove_chunks_from(table, family_id, count)
+    if longer_before {
+        remove_chunks_from(table, family_id, count)?;
+    }
+    Ok(())
+}
+
+/// Removes `family_id`'s row, if any.
+fn remove_row(
+    table: &mut redb::Table<'_, (&'static str, u32), &'static [u8]>,
+    family_id: &str,
+) -> Result<(), RouterError> {
+    let first = table
+        .remove((family_id, 0))
+        .map_err(|e| store_error("remove a family", e))?;
+    if first.is_some_and(|first| first.value().len() == CHUNK_BYTES) {
+        remove_chunks_from(table, family_id, 1)?;
+    }
+    Ok(())
 }
 
 /// Removes `family_id`'s chunks numbered `first` and on.
@@ -749,10 +780,19 @@ mod tests {
             .write(&[], std::slice::from_ref(&fam))
             .expect("remove");
         assert!(read(&fam).is_err(), "a removed row is missing");
-        store.write(&[(fam.clone(), row(9))], &[]).expect("write");
+        store
+            .write(&[(fam.clone(), row(3 * CHUNK_BYTES + 1))], &[])
+            .expect("write");
+        store
+            .write(&[], std::slice::from_ref(&fam))
+            .expect("remove");
+        // A row of one full chunk is read through the range of its chunks.
+        store
+            .write(&[(fam.clone(), row(CHUNK_BYTES))], &[])
+            .expect("write");
         assert_eq!(
             read(&fam).expect("read"),
-            *row(9),
+            *row(CHUNK_BYTES),
             "no chunk of an old row is left"
         );
         assert_eq!(read(&neighbour).expect("read"), *row(CHUNK_BYTES + 1));
