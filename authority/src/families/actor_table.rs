@@ -278,10 +278,14 @@ impl ActorTable {
             .collect()
     }
 
-    /// Marks a live family used at `log_index`: it moves to that place in the LRU order.
+    /// Marks a live family used at `log_index`: it moves to that place in the LRU order,
+    /// unless it was used later already.
     pub fn mark_used(&mut self, family_id: &FamilyId, log_index: u64) {
         let live = (self.live.get_mut(family_id))
             .unwrap_or_else(|| panic!("family {family_id} marked used but not live"));
+        if live.last_used >= log_index {
+            return;
+        }
         // One key, moved from the old LRU row to the new one.
         let mut row = (live.last_used, IdKey::new(family_id.clone()));
         assert!(
