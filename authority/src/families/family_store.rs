@@ -757,8 +757,6 @@ mod tests {
         assert_eq!(store.reads(), 3);
     }
 
-    /// Rows handed over are read from memory until written, then from a run on disk, and a
-    /// family's rows come out in key order wherever each one is; a view keeps what it saw.
     /// Rows longer than a chunk, rewritten shorter and longer, read back exactly; an empty
     /// row is found; a removed row leaves no chunk behind; a neighbour whose id extends the
     /// family's is untouched.
@@ -798,6 +796,8 @@ mod tests {
         assert_eq!(read(&neighbour).expect("read"), *row(CHUNK_BYTES + 1));
     }
 
+    /// Rows handed over are read from memory until written, then from a run on disk, and a
+    /// family's rows come out in key order wherever each one is; a view keeps what it saw.
     #[test]
     fn rows_out_of_memory_read_alike_from_the_buffer_and_the_file() {
         let dir = tempfile::tempdir().expect("dir");

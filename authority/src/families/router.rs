@@ -138,9 +138,9 @@ impl FamilyRouter {
     }
 
     /// Live families to passivate, in groups whose footprints add up to at most a step
-    /// (`STEP_BYTES_DIVISOR`; a larger family alone), one commit each: a restore's first
-    /// expiry round once passivated 277 MB of encodings in one commit, and the store held
-    /// twice that in pages for it, all beside the states not yet let go.
+    /// (`STEP_BYTES_DIVISOR`; a larger family alone), one commit each: a spill of many
+    /// families (the budget after a restore's first expiry round, `passivate_idle` after a
+    /// burst) holds a group's states, encodings and store pages at a time, not all of them.
     pub(super) fn passivation_groups(&self, families: &[FamilyId]) -> Vec<Vec<FamilyId>> {
         let work = families.iter().map(|family_id| (family_id.clone(), ()));
         slice_work(work.collect(), usize::MAX, self.step_bytes(), |family_id| {
