@@ -193,12 +193,11 @@ impl ActorTable {
         used_at: Option<u64>,
         fetched: &mut BTreeMap<FamilyId, Vec<u8>>,
     ) -> Result<ActorRef<FamilyMsg>, RouterError> {
-        if let Some(live) = self.live.get(family_id) {
-            let actor = live.actor.clone();
+        if let Some(live) = self.live.get_mut(family_id) {
             if let Some(log_index) = used_at {
-                self.mark_used(family_id, log_index);
+                move_in_lru(&mut self.lru, family_id, live, log_index);
             }
-            return Ok(actor);
+            return Ok(live.actor.clone());
         }
         let start = match self.stored.remove(family_id) {
             Some(row) => {
@@ -283,18 +282,7 @@ impl ActorTable {
     pub fn mark_used(&mut self, family_id: &FamilyId, log_index: u64) {
         let live = (self.live.get_mut(family_id))
             .unwrap_or_else(|| panic!("family {family_id} marked used but not live"));
-        if live.last_used >= log_index {
-            return;
-        }
-        // One key, moved from the old LRU row to the new one.
-        let mut row = (live.last_used, IdKey::new(family_id.clone()));
-        assert!(
-            self.lru.remove(&row),
-            "family {family_id} is live but not in the LRU order"
-        );
-        row.0 = log_index;
-        live.last_used = log_index;
-        self.lru.insert(row);
+        move_in_lru(&mut self.lru, family_id, live, log_index);
     }
 
     /// Passivates live families: takes each actor's state (its mailbox is empty, as the
@@ -381,6 +369,27 @@ impl ActorTable {
             live.actor.stop(None);
         }
     }
+}
+
+/// Moves a live family to `log_index` in the LRU order, unless it was used later already.
+fn move_in_lru(
+    lru: &mut BTreeSet<(u64, IdKey<FamilyId>)>,
+    family_id: &FamilyId,
+    live: &mut LiveActor,
+    log_index: u64,
+) {
+    if live.last_used >= log_index {
+        return;
+    }
+    // One key, moved from the old LRU row to the new one.
+    let mut row = (live.last_used, IdKey::new(family_id.clone()));
+    assert!(
+        lru.remove(&row),
+        "family {family_id} is live but not in the LRU order"
+    );
+    row.0 = log_index;
+    live.last_used = log_index;
+    lru.insert(row);
 }
 
 /// Sends to a family actor; a closed mailbox means the actor died.
