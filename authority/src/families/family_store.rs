@@ -32,6 +32,8 @@ use super::error::{store_error, RouterError};
 /// A table of rows by family id, each row stored in chunks (`CHUNK_BYTES`) under
 /// `(family id, chunk number)`.
 type ChunkedTable = TableDefinition<'static, (&'static str, u32), &'static [u8]>;
+/// A chunked table open for writing.
+type ChunkedWrite<'t> = redb::Table<'t, (&'static str, u32), &'static [u8]>;
 /// Family id → the family's canonical encoding (`Family::to_snapshot_bytes`).
 const FAMILIES: ChunkedTable = TableDefinition::new("families");
 /// Family id → the filters over the family's rows out of memory (`ColdIndex::to_spill`), kept
@@ -617,52 +619,49 @@ impl StoreView {
 fn read_row(table: &Table, family_id: &FamilyId, missing: &str) -> Result<Vec<u8>, RouterError> {
     let read_error = |e| store_error("read a family", e);
     let id = family_id.as_str();
-    // Most rows are one short chunk: one lookup, as before rows had chunks.
-    match table.get((id, 0)).map_err(read_error)? {
-        Some(first) if first.value().len() < CHUNK_BYTES => return Ok(first.value().to_vec()),
-        Some(_) => {}
-        None => {
-            return Err(RouterError::FamilyFailed {
-                family_id: family_id.clone(),
-                reason: missing.into(),
-            })
-        }
-    }
-    let mut chunks = (table.range((id, 0)..=(id, u32::MAX))).map_err(read_error)?;
-    let Some(last) = chunks.next_back() else {
+    let Some(first) = table.get((id, 0)).map_err(read_error)? else {
         return Err(RouterError::FamilyFailed {
             family_id: family_id.clone(),
             reason: missing.into(),
         });
     };
-    let (last_key, last) = last.map_err(read_error)?;
-    let count = last_key.value().1 as usize + 1;
-    // Every chunk but the last is full, so the row's length is known before it is read.
-    let mut bytes = Vec::with_capacity((count - 1) * CHUNK_BYTES + last.value().len());
-    for (number, chunk) in chunks.enumerate() {
+    // Most rows are one short chunk: one lookup, as before rows had chunks.
+    if first.value().len() < CHUNK_BYTES {
+        return Ok(first.value().to_vec());
+    }
+    // Every chunk but the last is full, so the last tells the row's length before it is read.
+    let mut rest = (table.range((id, 1)..=(id, u32::MAX))).map_err(read_error)?;
+    let last = rest.next_back().transpose().map_err(read_error)?;
+    let full_chunks = last.as_ref().map_or(1, |(key, _)| key.value().1 as usize);
+    let last_bytes = last.as_ref().map_or(0, |(_, chunk)| chunk.value().len());
+    let mut bytes = Vec::with_capacity(full_chunks * CHUNK_BYTES + last_bytes);
+    bytes.extend_from_slice(first.value());
+    for (number, chunk) in (1..).zip(rest) {
         let (key, chunk) = chunk.map_err(read_error)?;
-        if key.value().1 as usize != number || chunk.value().len() != CHUNK_BYTES {
+        if key.value().1 != number || chunk.value().len() != CHUNK_BYTES {
             return Err(RouterError::Store(format!(
-                "family {family_id}'s row is broken at chunk {number} of {count}"
+                "family {family_id}'s row is broken at chunk {number}"
             )));
         }
         bytes.extend_from_slice(chunk.value());
     }
-    if bytes.len() != (count - 1) * CHUNK_BYTES {
+    if bytes.len() != full_chunks * CHUNK_BYTES {
         return Err(RouterError::Store(format!(
-            "family {family_id}'s row lacks chunks: {} bytes before its last chunk {}",
+            "family {family_id}'s row lacks chunks: {} bytes before its last chunk, {} expected",
             bytes.len(),
-            count - 1
+            full_chunks * CHUNK_BYTES
         )));
     }
-    bytes.extend_from_slice(last.value());
+    if let Some((_, last)) = last {
+        bytes.extend_from_slice(last.value());
+    }
     Ok(bytes)
 }
 
 /// Writes `bytes` as `family_id`'s row in chunks (at least one, so an empty row is found),
 /// and removes the chunks an earlier, longer row left beyond them.
 fn put_chunked(
-    table: &mut redb::Table<'_, (&'static str, u32), &'static [u8]>,
+    table: &mut ChunkedWrite<'_>,
     family_id: &str,
     bytes: &[u8],
 ) -> Result<(), RouterError> {
@@ -690,10 +689,7 @@ fn put_chunked(
 }
 
 /// Removes `family_id`'s row, if any.
-fn remove_row(
-    table: &mut redb::Table<'_, (&'static str, u32), &'static [u8]>,
-    family_id: &str,
-) -> Result<(), RouterError> {
+fn remove_row(table: &mut ChunkedWrite<'_>, family_id: &str) -> Result<(), RouterError> {
     let first = table
         .remove((family_id, 0))
         .map_err(|e| store_error("remove a family", e))?;
@@ -705,7 +701,7 @@ fn remove_row(
 
 /// Removes `family_id`'s chunks numbered `first` and on.
 fn remove_chunks_from(
-    table: &mut redb::Table<'_, (&'static str, u32), &'static [u8]>,
+    table: &mut ChunkedWrite<'_>,
     family_id: &str,
     first: u32,
 ) -> Result<(), RouterError> {
