@@ -14,8 +14,8 @@ use tally_authority::families::{
 };
 use tally_ledger::limits::MAX_LOG_INDEX;
 use tally_ledger::{
-    AccountKey, BudgetCommitIndex, ClusterParams, Command, FamilyId, Hold, HoldFilter,
-    HoldPosition, HoldView, InvocationState, LedgerError, Outcome,
+    AccountKey, BudgetCommitIndex, ClientCommand, ClusterParams, Command, FamilyId, GrantLimits,
+    Hold, HoldFilter, HoldPosition, HoldView, InvocationState, LedgerError, Operation, Outcome,
 };
 use tokio::sync::{oneshot, Mutex};
 
@@ -343,6 +343,102 @@ async fn a_large_passivation_commits_a_bounded_group_at_a_time() -> anyhow::Resu
     for (f, digest) in families.iter().zip(digests) {
         assert_eq!(router.family_digest(f).await?, digest, "family {f} changed");
     }
+    Ok(())
+}
+
+/// A family whose encoding spans several of the store's chunks (1 MiB each) spills and
+/// resumes with exactly its state, and so does it once compaction has shrunk it to fewer
+/// chunks (its open holds stay; a chunk left from the larger row would break it): replays,
+/// new commands and digests match a router that never spilled it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_family_larger_than_a_store_chunk_resumes_exactly_as_it_grows_and_shrinks(
+) -> anyhow::Result<()> {
+    let f = family(1);
+    let mut spilling = router(1_000);
+    let mut staying = router(1_000);
+    let params = ClusterParams {
+        retention_ms: 1_000,
+        ..ClusterParams::default()
+    };
+    // Holds left open (no call cap, no timeout), ids as long as kernels make them.
+    let open_hold = |n: u64, now_ms: u64| {
+        let hold = format!("budget-hold:{n:036}:{f}-cap:0");
+        Command::Apply(ClientCommand {
+            header: header(&f, &format!("{hold}:authorize"), now_ms),
+            op: Operation::AuthorizeHold {
+                hold_id: hold.into(),
+                requested_exposure_units: 1,
+                limits: GrantLimits::monetary(None, Some(100), None, "USD"),
+                ancestors: vec![],
+                hold_timeout_ms: None,
+            },
+        })
+    };
+    let mut entries = vec![set_params(1, T0, params)];
+    entries.extend((0..100).map(|e| {
+        let holds = (0..100).map(|n| open_hold(e * 100 + n, T0));
+        entry(e + 2, T0, holds.collect())
+    }));
+    let mut index = entries.len() as u64;
+    for router in [&mut spilling, &mut staying] {
+        router.apply(entries.clone()).await?;
+    }
+
+    let mut encoded = Vec::new();
+    for round in ["grown", "compacted"] {
+        let digest = staying.family_digest(&f).await?;
+        assert_eq!(spilling.passivate_idle(0).await?, 1, "{round}: spilled");
+        assert!(!spilling.is_live(&f));
+        encoded.push(spilling.store().view()?.get(&f)?.len());
+        assert_eq!(
+            spilling.family_digest(&f).await?,
+            digest,
+            "{round}: the stored family differs"
+        );
+        // A replay of the first command and a new one, against the router that kept it.
+        index += 1;
+        let now = spilling.cluster_time_ms();
+        let next = vec![entry(
+            index,
+            now,
+            vec![open_hold(0, T0), open_hold(1_000_000 + index, now)],
+        )];
+        let resumed = spilling.apply(next.clone()).await?;
+        assert!(spilling.is_live(&f), "{round}: a command resumes it");
+        assert_eq!(
+            resumed,
+            staying.apply(next).await?,
+            "{round}: answers differ"
+        );
+        assert!(
+            matches!(&resumed[0].results[0], Ok(d) if d.replayed),
+            "{round}: the first command replays: {:?}",
+            resumed[0].results[0]
+        );
+        assert_eq!(
+            spilling.family_digest(&f).await?,
+            staying.family_digest(&f).await?,
+            "{round}: resumed state differs"
+        );
+        // Past every command's deadline and retention, 10 s per entry (the clock's step),
+        // then enough expiry rounds to compact the backlog (a command compacts 1,024 steps).
+        let mut compaction: Vec<_> = (1..=8)
+            .map(|step| blank(index + step, now + step * 10_000))
+            .collect();
+        index += 8;
+        let later = now + 80_000;
+        for _ in 0..40 {
+            index += 1;
+            compaction.push(entry(index, later, vec![expire(&f, later)]));
+        }
+        for router in [&mut spilling, &mut staying] {
+            router.apply(compaction.clone()).await?;
+        }
+    }
+    assert!(
+        encoded[0] > 4 << 20 && encoded[1] > 1 << 20 && encoded[1] < encoded[0] / 2,
+        "grown over 4 chunks, then compacted to fewer but more than one: {encoded:?}"
+    );
     Ok(())
 }
 
