@@ -5,59 +5,19 @@
 //! bytes, spare capacity of the family's tables and deques included (the allocator's own
 //! per-block overhead is not). Prints its figures; `cargo bench -p tally-ledger --bench memory`.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use tally_ledger::*;
 
 mod common;
 
 use common::{ctx_at, denied_call, tool_call, RequestIds, T0};
 
-/// Live heap bytes and blocks of the whole process (the bench is single-threaded).
-struct Counting;
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
 
-static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
-static LIVE_BLOCKS: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwards the caller's layout to the system allocator unchanged.
-        let block = unsafe { System.alloc(layout) };
-        if !block.is_null() {
-            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
-            LIVE_BLOCKS.fetch_add(1, Ordering::Relaxed);
-        }
-        block
-    }
-
-    unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
-        // SAFETY: `block` came from `alloc` or `realloc` above with this layout.
-        unsafe { System.dealloc(block, layout) };
-        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
-        LIVE_BLOCKS.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: `block` came from this allocator with `layout`; the caller upholds the rest.
-        let moved = unsafe { System.realloc(block, layout, new_size) };
-        if !moved.is_null() {
-            LIVE_BYTES.fetch_add(new_size, Ordering::Relaxed);
-            LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
-        }
-        moved
-    }
-}
+use counting_alloc::live;
 
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-fn live() -> (usize, usize) {
-    (
-        LIVE_BYTES.load(Ordering::Relaxed),
-        LIVE_BLOCKS.load(Ordering::Relaxed),
-    )
-}
+static ALLOCATOR: counting_alloc::Counting = counting_alloc::Counting;
 
 /// Calls per run: enough that table growth steps average out.
 const CALLS: u64 = 100_000;

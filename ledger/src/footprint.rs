@@ -2,23 +2,33 @@
 //! against the node's `memory_budget` to decide which families stay in memory. Counting
 //! allocations exactly would cost the apply path; row counts are already kept.
 //!
-//! The per-row figures are calibrated on `cargo bench -p tally-ledger --bench memory` (a
-//! counting allocator over 100,000 authorize + capture + reconcile calls, docs/sizing.md): a
+//! The per-row figures were measured with the counting allocator of `cargo bench -p
+//! tally-ledger --bench memory`, dropping each table in turn from a family read back after
+//! 100,000 authorize + capture + reconcile calls or 100,000 denied authorizes, named by
+//! counters and by UUIDs (docs/sizing.md, "The estimate, measured by table");
+//! `tests/footprint_estimate.rs` holds the whole estimate to the bytes counted. A
 //! retained command costs about 1.1 KB (its event, its dedupe row with field hashes, its hold
-//! and two queue entries) and a compacted one about 0.4 KB (the dedupe row and the archived
-//! hold). The estimate is node-local: nothing replicated or digested depends on it.
+//! and its compaction queue entries). A string id named by several rows is one allocation
+//! shared by them; its bytes are counted once, in the queue entry, the last row to let it go.
+//! Once compacted a command leaves memory (its rows go to the family store). The estimate is
+//! node-local: nothing replicated or digested depends on it.
 
 use crate::family::Family;
 
-/// A retained event in the journal.
-const EVENT_BYTES: usize = 600;
-/// A dedupe row (retained field hashes or compacted digest, and the answer).
-const DEDUPE_ROW_BYTES: usize = 200;
-/// A hold slot, live or archived.
-const HOLD_BYTES: usize = 200;
+/// A retained event in the journal (419–431 B measured).
+const EVENT_BYTES: usize = 430;
+/// A dedupe row (retained field hashes or compacted digest, and the answer; 206–224 B).
+const DEDUPE_ROW_BYTES: usize = 220;
+/// A live hold (its slot and the hold; 352 B).
+const LIVE_HOLD_BYTES: usize = 350;
+/// Any other hold slot: a denied authorize's claim, or an archive not yet out of memory
+/// (113–136 B).
+const CLAIM_BYTES: usize = 140;
+/// A compaction queue entry, with the identity it retains and the shared ids (230–257 B).
+const QUEUE_ENTRY_BYTES: usize = 250;
 /// An account with its grant limits and counters.
 const ACCOUNT_BYTES: usize = 400;
-/// A consumed nonce, an expiry entry or a compaction queue entry.
+/// A consumed nonce or an expiry entry.
 const SMALL_ROW_BYTES: usize = 64;
 /// The family's own fixed part: its id and empty tables.
 const FAMILY_BASE_BYTES: usize = 1_024;
@@ -26,11 +36,20 @@ const FAMILY_BASE_BYTES: usize = 1_024;
 impl Family {
     /// About how many heap bytes this family holds (see the module docs for the figures).
     pub fn footprint_bytes(&self) -> usize {
-        let small_rows = self.nonces.len() + self.expiry_index.len() + self.compaction_queue.len();
+        assert!(
+            self.live_holds <= self.holds.len(),
+            "live holds ({}) are a part of the hold table ({})",
+            self.live_holds,
+            self.holds.len()
+        );
+        let claims = self.holds.len() - self.live_holds;
+        let small_rows = self.nonces.len() + self.expiry_index.len();
         FAMILY_BASE_BYTES
             + self.journal.len() * EVENT_BYTES
             + self.dedupe.len() * DEDUPE_ROW_BYTES
-            + self.holds.len() * HOLD_BYTES
+            + self.live_holds * LIVE_HOLD_BYTES
+            + claims * CLAIM_BYTES
+            + self.compaction_queue.len() * QUEUE_ENTRY_BYTES
             + self.accounts.len() * ACCOUNT_BYTES
             + small_rows * SMALL_ROW_BYTES
     }
