@@ -41,6 +41,8 @@ struct Footprint {
     /// compaction backlog, as a restore's first expiry round finds a busy one.
     decoded_half_bytes: usize,
     estimate_half_bytes: usize,
+    /// Per table of the family read back in full: name, rows, heap bytes freed by dropping it.
+    tables_full: Vec<(&'static str, usize, usize)>,
 }
 
 /// Heap bytes of `family` decoded from its encoding: what a family read back takes.
@@ -51,6 +53,20 @@ fn decoded_bytes(family: &Family) -> usize {
     let (after, _) = live();
     assert_eq!(decoded.digest(), family.digest(), "read back unchanged");
     after - before
+}
+
+/// The heap bytes each table of `family` read back frees when dropped, with its rows: what
+/// the estimate's costs per row are calibrated on (`ledger/src/footprint.rs`).
+fn by_table(family: &Family) -> Vec<(&'static str, usize, usize)> {
+    let decoded = Family::from_snapshot_bytes(&family.to_snapshot_bytes()).expect("decodes");
+    let mut tables = Vec::new();
+    let (mut before, _) = live();
+    decoded.drop_by_table(|table, rows| {
+        let (after, _) = live();
+        tables.push((table, rows, before - after));
+        before = after;
+    });
+    tables
 }
 
 fn measure<const N: usize>(
@@ -87,6 +103,7 @@ fn measure<const N: usize>(
     let snapshot_full = family.to_snapshot_bytes().len();
     let decoded_full_bytes = decoded_bytes(&family);
     let estimate_full_bytes = family.footprint_bytes();
+    let tables_full = by_table(&family);
 
     // Past every command's `not_after_ms + retention_ms`: each command compacts a bounded
     // number of items (MAX_COMPACTIONS_PER_COMMAND), so apply expiry sweeps until all is done.
@@ -135,6 +152,7 @@ fn measure<const N: usize>(
         estimate_compacted_bytes,
         decoded_half_bytes,
         estimate_half_bytes,
+        tables_full,
     }
 }
 
@@ -169,6 +187,15 @@ fn report(what: &str, name: &str, commands: usize, f: &Footprint) {
          compaction backlog)",
         f.decoded_half_bytes / commands,
         f.estimate_half_bytes / commands
+    );
+    let tables: Vec<String> = (f.tables_full.iter())
+        .filter(|(_, rows, _)| *rows > 0)
+        .map(|(table, rows, bytes)| format!("{table} {rows} rows × {} B", bytes / rows))
+        .collect();
+    println!(
+        "  by table:          {} (read back in full; a shared id counts in the last table \
+         dropped)",
+        tables.join(", ")
     );
 }
 

@@ -2,10 +2,10 @@
 //! against the node's `memory_budget` to decide which families stay in memory. Counting
 //! allocations exactly would cost the apply path; row counts are already kept.
 //!
-//! The per-row figures were measured with the counting allocator of `cargo bench -p
-//! tally-ledger --bench memory`, dropping each table in turn from a family read back after
-//! 100,000 authorize + capture + reconcile calls or 100,000 denied authorizes, named by
-//! counters and by UUIDs (docs/sizing.md, "The estimate, measured by table");
+//! The per-row figures are measured by `cargo bench -p tally-ledger --bench memory` (its "by
+//! table" lines: a counting allocator, each table dropped in turn from a family read back
+//! after 100,000 authorize + capture + reconcile calls or 100,000 denied authorizes, named by
+//! counters and by UUIDs; docs/sizing.md, "The estimate, measured by table");
 //! `tests/footprint_estimate.rs` holds the whole estimate to the bytes counted. A
 //! retained command costs about 1.1 KB (its event, its dedupe row with field hashes, its hold
 //! and its compaction queue entries). A string id named by several rows is one allocation
@@ -55,10 +55,60 @@ impl Family {
     }
 }
 
+/// The tables of a family, in the order `Family::drop_by_table` drops them.
+const FAMILY_TABLES: [&str; 7] = [
+    "journal",
+    "dedupe",
+    "holds",
+    "accounts",
+    "nonces",
+    "expiry",
+    "compaction queue",
+];
+
+impl Family {
+    /// Drops this family one table at a time, in `FAMILY_TABLES` order, calling `dropped`
+    /// with each table's name and row count once it is gone: how the memory bench attributes
+    /// a family's heap bytes to its tables (with a counting allocator) to calibrate the costs
+    /// above. A string id shared by rows of several tables is freed with the last of them.
+    pub fn drop_by_table(mut self, mut dropped: impl FnMut(&'static str, usize)) {
+        // One step per table: its rows counted, the table dropped, the caller told.
+        macro_rules! drop_table {
+            ($($table:ident),*) => {
+                let [$($table),*] = FAMILY_TABLES;
+                $(
+                    let rows = self.$table.len();
+                    drop(std::mem::take(&mut self.$table));
+                    dropped($table, rows);
+                )*
+            };
+        }
+        drop_table!(
+            journal,
+            dedupe,
+            holds,
+            accounts,
+            nonces,
+            expiry_index,
+            compaction_queue
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ids::FamilyId;
+
+    #[test]
+    fn dropping_by_table_names_every_table_once_in_order() {
+        let mut names = Vec::new();
+        Family::new(FamilyId::from("fam")).drop_by_table(|table, rows| {
+            assert_eq!(rows, 0, "an empty family's {table} has no rows");
+            names.push(table);
+        });
+        assert_eq!(names, FAMILY_TABLES);
+    }
 
     #[test]
     fn an_empty_family_costs_its_base_only() {
