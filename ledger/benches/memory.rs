@@ -59,7 +59,8 @@ fn decoded_bytes(family: &Family) -> usize {
 /// the estimate's costs per row are calibrated on (`ledger/src/footprint.rs`).
 fn by_table(family: &Family) -> Vec<(&'static str, usize, usize)> {
     let decoded = Family::from_snapshot_bytes(&family.to_snapshot_bytes()).expect("decodes");
-    let mut tables = Vec::new();
+    // Sized before counting starts: a push that grew it would be counted against a table.
+    let mut tables = Vec::with_capacity(16);
     let (mut before, _) = live();
     decoded.drop_by_table(|table, rows| {
         let (after, _) = live();
