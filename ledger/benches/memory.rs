@@ -14,7 +14,7 @@ use common::{ctx_at, denied_call, tool_call, RequestIds, T0};
 #[path = "common/counting_alloc.rs"]
 mod counting_alloc;
 
-use counting_alloc::live;
+use counting_alloc::{freed_by_table, live};
 
 #[global_allocator]
 static ALLOCATOR: counting_alloc::Counting = counting_alloc::Counting;
@@ -55,19 +55,9 @@ fn decoded_bytes(family: &Family) -> usize {
     after - before
 }
 
-/// The heap bytes each table of `family` read back frees when dropped, with its rows: what
-/// the estimate's costs per row are calibrated on (`ledger/src/footprint.rs`).
+/// The heap bytes each table of `family` read back frees when dropped, with its rows.
 fn by_table(family: &Family) -> Vec<(&'static str, usize, usize)> {
-    let decoded = Family::from_snapshot_bytes(&family.to_snapshot_bytes()).expect("decodes");
-    // Sized before counting starts: a push that grew it would be counted against a table.
-    let mut tables = Vec::with_capacity(16);
-    let (mut before, _) = live();
-    decoded.drop_by_table(|table, rows| {
-        let (after, _) = live();
-        tables.push((table, rows, before - after));
-        before = after;
-    });
-    tables
+    freed_by_table(Family::from_snapshot_bytes(&family.to_snapshot_bytes()).expect("decodes"))
 }
 
 fn measure<const N: usize>(

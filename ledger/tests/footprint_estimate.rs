@@ -12,7 +12,7 @@ mod common;
 mod counting_alloc;
 
 use common::{ctx_at, denied_call, tool_call, RequestIds, T0};
-use counting_alloc::live;
+use counting_alloc::{freed_by_table, live};
 use tally_ledger::*;
 
 #[global_allocator]
@@ -63,17 +63,12 @@ fn measure<const N: usize>(
     assert_eq!(decoded.digest(), family.digest(), "read back unchanged");
     let read_back_bytes = after_decode - before_decode;
 
-    // Sized before counting: a push that grew it would count against a table.
-    let mut dropped = Vec::with_capacity(rows.len());
-    let (mut before, _) = live();
-    let mut freed_bytes = 0;
-    decoded.drop_by_table(|table, table_rows| {
-        let (after, _) = live();
-        freed_bytes += before - after;
-        before = after;
-        dropped.push((table, table_rows as u64));
-    });
-    assert_eq!(dropped, rows, "each table named with its rows, in order");
+    let dropped = freed_by_table(decoded);
+    let named: Vec<(&str, u64)> = (dropped.iter())
+        .map(|(table, table_rows, _)| (*table, *table_rows as u64))
+        .collect();
+    assert_eq!(named, rows, "each table named with its rows, in order");
+    let freed_bytes: usize = dropped.iter().map(|(_, _, bytes)| bytes).sum();
     assert!(
         freed_bytes <= read_back_bytes && read_back_bytes - freed_bytes < 4_096,
         "the tables freed {freed_bytes} of the {read_back_bytes} bytes read back"
