@@ -80,6 +80,9 @@ pub struct BenchReport {
     pub calls: u64,
     pub commands: u64,
     pub errors: u64,
+    /// The errors by what they were (`refused`, `unavailable`, `not_applied`, `unknown`), with
+    /// the first one's message of each kind: a count alone does not say what went wrong.
+    pub errors_by_kind: Vec<ErrorKindCount>,
     pub seconds: f64,
     pub commands_per_s: f64,
     pub p50_ms: f64,
@@ -95,6 +98,20 @@ pub struct BenchReport {
     /// The offered commands/s of `--rate`, when the load had one.
     pub offered_commands_per_s: Option<f64>,
 }
+
+/// How many commands ended in one kind of error, and the first such error's message.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ErrorKindCount {
+    pub kind: &'static str,
+    pub count: u64,
+    pub first: String,
+}
+
+/// The kinds of error a command can end in, in `Meter::errors_by_kind`'s order.
+const ERROR_KINDS: [&str; 4] = ["refused", "unavailable", "not_applied", "unknown"];
+
+/// The longest first message kept per kind of error.
+const MAX_ERROR_MESSAGE_BYTES: usize = 200;
 
 pub async fn run(client: Arc<TallyClient>, args: BenchArgs, json: bool) -> anyhow::Result<u8> {
     anyhow::ensure!(
@@ -124,6 +141,9 @@ pub async fn run(client: Arc<TallyClient>, args: BenchArgs, json: bool) -> anyho
                 .unwrap_or_default(),
             report.batch, report.concurrency
         );
+        for kind in &report.errors_by_kind {
+            println!("  {} {}, the first: {}", kind.count, kind.kind, kind.first);
+        }
     }
     Ok(if report.commands == 0 { 1 } else { 0 })
 }
@@ -222,6 +242,7 @@ pub async fn drive_counted(
         calls: meter.calls.load(Ordering::Relaxed),
         commands,
         errors: meter.errors.load(Ordering::Relaxed),
+        errors_by_kind: meter.errors_by_kind(),
         seconds,
         commands_per_s: commands as f64 / seconds,
         p50_ms: histogram.value_at_quantile(0.50) as f64 / 1_000.0,
@@ -230,6 +251,18 @@ pub async fn drive_counted(
         batch: args.batch,
         concurrency: args.concurrency,
     }
+}
+
+/// `message` cut to at most `max_bytes`, on a character's boundary.
+fn truncate(mut message: String, max_bytes: usize) -> String {
+    if message.len() > max_bytes {
+        let mut end = max_bytes;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+    }
+    message
 }
 
 /// The fixed schedule of `--rate`: call `k` starts at `start + k × step`, whichever caller is
@@ -280,6 +313,8 @@ struct Meter {
     /// Shared with the caller of [`drive_counted`].
     commands: Arc<AtomicU64>,
     errors: AtomicU64,
+    /// Per kind of `ERROR_KINDS`: how many, and the first one's message.
+    error_kinds: Mutex<[(u64, Option<String>); ERROR_KINDS.len()]>,
     /// When the load began: the origin of `Latencies::slowest_by_second`.
     start: Instant,
 }
@@ -303,8 +338,37 @@ impl Meter {
             calls: AtomicU64::new(0),
             commands,
             errors: AtomicU64::new(0),
+            error_kinds: Mutex::new(Default::default()),
             start,
         }
+    }
+
+    /// Counts a command that got no decision, by its kind.
+    fn error(&self, outcome: &Outcome) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        let (kind, message) = match outcome {
+            Outcome::Decided(_) => unreachable!("a decision is not an error"),
+            Outcome::Refused(error) => (0, error.to_string()),
+            Outcome::Unavailable { reason } => (1, reason.clone()),
+            Outcome::NotApplied { event_id } => (2, format!("event {event_id} not applied")),
+            Outcome::Unknown { event_id, reason } => (3, format!("event {event_id}: {reason}")),
+        };
+        let mut kinds = self.error_kinds.lock().unwrap_or_else(|p| p.into_inner());
+        let (count, first) = &mut kinds[kind];
+        *count += 1;
+        first.get_or_insert_with(|| truncate(message, MAX_ERROR_MESSAGE_BYTES));
+    }
+
+    fn errors_by_kind(&self) -> Vec<ErrorKindCount> {
+        let kinds = self.error_kinds.lock().unwrap_or_else(|p| p.into_inner());
+        (ERROR_KINDS.iter().zip(kinds.iter()))
+            .filter(|(_, (count, _))| *count > 0)
+            .map(|(kind, (count, first))| ErrorKindCount {
+                kind,
+                count: *count,
+                first: first.clone().unwrap_or_default(),
+            })
+            .collect()
     }
 
     /// Records one command's latency, ended now.
@@ -345,8 +409,8 @@ impl Submitter {
                 meter.commands.fetch_add(1, Ordering::Relaxed);
                 Some(decision)
             }
-            _ => {
-                meter.errors.fetch_add(1, Ordering::Relaxed);
+            other => {
+                meter.error(&other);
                 None
             }
         }
@@ -505,6 +569,34 @@ mod tests {
         assert_eq!(latencies.histogram.len(), 2);
         assert_eq!(slowest_second(&[0.0, 3.0, 7.0, 1.0]), Some(2));
         assert_eq!(slowest_second(&[0.0, 0.0]), None, "no command ended");
+    }
+
+    #[test]
+    fn errors_are_counted_by_kind_with_the_first_message_of_each() {
+        let meter = Meter::new(Instant::now(), Arc::new(AtomicU64::new(0)));
+        let unavailable = |reason: &str| Outcome::Unavailable {
+            reason: reason.to_owned(),
+        };
+        meter.error(&unavailable("no leader"));
+        meter.error(&unavailable("still no leader"));
+        meter.error(&Outcome::Unknown {
+            event_id: "e-1".into(),
+            reason: "é".repeat(MAX_ERROR_MESSAGE_BYTES),
+        });
+        assert_eq!(meter.errors.load(Ordering::Relaxed), 3);
+        let kinds = meter.errors_by_kind();
+        let summary: Vec<(&str, u64)> = kinds.iter().map(|k| (k.kind, k.count)).collect();
+        assert_eq!(
+            summary,
+            [("unavailable", 2), ("unknown", 1)],
+            "no empty kinds"
+        );
+        assert_eq!(kinds[0].first, "no leader", "the first message is kept");
+        assert!(kinds[1].first.starts_with("event e-1: é"));
+        assert!(
+            kinds[1].first.len() <= MAX_ERROR_MESSAGE_BYTES,
+            "a long message is cut, on a character's boundary"
+        );
     }
 
     #[test]
