@@ -24,10 +24,15 @@
 //! without reading its rows: a snapshot links run files (`Run::link_to`) and a restart or a
 //! restore takes them back (`ColdRuns::adopt`) instead of rewriting every row.
 //!
-//! Memory: each run keeps the first key and place of each block (~0.5% of its bytes), counted
-//! by `ColdRuns::index_bytes` against the budget, and the last block it read. The index is
-//! written once more in the run's footer, so it is read back from there, never rebuilt from
-//! the blocks.
+//! Memory: each run keeps the first key of each group of `GROUP_BLOCKS` blocks (2 MiB of rows,
+//! ~0.005% of its bytes) and where the group's part of the footer is, counted by
+//! `ColdRuns::index_bytes` against the budget, and the last group and block it read. A lookup
+//! reads the group's part of the footer (~4 KiB) and then the block. Keeping every block's
+//! first key instead (~0.3% of the bytes, about a byte a row) made memory grow with the
+//! history: ~50 MB at 50M rows, gigabytes after a year. Lookups that reach the runs are rare
+//! (a replay of an old id, or a filter's false positive), so the second read costs little.
+//! The index is read from the footer, never rebuilt from the blocks: a run opens by reading
+//! its footer once, checked whole, and keeping the groups' first keys.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -45,6 +50,9 @@ use crate::writeback_file::WritebackFile;
 const BLOCK_BYTES: usize = 32 << 10;
 /// Runs of one size tier merged together.
 pub(super) const MERGE_FAN_IN: usize = 4;
+/// Blocks per group of a run's index: memory keeps a group's first key and its place in the
+/// footer (`GroupPlace`); a lookup reads the group's 64 entries (~4 KiB with ~50-byte keys).
+const GROUP_BLOCKS: usize = 64;
 /// Entry header: key length and row length, u32 little-endian each.
 const ENTRY_HEADER_BYTES: usize = 8;
 /// Block trailer: the CRC-32 of the block's entries.
@@ -71,6 +79,17 @@ struct BlockPlace {
     len: u32,
 }
 
+/// Where one group of `GROUP_BLOCKS` blocks is described in a run's footer, and what its first
+/// block is (checked again when the group is read).
+struct GroupPlace {
+    first_key: Box<[u8]>,
+    /// The first block's offset in the run.
+    first_block_offset: u64,
+    /// Where the group's entries start in the run's file, and their bytes.
+    entries_offset: u64,
+    entries_len: u32,
+}
+
 enum RunData {
     /// `remove_on_drop`: the run's own file, gone with it; a file opened to read only
     /// (`Run::open` not owned) is someone else's to keep.
@@ -86,13 +105,16 @@ enum RunData {
 /// One immutable run of rows in key order.
 pub(super) struct Run {
     data: RunData,
-    blocks: Vec<BlockPlace>,
+    groups: Vec<GroupPlace>,
+    block_count: usize,
     rows: u64,
     /// Bytes of the blocks: what merge tiers go by.
     bytes: u64,
     /// Bytes of the blocks, the footer and the trailer: what the run takes on disk.
     file_bytes: u64,
     index_bytes: usize,
+    /// The last group read: a scan reads each group once, a lookup reads its group once.
+    last_group: Mutex<Option<(usize, Arc<[BlockPlace]>)>>,
     /// The last block read, checked: scans (snapshots) read each block once.
     last_block: Mutex<Option<(usize, Arc<[u8]>)>>,
 }
@@ -144,11 +166,13 @@ impl Run {
     fn from_index(data: RunData, index: RunIndex) -> Self {
         Self {
             data,
-            index_bytes: index_bytes(&index.blocks),
-            blocks: index.blocks,
+            index_bytes: index_bytes(&index.groups),
+            groups: index.groups,
+            block_count: index.block_count,
             rows: index.rows,
             bytes: index.block_bytes,
             file_bytes: index.file_bytes,
+            last_group: Mutex::new(None),
             last_block: Mutex::new(None),
         }
     }
@@ -200,28 +224,70 @@ impl Run {
         }
     }
 
+    /// Reads `buffer.len()` bytes of the run at `offset`. Blocking.
+    fn read_at(&self, buffer: &mut [u8], offset: u64) -> std::io::Result<()> {
+        match &self.data {
+            RunData::Memory(data) => read_slice_at(data, buffer, offset),
+            RunData::File { file, .. } => file.read_exact_at(buffer, offset),
+        }
+    }
+
+    /// A damage found after the run was opened.
+    fn damaged(&self, what: &str) -> RouterError {
+        match &self.data {
+            RunData::File { path, .. } => damaged(path, what),
+            RunData::Memory(_) => {
+                RouterError::Store(format!("a run of rows out of memory is damaged: {what}"))
+            }
+        }
+    }
+
+    /// The places of group `index`'s blocks, read from the footer and checked against what
+    /// the open found (the footer's checksum covers it whole, so a group read later is
+    /// checked for order and place instead). Blocking.
+    fn group(&self, index: usize) -> Result<Arc<[BlockPlace]>, RouterError> {
+        if let Some((cached, places)) = lock(&self.last_group).as_ref() {
+            if *cached == index {
+                return Ok(Arc::clone(places));
+            }
+        }
+        let place = &self.groups[index];
+        let mut entries = vec![0; place.entries_len as usize];
+        (self.read_at(&mut entries, place.entries_offset))
+            .map_err(|e| store_error("read a run's block index", e))?;
+        let count = GROUP_BLOCKS.min(self.block_count - index * GROUP_BLOCKS);
+        let mut reader = FooterReader { rest: &entries };
+        let mut places = Vec::with_capacity(count);
+        for _ in 0..count {
+            let block = (reader.block())
+                .ok_or_else(|| self.damaged("a group of its block index is cut short"))?;
+            let expected_offset = places.last().map_or(place.first_block_offset, block_end);
+            check_next_block(places.last(), expected_offset, &block)
+                .map_err(|what| self.damaged(&what))?;
+            places.push(block);
+        }
+        if !reader.rest.is_empty() || places[0].first_key != place.first_key {
+            return Err(self.damaged("a group of its block index is not what it was"));
+        }
+        let places: Arc<[BlockPlace]> = places.into();
+        *lock(&self.last_group) = Some((index, Arc::clone(&places)));
+        Ok(places)
+    }
+
     /// Block `index`, its checksum verified. Blocking.
     fn block(&self, index: usize) -> Result<Arc<[u8]>, RouterError> {
-        let mut last = lock(&self.last_block);
-        if let Some((cached, bytes)) = last.as_ref() {
+        if let Some((cached, bytes)) = lock(&self.last_block).as_ref() {
             if *cached == index {
                 return Ok(Arc::clone(bytes));
             }
         }
-        let place = &self.blocks[index];
+        let places = self.group(index / GROUP_BLOCKS)?;
+        let place = &places[index % GROUP_BLOCKS];
         let len = place.len as usize;
-        let bytes: Arc<[u8]> = match &self.data {
-            RunData::Memory(data) => {
-                let start = usize::try_from(place.offset).expect("a run in memory fits memory");
-                Arc::from(&data[start..start + len])
-            }
-            RunData::File { file, .. } => {
-                let mut buffer = vec![0; len];
-                (file.read_exact_at(&mut buffer, place.offset))
-                    .map_err(|e| store_error("read a block of rows", e))?;
-                Arc::from(buffer)
-            }
-        };
+        let mut buffer = vec![0; len];
+        (self.read_at(&mut buffer, place.offset))
+            .map_err(|e| store_error("read a block of rows", e))?;
+        let bytes: Arc<[u8]> = Arc::from(buffer);
         let (entries, crc) = bytes.split_at(len - CRC_BYTES);
         let stored = u32::from_le_bytes(crc.try_into().expect("four bytes"));
         if crc32fast::hash(entries) != stored {
@@ -230,23 +296,27 @@ impl Run {
                 place.offset
             )));
         }
-        *last = Some((index, Arc::clone(&bytes)));
+        *lock(&self.last_block) = Some((index, Arc::clone(&bytes)));
         Ok(bytes)
     }
 
-    /// The block that holds `key` if any block does.
-    fn block_of(&self, key: &[u8]) -> usize {
-        (self.blocks)
-            .partition_point(|block| &*block.first_key <= key)
-            .saturating_sub(1)
+    /// The block that holds `key` if any block does (the first block for a key before it).
+    /// Blocking: reads the group's part of the footer.
+    fn block_of(&self, key: &[u8]) -> Result<usize, RouterError> {
+        let group = (self.groups)
+            .partition_point(|group| &*group.first_key <= key)
+            .saturating_sub(1);
+        let places = self.group(group)?;
+        let within = (places.partition_point(|block| &*block.first_key <= key)).saturating_sub(1);
+        Ok(group * GROUP_BLOCKS + within)
     }
 
     /// The row under `key`, if this run holds it. Blocking.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, RouterError> {
-        if self.blocks.is_empty() || key < &*self.blocks[0].first_key {
+        if self.groups.is_empty() || key < &*self.groups[0].first_key {
             return Ok(None);
         }
-        let block = self.block(self.block_of(key))?;
+        let block = self.block(self.block_of(key)?)?;
         for entry in Entries::of(&block) {
             let (entry_key, row) = entry?;
             if entry_key == key {
@@ -264,7 +334,7 @@ impl Run {
     pub fn range(self: &Arc<Self>, start: &[u8], end: Option<&[u8]>) -> RunRange {
         RunRange {
             run: Arc::clone(self),
-            next_block: self.block_of(start),
+            next_block: None,
             block: None,
             at: 0,
             start: start.to_vec(),
@@ -273,9 +343,10 @@ impl Run {
     }
 }
 
-/// What a run's footer says: where its blocks are and how many rows they hold.
+/// What a run's footer says: where its groups of blocks are and how many rows they hold.
 struct RunIndex {
-    blocks: Vec<BlockPlace>,
+    groups: Vec<GroupPlace>,
+    block_count: usize,
     rows: u64,
     /// Bytes of the blocks, which is where the footer starts.
     block_bytes: u64,
@@ -283,31 +354,75 @@ struct RunIndex {
     file_bytes: u64,
 }
 
-/// Memory a run's block index takes (counted in the budget).
-fn index_bytes(blocks: &[BlockPlace]) -> usize {
-    (blocks.iter())
-        .map(|block| block.first_key.len() + INDEX_ENTRY_BYTES)
-        .sum()
+/// Memory a run's index takes (counted in the budget): the groups' first keys and places, and
+/// the group and block a run keeps read (a block's bytes, a group's places with their keys).
+fn index_bytes(groups: &[GroupPlace]) -> usize {
+    let largest_group = (groups.iter())
+        .map(|group| group.entries_len as usize + GROUP_BLOCKS * INDEX_ENTRY_BYTES)
+        .max()
+        .unwrap_or(0);
+    let places: usize = (groups.iter())
+        .map(|group| group.first_key.len() + INDEX_ENTRY_BYTES)
+        .sum();
+    places + largest_group + BLOCK_BYTES
 }
 
-/// The footer of a run whose blocks are `blocks` and hold `rows` rows, its CRC included.
-fn encode_footer(blocks: &[BlockPlace], rows: u64) -> Result<Vec<u8>, RouterError> {
-    let keys_bytes: usize = blocks.iter().map(|block| block.first_key.len()).sum();
-    let mut footer =
-        Vec::with_capacity(keys_bytes + blocks.len() * FOOTER_BLOCK_BYTES + FOOTER_END_BYTES);
-    for block in blocks {
-        let key_len =
-            u32::try_from(block.first_key.len()).map_err(|e| store_error("index a key", e))?;
-        footer.extend_from_slice(&key_len.to_le_bytes());
-        footer.extend_from_slice(&block.first_key);
-        footer.extend_from_slice(&block.offset.to_le_bytes());
-        footer.extend_from_slice(&block.len.to_le_bytes());
+/// The end of a block: where the next one starts.
+fn block_end(block: &BlockPlace) -> u64 {
+    (block.offset).saturating_add(u64::from(block.len))
+}
+
+/// A run's footer as it is written: each block's entry, and the groups they form.
+#[derive(Default)]
+struct FooterWriter {
+    entries: Vec<u8>,
+    /// Entries' offsets are within `entries` until `finish` adds where the footer starts.
+    groups: Vec<GroupPlace>,
+    block_count: usize,
+}
+
+impl FooterWriter {
+    fn push(&mut self, first_key: &[u8], offset: u64, len: u32) -> Result<(), RouterError> {
+        if self.block_count.is_multiple_of(GROUP_BLOCKS) {
+            self.close_group();
+            self.groups.push(GroupPlace {
+                first_key: first_key.into(),
+                first_block_offset: offset,
+                entries_offset: self.entries.len() as u64,
+                entries_len: 0,
+            });
+        }
+        let key_len = u32::try_from(first_key.len()).map_err(|e| store_error("index a key", e))?;
+        self.entries.extend_from_slice(&key_len.to_le_bytes());
+        self.entries.extend_from_slice(first_key);
+        self.entries.extend_from_slice(&offset.to_le_bytes());
+        self.entries.extend_from_slice(&len.to_le_bytes());
+        self.block_count += 1;
+        Ok(())
     }
-    footer.extend_from_slice(&rows.to_le_bytes());
-    footer.extend_from_slice(&(blocks.len() as u64).to_le_bytes());
-    let crc = crc32fast::hash(&footer);
-    footer.extend_from_slice(&crc.to_le_bytes());
-    Ok(footer)
+
+    /// Sets the last group's length to the entries written since it started.
+    fn close_group(&mut self) {
+        if let Some(last) = self.groups.last_mut() {
+            last.entries_len = u32::try_from(self.entries.len() as u64 - last.entries_offset)
+                .expect("a group of 64 entries of bounded keys fits 32 bits");
+        }
+    }
+
+    /// The footer (the entries, the counts and the CRC) and the groups, placed for a footer
+    /// that starts at `footer_offset` in the run.
+    fn finish(mut self, rows: u64, footer_offset: u64) -> (Vec<u8>, Vec<GroupPlace>, usize) {
+        self.close_group();
+        let mut footer = self.entries;
+        footer.extend_from_slice(&rows.to_le_bytes());
+        footer.extend_from_slice(&(self.block_count as u64).to_le_bytes());
+        let crc = crc32fast::hash(&footer);
+        footer.extend_from_slice(&crc.to_le_bytes());
+        for group in &mut self.groups {
+            group.entries_offset += footer_offset;
+        }
+        (footer, self.groups, self.block_count)
+    }
 }
 
 /// The trailer of a run whose footer starts at `footer_offset` and is `footer_len` long.
@@ -344,27 +459,153 @@ fn read_slice_at(data: &[u8], buffer: &mut [u8], offset: u64) -> std::io::Result
 
 /// The index of the run of `file_bytes` bytes at `path`, from its trailer and footer (read
 /// with `read_at`), checked: the trailer's magic and lengths, the footer's CRC, and an index
-/// that tiles the blocks from offset 0 in key order.
+/// that tiles the blocks from offset 0 in key order. The footer is read in pieces of
+/// `FOOTER_READ_BYTES`, so opening a run of any size holds at most that much of it.
 fn read_index(
     path: &Path,
     file_bytes: u64,
     read_at: impl Fn(&mut [u8], u64) -> std::io::Result<()>,
 ) -> Result<RunIndex, RouterError> {
     let (footer_offset, footer_len) = read_trailer(path, file_bytes, &read_at)?;
-    let mut footer = vec![0; footer_len];
-    (read_at(&mut footer, footer_offset))
-        .map_err(|e| file_error("read the footer of the run of rows", path, e))?;
-    let (body, crc) = footer.split_at(footer_len - CRC_BYTES);
-    if crc32fast::hash(body) != u32::from_le_bytes(crc.try_into().expect("four bytes")) {
+    let read_error = |e| file_error("read the footer of the run of rows", path, e);
+    let entries_len = footer_len - FOOTER_END_BYTES;
+    let mut end = [0; FOOTER_END_BYTES];
+    read_at(&mut end, footer_offset + entries_len as u64).map_err(read_error)?;
+    let rows = u64::from_le_bytes(end[..8].try_into().expect("eight bytes"));
+    let block_count = u64::from_le_bytes(end[8..16].try_into().expect("eight bytes"));
+    let crc = u32::from_le_bytes(end[16..].try_into().expect("four bytes"));
+    if block_count > (entries_len / FOOTER_BLOCK_BYTES) as u64 {
+        return Err(damaged(
+            path,
+            &format!("{block_count} blocks in a short index"),
+        ));
+    }
+    let mut footer = FooterStream {
+        read_at: &read_at,
+        next: footer_offset,
+        end: footer_offset + entries_len as u64,
+        buffer: Vec::new(),
+        at: 0,
+        crc: crc32fast::Hasher::new(),
+    };
+    let mut groups: Vec<GroupPlace> = Vec::new();
+    let mut previous: Option<BlockPlace> = None;
+    for number in 0..block_count {
+        let entry_offset = footer.position();
+        let block = (footer.block().map_err(read_error)?)
+            .ok_or_else(|| damaged(path, "the block index is cut short"))?;
+        let expected_offset = previous.as_ref().map_or(0, block_end);
+        check_next_block(previous.as_ref(), expected_offset, &block)
+            .map_err(|what| damaged(path, &what))?;
+        if number.is_multiple_of(GROUP_BLOCKS as u64) {
+            close_group(groups.last_mut(), entry_offset);
+            groups.push(GroupPlace {
+                first_key: block.first_key.clone(),
+                first_block_offset: block.offset,
+                entries_offset: entry_offset,
+                entries_len: 0,
+            });
+        }
+        previous = Some(block);
+    }
+    close_group(groups.last_mut(), footer.position());
+    if !footer.at_end() {
+        return Err(damaged(path, "bytes after the block index"));
+    }
+    footer.crc.update(&end[..16]);
+    if footer.crc.finalize() != crc {
         return Err(damaged(path, "the footer's checksum does not match"));
     }
-    let (blocks, rows) = decode_footer(path, body, footer_offset)?;
+    let block_count = usize::try_from(block_count).expect("blocks read fit memory");
+    check_counts(path, previous.as_ref(), block_count, rows, footer_offset)?;
     Ok(RunIndex {
-        blocks,
+        groups,
+        block_count,
         rows,
         block_bytes: footer_offset,
         file_bytes,
     })
+}
+
+/// Ends `group` (if any) at `end`, an offset in the run.
+fn close_group(group: Option<&mut GroupPlace>, end: u64) {
+    if let Some(group) = group {
+        group.entries_len = u32::try_from(end - group.entries_offset)
+            .expect("a group of 64 entries of bounded keys fits 32 bits");
+    }
+}
+
+/// How much of a footer an open reads at a time.
+const FOOTER_READ_BYTES: usize = 1 << 20;
+
+/// A footer's entries read front to back in pieces, their CRC taken as they are read.
+struct FooterStream<'r, R> {
+    read_at: &'r R,
+    /// The run's offset of the next byte not yet read, and of the entries' end.
+    next: u64,
+    end: u64,
+    buffer: Vec<u8>,
+    /// The next byte not yet taken in `buffer`.
+    at: usize,
+    crc: crc32fast::Hasher,
+}
+
+impl<R: Fn(&mut [u8], u64) -> std::io::Result<()>> FooterStream<'_, R> {
+    /// The run's offset of the next byte to take.
+    fn position(&self) -> u64 {
+        self.next - (self.buffer.len() - self.at) as u64
+    }
+
+    fn at_end(&self) -> bool {
+        self.next == self.end && self.at == self.buffer.len()
+    }
+
+    /// The next `len` bytes, `None` if the entries end first.
+    fn take(&mut self, len: usize) -> std::io::Result<Option<&[u8]>> {
+        if self.buffer.len() - self.at < len {
+            self.buffer.drain(..self.at);
+            self.at = 0;
+            let needed = (len - self.buffer.len()) as u64;
+            let left = self.end - self.next;
+            if needed > left {
+                return Ok(None);
+            }
+            let read = usize::try_from(left.min(needed.max(FOOTER_READ_BYTES as u64)))
+                .expect("at most a footer's bytes");
+            let start = self.buffer.len();
+            self.buffer.resize(start + read, 0);
+            (self.read_at)(&mut self.buffer[start..], self.next)?;
+            self.crc.update(&self.buffer[start..]);
+            self.next += read as u64;
+        }
+        self.at += len;
+        Ok(Some(&self.buffer[self.at - len..self.at]))
+    }
+
+    fn take_array<const N: usize>(&mut self) -> std::io::Result<Option<[u8; N]>> {
+        Ok(self
+            .take(N)?
+            .map(|bytes| bytes.try_into().expect("N bytes")))
+    }
+
+    /// The next block's place, `None` if the entries end first.
+    fn block(&mut self) -> std::io::Result<Option<BlockPlace>> {
+        let Some(key_len) = self.take_array()? else {
+            return Ok(None);
+        };
+        let Some(first_key) = self.take(u32::from_le_bytes(key_len) as usize)? else {
+            return Ok(None);
+        };
+        let first_key: Box<[u8]> = first_key.into();
+        let (Some(offset), Some(len)) = (self.take_array()?, self.take_array()?) else {
+            return Ok(None);
+        };
+        Ok(Some(BlockPlace {
+            first_key,
+            offset: u64::from_le_bytes(offset),
+            len: u32::from_le_bytes(len),
+        }))
+    }
 }
 
 /// The footer's offset and length from the trailer of the run of `file_bytes` bytes at
@@ -396,79 +637,46 @@ fn read_trailer(
     Ok((footer_offset, footer_len as usize))
 }
 
-/// The blocks and row count in a footer's `body` (its CRC checked and cut off), checked
-/// against the `block_bytes` the blocks take.
-fn decode_footer(
-    path: &Path,
-    body: &[u8],
-    block_bytes: u64,
-) -> Result<(Vec<BlockPlace>, u64), RouterError> {
-    let (index, counts) = body.split_at(body.len() + CRC_BYTES - FOOTER_END_BYTES);
-    let rows = u64::from_le_bytes(counts[..8].try_into().expect("eight bytes"));
-    let block_count = u64::from_le_bytes(counts[8..].try_into().expect("eight bytes"));
-    if block_count > (index.len() / FOOTER_BLOCK_BYTES) as u64 {
-        return Err(damaged(
-            path,
-            &format!("{block_count} blocks in a short index"),
-        ));
-    }
-    let mut reader = FooterReader { rest: index };
-    let mut blocks = Vec::with_capacity(block_count as usize);
-    for _ in 0..block_count {
-        let block =
-            (reader.block()).ok_or_else(|| damaged(path, "the block index is cut short"))?;
-        check_next_block(path, blocks.last(), &block)?;
-        blocks.push(block);
-    }
-    if !reader.rest.is_empty() {
-        return Err(damaged(path, "bytes after the block index"));
-    }
-    check_counts(path, &blocks, rows, block_bytes)?;
-    Ok((blocks, rows))
-}
-
-/// Checks that `block` follows `previous` (or starts the run): right after it, with a greater
-/// first key, and longer than its checksum.
+/// Checks that `block` follows `previous` (or starts the run or its group): at
+/// `expected_offset`, with a greater first key, and longer than its checksum. The error says
+/// what is wrong.
 fn check_next_block(
-    path: &Path,
     previous: Option<&BlockPlace>,
+    expected_offset: u64,
     block: &BlockPlace,
-) -> Result<(), RouterError> {
-    let expected_offset = previous.map_or(0, |previous| {
-        (previous.offset).saturating_add(u64::from(previous.len))
-    });
+) -> Result<(), String> {
     if block.offset != expected_offset {
-        return Err(damaged(path, &format!("a block at {}", block.offset)));
+        return Err(format!("a block at {}", block.offset));
     }
     if (block.len as usize) <= CRC_BYTES {
-        return Err(damaged(path, &format!("a block of {} bytes", block.len)));
+        return Err(format!("a block of {} bytes", block.len));
     }
     if previous.is_some_and(|previous| previous.first_key >= block.first_key) {
-        return Err(damaged(path, "block keys out of order"));
+        return Err("block keys out of order".into());
     }
     Ok(())
 }
 
-/// Checks that the blocks end where the footer starts and can hold `rows` rows (at least one
-/// a block, at most one per entry header's bytes).
+/// Checks that the blocks, the last of which is `last`, end where the footer starts and can
+/// hold `rows` rows (at least one a block, at most one per entry header's bytes).
 fn check_counts(
     path: &Path,
-    blocks: &[BlockPlace],
+    last: Option<&BlockPlace>,
+    block_count: usize,
     rows: u64,
     block_bytes: u64,
 ) -> Result<(), RouterError> {
-    let end = (blocks.last()).map_or(0, |last| last.offset.saturating_add(u64::from(last.len)));
-    if end != block_bytes {
+    if last.map_or(0, block_end) != block_bytes {
         return Err(damaged(
             path,
             "the blocks do not end where the footer starts",
         ));
     }
-    let entries_bytes = block_bytes - (blocks.len() * CRC_BYTES) as u64;
-    if rows < blocks.len() as u64 || rows > entries_bytes / ENTRY_HEADER_BYTES as u64 {
+    let entries_bytes = block_bytes - (block_count * CRC_BYTES) as u64;
+    if rows < block_count as u64 || rows > entries_bytes / ENTRY_HEADER_BYTES as u64 {
         return Err(damaged(
             path,
-            &format!("{rows} rows in {} blocks", blocks.len()),
+            &format!("{rows} rows in {block_count} blocks"),
         ));
     }
     Ok(())
@@ -539,7 +747,8 @@ fn write_synced(dest: &Path, bytes: &[u8]) -> Result<(), RouterError> {
 /// Rows of one run in key order, between two keys (`Run::range`).
 pub(super) struct RunRange {
     run: Arc<Run>,
-    next_block: usize,
+    /// `None` until the first row is asked for: finding the first block reads the footer.
+    next_block: Option<usize>,
     block: Option<Arc<[u8]>>,
     /// Where the next entry starts in `block`.
     at: usize,
@@ -555,14 +764,26 @@ impl Iterator for RunRange {
             let block = match &self.block {
                 Some(block) => Arc::clone(block),
                 None => {
-                    if self.next_block >= self.run.blocks.len() {
+                    let next_block = match self.next_block {
+                        Some(next_block) => next_block,
+                        None if self.run.block_count == 0 => return None,
+                        None => match self.run.block_of(&self.start) {
+                            Ok(first) => first,
+                            Err(error) => {
+                                self.next_block = Some(self.run.block_count);
+                                return Some(Err(error));
+                            }
+                        },
+                    };
+                    if next_block >= self.run.block_count {
+                        self.next_block = Some(next_block);
                         return None;
                     }
-                    let block = match self.run.block(self.next_block) {
+                    let block = match self.run.block(next_block) {
                         Ok(block) => block,
                         Err(error) => return Some(Err(error)),
                     };
-                    self.next_block += 1;
+                    self.next_block = Some(next_block + 1);
                     self.at = 0;
                     self.block = Some(Arc::clone(&block));
                     block
@@ -582,7 +803,7 @@ impl Iterator for RunRange {
                 continue;
             }
             if self.end.as_deref().is_some_and(|end| key >= end) {
-                self.next_block = self.run.blocks.len();
+                self.next_block = Some(self.run.block_count);
                 self.block = None;
                 return None;
             }
@@ -642,7 +863,7 @@ pub(super) struct RunWriter {
     block: Vec<u8>,
     first_key: Option<Box<[u8]>>,
     last_key: Vec<u8>,
-    blocks: Vec<BlockPlace>,
+    footer: FooterWriter,
     offset: u64,
     rows: u64,
 }
@@ -664,7 +885,7 @@ impl RunWriter {
             block: Vec::with_capacity(BLOCK_BYTES + BLOCK_BYTES / 4),
             first_key: None,
             last_key: Vec::new(),
-            blocks: Vec::new(),
+            footer: FooterWriter::default(),
             offset: 0,
             rows: 0,
         }
@@ -706,11 +927,7 @@ impl RunWriter {
         self.block.extend_from_slice(&crc.to_le_bytes());
         write_out(&mut self.out, &self.block, "write a block of rows")?;
         let len = u32::try_from(self.block.len()).map_err(|e| store_error("write a block", e))?;
-        self.blocks.push(BlockPlace {
-            first_key,
-            offset: self.offset,
-            len,
-        });
+        self.footer.push(&first_key, self.offset, len)?;
         self.offset += u64::from(len);
         self.block.clear();
         Ok(())
@@ -720,7 +937,8 @@ impl RunWriter {
     /// area (module docs).
     pub fn finish(mut self) -> Result<Run, RouterError> {
         self.finish_block()?;
-        let footer = encode_footer(&self.blocks, self.rows)?;
+        let (footer, groups, block_count) =
+            std::mem::take(&mut self.footer).finish(self.rows, self.offset);
         let footer_len =
             u32::try_from(footer.len()).map_err(|e| store_error("write a run's index", e))?;
         write_out(&mut self.out, &footer, "write a run's index")?;
@@ -741,7 +959,8 @@ impl RunWriter {
             RunOut::Memory(data) => RunData::Memory(data),
         };
         let index = RunIndex {
-            blocks: std::mem::take(&mut self.blocks),
+            groups,
+            block_count,
             rows: self.rows,
             block_bytes: self.offset,
             file_bytes: self.offset + footer.len() as u64 + TRAILER_BYTES as u64,
@@ -1014,7 +1233,7 @@ mod tests {
             ColdRuns::new(Some((dir.path().to_path_buf(), "t".into()))),
         ] {
             let run = Arc::new(write(&runs, (0..2_000).map(|n| n * 2)));
-            assert!(run.blocks.len() > 5, "{} blocks", run.blocks.len());
+            assert!(run.block_count > 5, "{} blocks", run.block_count);
             assert_eq!(run.rows(), 2_000);
             for n in 0..4_000 {
                 let found = run.get(&key(n)).expect("get");
@@ -1029,6 +1248,90 @@ mod tests {
             assert_eq!(rows, expected);
             assert_eq!(all(&run).len(), 2_000);
         }
+    }
+
+    /// A run of several groups of blocks finds every key it holds and none it does not,
+    /// across the groups' edges, reads ranges that cross them, and opens from its file to the
+    /// same groups; its index keeps a key per group, not per block.
+    #[test]
+    fn a_run_of_several_groups_answers_every_key_and_range() {
+        let dir = tempfile::tempdir().expect("dir");
+        let on_disk = ColdRuns::new(Some((dir.path().to_path_buf(), "t".into())));
+        let rows = 60_000;
+        for runs in [ColdRuns::new(None), on_disk] {
+            let run = Arc::new(write(&runs, (0..rows).map(|n| n * 2)));
+            assert!(run.groups.len() >= 3, "{} groups", run.groups.len());
+            assert_eq!(run.block_count.div_ceil(GROUP_BLOCKS), run.groups.len());
+            // Twice the rows: the index grows by a key per group, not per block.
+            let twice = write(&runs, (0..rows * 2).map(|n| n * 2 + 1));
+            assert_eq!(
+                twice.index_bytes - run.index_bytes,
+                (twice.groups.len() - run.groups.len()) * (key(0).len() + INDEX_ENTRY_BYTES),
+                "{} and {} blocks",
+                run.block_count,
+                twice.block_count
+            );
+            drop(twice);
+            for n in 0..rows * 2 {
+                let found = run.get(&key(n)).expect("get");
+                assert_eq!(found, (n % 2 == 0).then(|| row(n)), "key {n}");
+            }
+            for group in &run.groups[1..] {
+                let first = &group.first_key;
+                assert!(
+                    run.get(first).expect("get").is_some(),
+                    "a group's first key"
+                );
+            }
+            // Backwards, so that no lookup finds its group or block kept from the one before.
+            for n in (0..rows * 2).rev().step_by(7) {
+                let found = run.get(&key(n)).expect("get");
+                assert_eq!(found, (n % 2 == 0).then(|| row(n)), "key {n} backwards");
+            }
+            let (from, to) = (rows / 3, rows + rows / 2);
+            let range: Vec<_> = (run.range(&key(from), Some(&key(to))))
+                .collect::<Result<_, _>>()
+                .expect("reads");
+            let expected: Vec<_> = (from.div_ceil(2)..to.div_ceil(2))
+                .map(|n| (key(n * 2), row(n * 2)))
+                .collect();
+            assert_eq!(range, expected);
+            assert_eq!(all(&run).len(), rows as usize);
+            if let Some(path) = run.path() {
+                let opened = Run::open(path, false).expect("open");
+                assert_eq!(opened.groups.len(), run.groups.len());
+                assert_eq!(opened.index_bytes, run.index_bytes);
+                for (a, b) in opened.groups.iter().zip(&run.groups) {
+                    assert_eq!(a.first_key, b.first_key);
+                    assert_eq!(a.entries_offset, b.entries_offset);
+                    assert_eq!(a.entries_len, b.entries_len);
+                    assert_eq!(a.first_block_offset, b.first_block_offset);
+                }
+            }
+        }
+    }
+
+    /// A group of the footer damaged after the run was opened is found when it is read: a
+    /// lookup there fails with an error, never a wrong answer, and other groups still read.
+    #[test]
+    fn a_group_damaged_after_the_open_is_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        let runs = ColdRuns::new(Some((dir.path().to_path_buf(), "t".into())));
+        let run = write(&runs, 0..60_000);
+        assert!(run.groups.len() >= 3);
+        let group = &run.groups[1];
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(run.path().expect("on disk"))
+            .expect("open");
+        // The second entry's first key: the order or the group's bytes no longer hold.
+        let offset =
+            group.entries_offset + FOOTER_BLOCK_BYTES as u64 + group.first_key.len() as u64 + 4;
+        file.write_all_at(&[0xff; 8], offset).expect("damage");
+        let in_group = GROUP_BLOCKS * 60_000 / run.block_count + 10;
+        let error = run.get(&key(in_group as u32)).expect_err("damaged");
+        assert!(error.to_string().contains("damaged"), "{error}");
+        assert_eq!(run.get(&key(5)).expect("the first group"), Some(row(5)));
     }
 
     #[test]
@@ -1100,7 +1403,8 @@ mod tests {
         assert_eq!(opened.bytes(), written.bytes(), "bytes");
         assert_eq!(opened.file_bytes(), written.file_bytes(), "file bytes");
         assert_eq!(opened.index_bytes, written.index_bytes, "index bytes");
-        assert_eq!(opened.blocks.len(), written.blocks.len(), "blocks");
+        assert_eq!(opened.block_count, written.block_count, "blocks");
+        assert_eq!(opened.groups.len(), written.groups.len(), "groups");
         for n in 0..4_000 {
             let found = opened.get(&key(n)).expect("get");
             assert_eq!(found, written.get(&key(n)).expect("get"), "key {n}");
@@ -1154,6 +1458,10 @@ mod tests {
         let file_bytes = run.file_bytes();
         let footer_offset = run.bytes();
         let trailer_offset = file_bytes - TRAILER_BYTES as u64;
+        // The second block's first key ends with its number's lowest digit, which its block's
+        // later rows and the next block's first key differ from in a higher one.
+        let key_len = key(0).len() as u64;
+        let last_key_byte = footer_offset + FOOTER_BLOCK_BYTES as u64 + 2 * key_len + 4 - 1;
         let mut huge_footer = encode_trailer(0, trailer_offset as u32).to_vec();
         huge_footer.truncate(12);
         type Damage = Box<dyn Fn(&File)>;
@@ -1166,6 +1474,11 @@ mod tests {
             (
                 "a byte of the footer flipped",
                 Box::new(move |file| file.write_all_at(&[0xaa], footer_offset + 5).expect("flip")),
+                "damaged",
+            ),
+            (
+                "a byte of a key in the footer flipped, the keys still in order",
+                Box::new(move |file| file.write_all_at(&[0xaa], last_key_byte).expect("flip")),
                 "checksum",
             ),
             (

@@ -414,6 +414,12 @@ impl FamilyStore {
         self.inner.buffer.bytes() + self.inner.runs.index_bytes()
     }
 
+    /// The part of `cold_memory_bytes` the runs' indexes take: what stays in memory per run
+    /// whatever the load, so what grows with the history.
+    pub fn cold_run_index_bytes(&self) -> usize {
+        self.inner.runs.index_bytes()
+    }
+
     /// How many runs of rows are on disk, and how many merges of runs finished.
     pub fn cold_run_counts(&self) -> (usize, u64) {
         self.inner.runs.counts()

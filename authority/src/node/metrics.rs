@@ -222,6 +222,7 @@ struct FamiliesMemory {
     cold_lookups: (u64, u64),
     cold_reads: u64,
     cold_memory_bytes: usize,
+    cold_run_index_bytes: usize,
     cold_runs: (usize, u64),
 }
 
@@ -265,6 +266,7 @@ pub async fn render(sources: &Sources) -> String {
             cold_lookups: router.cold_lookups(),
             cold_reads: router.store().cold_reads(),
             cold_memory_bytes: router.store().cold_memory_bytes(),
+            cold_run_index_bytes: router.store().cold_run_index_bytes(),
             cold_runs: router.store().cold_run_counts(),
         };
         let (live, passivated) = (router.live_actors(), router.passivated_families());
@@ -581,6 +583,13 @@ pub async fn render(sources: &Sources) -> String {
          block indexes of the runs on disk (counted in the families' half of \
          memory_budget_bytes).",
         &plain(families_memory.cold_memory_bytes.to_string()),
+    );
+    metric(
+        "tally_cold_run_index_bytes",
+        "gauge",
+        "The part of tally_cold_store_memory_bytes the runs' indexes take (a key per 2 MiB of \
+         rows, and the last group and block each run read): what grows with the history.",
+        &plain(families_memory.cold_run_index_bytes.to_string()),
     );
     let (runs, merges) = families_memory.cold_runs;
     metric(
