@@ -25,14 +25,14 @@
 //! restore takes them back (`ColdRuns::adopt`) instead of rewriting every row.
 //!
 //! Memory: each run keeps the first key of each group of `GROUP_BLOCKS` blocks (2 MiB of rows,
-//! ~0.005% of its bytes) and where the group's part of the footer is, counted by
+//! ~0.005% of its bytes), where the group's part of the footer is and its CRC, counted by
 //! `ColdRuns::index_bytes` against the budget, and the last group and block it read. A lookup
-//! reads the group's part of the footer (~4 KiB) and then the block. Keeping every block's
-//! first key instead (~0.3% of the bytes, about a byte a row) made memory grow with the
-//! history: ~50 MB at 50M rows, gigabytes after a year. Lookups that reach the runs are rare
-//! (a replay of an old id, or a filter's false positive), so the second read costs little.
-//! The index is read from the footer, never rebuilt from the blocks: a run opens by reading
-//! its footer once, checked whole, and keeping the groups' first keys.
+//! reads the group's part of the footer (~4 KiB, checked against that CRC) and then the block.
+//! Keeping every block's first key instead (~0.4% of the bytes, about a byte a row) made memory
+//! grow with the history: ~55 MB at 50M rows, ~0.2 GB a year at 5,000 commands/s. Lookups that
+//! reach the runs are rare (a replay of an old id, or a filter's false positive), so the second
+//! read costs little. The index is read from the footer, never rebuilt from the blocks: a run
+//! opens by reading its footer once, checked whole, and keeping the groups' first keys.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -81,6 +81,7 @@ struct BlockPlace {
 
 /// Where one group of `GROUP_BLOCKS` blocks is described in a run's footer, and what its first
 /// block is (checked again when the group is read).
+#[derive(Debug, PartialEq, Eq)]
 struct GroupPlace {
     first_key: Box<[u8]>,
     /// The first block's offset in the run.
@@ -88,6 +89,10 @@ struct GroupPlace {
     /// Where the group's entries start in the run's file, and their bytes.
     entries_offset: u64,
     entries_len: u32,
+    /// The CRC-32 of those bytes, taken when they were written or opened: the footer's own
+    /// checksum covers it whole only at the open, and a key changed later in its order would
+    /// send a lookup to the wrong block and answer "not stored" for a stored row.
+    entries_crc: u32,
 }
 
 enum RunData {
@@ -243,8 +248,7 @@ impl Run {
     }
 
     /// The places of group `index`'s blocks, read from the footer and checked against what
-    /// the open found (the footer's checksum covers it whole, so a group read later is
-    /// checked for order and place instead). Blocking.
+    /// the open found: the group's checksum, then order and place. Blocking.
     fn group(&self, index: usize) -> Result<Arc<[BlockPlace]>, RouterError> {
         if let Some((cached, places)) = lock(&self.last_group).as_ref() {
             if *cached == index {
@@ -255,6 +259,11 @@ impl Run {
         let mut entries = vec![0; place.entries_len as usize];
         (self.read_at(&mut entries, place.entries_offset))
             .map_err(|e| store_error("read a run's block index", e))?;
+        if crc32fast::hash(&entries) != place.entries_crc {
+            return Err(self.damaged(&format!(
+                "group {index} of its block index does not match its checksum"
+            )));
+        }
         let count = GROUP_BLOCKS.min(self.block_count - index * GROUP_BLOCKS);
         let mut reader = FooterReader { rest: &entries };
         let mut places = Vec::with_capacity(count);
@@ -390,6 +399,7 @@ impl FooterWriter {
                 first_block_offset: offset,
                 entries_offset: self.entries.len() as u64,
                 entries_len: 0,
+                entries_crc: 0,
             });
         }
         let key_len = u32::try_from(first_key.len()).map_err(|e| store_error("index a key", e))?;
@@ -401,11 +411,14 @@ impl FooterWriter {
         Ok(())
     }
 
-    /// Sets the last group's length to the entries written since it started.
+    /// Sets the last group's length and checksum to the entries written since it started.
     fn close_group(&mut self) {
         if let Some(last) = self.groups.last_mut() {
-            last.entries_len = u32::try_from(self.entries.len() as u64 - last.entries_offset)
+            let entries = &self.entries[usize::try_from(last.entries_offset)
+                .expect("an offset within the entries in memory")..];
+            last.entries_len = u32::try_from(entries.len())
                 .expect("a group of 64 entries of bounded keys fits 32 bits");
+            last.entries_crc = crc32fast::hash(entries);
         }
     }
 
@@ -460,7 +473,8 @@ fn read_slice_at(data: &[u8], buffer: &mut [u8], offset: u64) -> std::io::Result
 /// The index of the run of `file_bytes` bytes at `path`, from its trailer and footer (read
 /// with `read_at`), checked: the trailer's magic and lengths, the footer's CRC, and an index
 /// that tiles the blocks from offset 0 in key order. The footer is read in pieces of
-/// `FOOTER_READ_BYTES`, so opening a run of any size holds at most that much of it.
+/// `FOOTER_READ_BYTES` (or one entry, if a damaged key length asks for more), so opening a run
+/// of any size holds about that much of it.
 fn read_index(
     path: &Path,
     file_bytes: u64,
@@ -487,28 +501,34 @@ fn read_index(
         buffer: Vec::new(),
         at: 0,
         crc: crc32fast::Hasher::new(),
+        group_crc: crc32fast::Hasher::new(),
     };
     let mut groups: Vec<GroupPlace> = Vec::new();
     let mut previous: Option<BlockPlace> = None;
     for number in 0..block_count {
         let entry_offset = footer.position();
+        let starts_group = number.is_multiple_of(GROUP_BLOCKS as u64);
+        if starts_group {
+            close_group(groups.last_mut(), entry_offset, footer.take_group_crc());
+        }
         let block = (footer.block().map_err(read_error)?)
             .ok_or_else(|| damaged(path, "the block index is cut short"))?;
         let expected_offset = previous.as_ref().map_or(0, block_end);
         check_next_block(previous.as_ref(), expected_offset, &block)
             .map_err(|what| damaged(path, &what))?;
-        if number.is_multiple_of(GROUP_BLOCKS as u64) {
-            close_group(groups.last_mut(), entry_offset);
+        if starts_group {
             groups.push(GroupPlace {
                 first_key: block.first_key.clone(),
                 first_block_offset: block.offset,
                 entries_offset: entry_offset,
                 entries_len: 0,
+                entries_crc: 0,
             });
         }
         previous = Some(block);
     }
-    close_group(groups.last_mut(), footer.position());
+    let entries_end = footer.position();
+    close_group(groups.last_mut(), entries_end, footer.take_group_crc());
     if !footer.at_end() {
         return Err(damaged(path, "bytes after the block index"));
     }
@@ -527,11 +547,12 @@ fn read_index(
     })
 }
 
-/// Ends `group` (if any) at `end`, an offset in the run.
-fn close_group(group: Option<&mut GroupPlace>, end: u64) {
+/// Ends `group` (if any) at `end`, an offset in the run, with the CRC of its entries.
+fn close_group(group: Option<&mut GroupPlace>, end: u64, entries_crc: u32) {
     if let Some(group) = group {
         group.entries_len = u32::try_from(end - group.entries_offset)
             .expect("a group of 64 entries of bounded keys fits 32 bits");
+        group.entries_crc = entries_crc;
     }
 }
 
@@ -548,6 +569,8 @@ struct FooterStream<'r, R> {
     /// The next byte not yet taken in `buffer`.
     at: usize,
     crc: crc32fast::Hasher,
+    /// The CRC of the bytes taken since the last `take_group_crc`.
+    group_crc: crc32fast::Hasher,
 }
 
 impl<R: Fn(&mut [u8], u64) -> std::io::Result<()>> FooterStream<'_, R> {
@@ -579,7 +602,14 @@ impl<R: Fn(&mut [u8], u64) -> std::io::Result<()>> FooterStream<'_, R> {
             self.next += read as u64;
         }
         self.at += len;
-        Ok(Some(&self.buffer[self.at - len..self.at]))
+        let taken = &self.buffer[self.at - len..self.at];
+        self.group_crc.update(taken);
+        Ok(Some(taken))
+    }
+
+    /// The CRC of the bytes taken since the last call, and a fresh start.
+    fn take_group_crc(&mut self) -> u32 {
+        std::mem::take(&mut self.group_crc).finalize()
     }
 
     fn take_array<const N: usize>(&mut self) -> std::io::Result<Option<[u8; N]>> {
@@ -1299,14 +1329,11 @@ mod tests {
             assert_eq!(all(&run).len(), rows as usize);
             if let Some(path) = run.path() {
                 let opened = Run::open(path, false).expect("open");
-                assert_eq!(opened.groups.len(), run.groups.len());
                 assert_eq!(opened.index_bytes, run.index_bytes);
-                for (a, b) in opened.groups.iter().zip(&run.groups) {
-                    assert_eq!(a.first_key, b.first_key);
-                    assert_eq!(a.entries_offset, b.entries_offset);
-                    assert_eq!(a.entries_len, b.entries_len);
-                    assert_eq!(a.first_block_offset, b.first_block_offset);
-                }
+                assert_eq!(
+                    opened.groups, run.groups,
+                    "the open finds the groups the writer made, checksums included"
+                );
             }
         }
     }
@@ -1332,6 +1359,24 @@ mod tests {
         let error = run.get(&key(in_group as u32)).expect_err("damaged");
         assert!(error.to_string().contains("damaged"), "{error}");
         assert_eq!(run.get(&key(5)).expect("the first group"), Some(row(5)));
+
+        // A key raised within its order: without the group's checksum the lookup of the
+        // block's first key would go to the block before and answer "not stored".
+        let run = write(&runs, 0..60_000);
+        let places = run.group(1).expect("the second group");
+        let stored = places[1].first_key.to_vec();
+        *lock(&run.last_group) = None;
+        let group = &run.groups[1];
+        let last_byte = group.entries_offset
+            + (FOOTER_BLOCK_BYTES + places[0].first_key.len() + 4 + stored.len() - 1) as u64;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(run.path().expect("on disk"))
+            .expect("open");
+        let raised = stored.last().expect("a key") + 1;
+        file.write_all_at(&[raised], last_byte).expect("damage");
+        let error = run.get(&stored).expect_err("a wrong answer");
+        assert!(error.to_string().contains("checksum"), "{error}");
     }
 
     #[test]
