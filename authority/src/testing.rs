@@ -135,7 +135,9 @@ impl TestCluster {
     /// Starts a node from `config`, pinning its port so a restart reuses it.
     pub async fn launch(&mut self, mut config: NodeConfig) -> &NodeHandle {
         let id = config.node_id;
-        let node = self.start_when_log_is_free(&config).await;
+        let node = node::start(config.clone(), self.faults.clone())
+            .await
+            .unwrap_or_else(|error| panic!("node {id} starts: {error}"));
         config.listen_addr = node.local_addr;
         config.advertise_addr = Some(node.local_addr.to_string());
         config.peer_listen_addr = node.peer_local_addr;
@@ -244,27 +246,6 @@ impl TestCluster {
     pub async fn kill(&mut self, id: u64) {
         let node = self.nodes.remove(&id).expect("node is running");
         node.abort().await;
-    }
-
-    /// `node::start`, retried while the node's Raft log is still open: a node killed in this
-    /// process lets its log go once the runtime has dropped the last task of the old node
-    /// holding a reader of it, which `NodeHandle::abort` does not wait for (a restart right
-    /// after a kill failed this way once, in CI on 2026-12-06). A process restarting
-    /// has no such wait: its old process is gone. The log is opened before any port is bound,
-    /// so a failed start leaves nothing behind.
-    async fn start_when_log_is_free(&self, config: &NodeConfig) -> NodeHandle {
-        let start = Instant::now();
-        loop {
-            match node::start(config.clone(), self.faults.clone()).await {
-                Ok(node) => return node,
-                Err(node::NodeError::Storage(reason))
-                    if reason.contains("already open elsewhere") && start.elapsed() < LIVENESS =>
-                {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(error) => panic!("node {} starts: {error}", config.node_id),
-            }
-        }
     }
 
     pub async fn restart(&mut self, id: u64) {

@@ -71,5 +71,5 @@ pub use error::StoreError;
 pub use legacy::{import_redb_log, Imported};
 pub use metrics::{MetricsSnapshot, StoreMetrics};
 pub use reader::LogReader;
-pub use store::{LogStore, StoreConfig, DEFAULT_MAX_ENTRY_BYTES};
+pub use store::{LogRelease, LogStore, StoreConfig, DEFAULT_MAX_ENTRY_BYTES};
 pub use wal::{WalConfig, FORMAT_VERSION};

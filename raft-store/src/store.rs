@@ -71,6 +71,21 @@ pub struct LogStore<C: RaftTypeConfig> {
     _types: PhantomData<fn() -> C>,
 }
 
+/// Whether a [`LogStore`] has let its directory go ([`LogStore::release_watch`]).
+#[derive(Clone, Debug)]
+pub struct LogRelease {
+    wal: std::sync::Weak<Wal>,
+}
+
+impl LogRelease {
+    /// True once no store, reader or writer of the log is left, so the directory can be
+    /// opened again. The writer thread is joined when the store drops, so this turns true
+    /// with the last handle's drop.
+    pub fn is_released(&self) -> bool {
+        self.wal.strong_count() == 0
+    }
+}
+
 impl<C: RaftTypeConfig> LogStore<C>
 where
     C::Entry: Clone,
@@ -138,6 +153,16 @@ where
     /// The live counters, to keep for export after the store is moved into openraft.
     pub fn metrics_handle(&self) -> Arc<StoreMetrics> {
         self.metrics.clone()
+    }
+
+    /// A watch that tells when every handle to this log (the store, its readers and its
+    /// writer thread) is gone, and with them the directory's lock: a process that stops a
+    /// store and opens the directory again waits for it instead of failing as
+    /// [`StoreError::AlreadyOpen`].
+    pub fn release_watch(&self) -> LogRelease {
+        LogRelease {
+            wal: Arc::downgrade(&self.wal),
+        }
     }
 
     /// A read handle that shares this store's files.

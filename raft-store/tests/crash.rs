@@ -324,6 +324,30 @@ fn a_log_open_elsewhere_is_refused() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A reader keeps the log (and its lock) open after the store is gone, and the release watch
+/// says so: what a node's stop waits on before the node can start again in one process.
+#[test]
+fn the_release_watch_turns_with_the_last_handle() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = log_dir(&dir);
+    let store = LogStore::<C>::open(&path)?;
+    let watch = store.release_watch();
+    let reader = store.reader();
+    drop(store);
+    assert!(!watch.is_released(), "a reader still holds the log");
+    assert!(
+        matches!(
+            LogStore::<C>::open(&path),
+            Err(StoreError::AlreadyOpen { .. })
+        ),
+        "the lock goes with the last handle, not with the store"
+    );
+    drop(reader);
+    assert!(watch.is_released(), "the last handle is gone");
+    drop(LogStore::<C>::open(&path)?);
+    Ok(())
+}
+
 /// The room reserved ahead of the writes (`preallocate.rs`): a crash leaves it as zeros after
 /// the last frame, which the next open cuts off with every durable entry kept; a clean close
 /// gives it back; and only the newest segment ever has it, so zeros at the end of an older

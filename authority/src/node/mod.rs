@@ -27,7 +27,7 @@ use tally_api::pb::admin_server::AdminServer;
 use tally_api::pb::budget_server::BudgetServer;
 use tally_api::pb::raft_server::RaftServer;
 use tally_api::{FILE_DESCRIPTOR_SET, MAX_MESSAGE_BYTES};
-use tally_raft_store::{LogStore, StoreMetrics};
+use tally_raft_store::{LogRelease, LogStore, StoreMetrics};
 use tally_tls::{CertIdentity, TlsMaterial, Transport};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -100,6 +100,9 @@ pub struct NodeHandle {
     shutdown_tx: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     servers: Vec<JoinHandle<Result<(), tonic::transport::Error>>>,
+    /// Tells when the last handle to the Raft log is gone: a stop returns only then, so the
+    /// node can start again in this process at once.
+    log_release: LogRelease,
 }
 
 /// This node's TLS material, checked against its configuration: its certificate must name
@@ -144,6 +147,10 @@ fn bound(
 /// and serves gRPC on `config.listen_addr`.
 /// The raft log's file in data dirs written by builds before the segment log.
 const LEGACY_RAFT_LOG_FILE: &str = "raft-log.redb";
+
+/// How long a stop waits for the runtime to drop the stopped node's last handle to its Raft
+/// log (a task that was aborted but not yet dropped) before it warns and returns.
+const LOG_RELEASE_TIMEOUT_MS: u64 = 10_000;
 
 /// Where a node keeps its raft log (a directory of segment files) in `data_dir`.
 pub fn raft_log_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
@@ -202,6 +209,7 @@ pub async fn start(
     let mut log_store =
         LogStore::<TypeConfig>::open(&log_dir).map_err(|e| NodeError::Storage(e.to_string()))?;
     let store_metrics = log_store.metrics_handle();
+    let log_release = log_store.release_watch();
     let snapshots = SnapshotDir::open(snapshot_dir(&config.data_dir))
         .map_err(|e| NodeError::Storage(e.to_string()))?;
     // Verified here once for all of start (the directory remembers the files it verified).
@@ -535,6 +543,7 @@ pub async fn start(
         "node started"
     );
     Ok(NodeHandle {
+        log_release,
         config,
         raft,
         router,
@@ -587,9 +596,35 @@ async fn report_health(
     }
 }
 
+/// Waits (bounded) until no handle to the node's Raft log is left. Aborted tasks are dropped
+/// by the runtime when it next reaches them, which may be after their `JoinHandle` answered;
+/// one of them holding a log reader kept the log's lock past a kill, and a start right after it
+/// failed as "already open elsewhere" (CI, 2026-12-06).
+async fn wait_for_log_release(release: &LogRelease, node_id: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(LOG_RELEASE_TIMEOUT_MS);
+    while !release.is_released() {
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                node_id,
+                timeout_ms = LOG_RELEASE_TIMEOUT_MS,
+                "the stopped node still holds its raft log; a start in this process would fail"
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 impl NodeHandle {
     /// Graceful stop: hand leadership to another voter first, then stop serving and Raft.
+    /// Returns once the node has let its Raft log go.
     pub async fn shutdown(self) {
+        let (log_release, node_id) = (self.log_release.clone(), self.config.node_id);
+        self.stop_gracefully().await;
+        wait_for_log_release(&log_release, node_id).await;
+    }
+
+    async fn stop_gracefully(self) {
         let metrics = crate::raft::types::current_metrics(&self.raft);
         if metrics.current_leader == Some(self.config.node_id) {
             let successor = metrics
@@ -626,6 +661,12 @@ impl NodeHandle {
     /// Returns once the aborted tasks are gone, so what they held (the Raft log's lock among
     /// it) is released as a crashed process's is, and the node can start again at once.
     pub async fn abort(self) {
+        let (log_release, node_id) = (self.log_release.clone(), self.config.node_id);
+        self.stop_at_once().await;
+        wait_for_log_release(&log_release, node_id).await;
+    }
+
+    async fn stop_at_once(self) {
         for server in &self.servers {
             server.abort();
         }
