@@ -35,7 +35,7 @@
 //! opens by reading its footer once, checked whole, and keeping the groups' first keys.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -381,60 +381,146 @@ fn block_end(block: &BlockPlace) -> u64 {
     (block.offset).saturating_add(u64::from(block.len))
 }
 
-/// A run's footer as it is written: each block's entry, and the groups they form.
+/// Footer bytes a run's writer keeps in memory before it moves them to a file beside the
+/// run: a merge into a run of 10 GB has ~20 MB of footer, which would otherwise stay in memory
+/// until the run ends, more as the history grows.
+const FOOTER_MEMORY_BYTES: usize = 1 << 20;
+
+/// The suffix of a writer's temporary footer file (`FooterWriter`), in the runs' directory.
+pub(super) const FOOTER_SPILL_SUFFIX: &str = ".footer";
+
+/// A run's footer as it is written: each block's entry, and the groups they form. Entries
+/// past `memory_bytes` wait in a temporary file in the run's directory (removed when the
+/// writer is done or dropped; a crash's leftover is removed with the store's old files), so
+/// writing a run of any size holds at most that much of its footer.
 #[derive(Default)]
 struct FooterWriter {
+    /// Entries not yet moved to `spill`.
     entries: Vec<u8>,
-    /// Entries' offsets are within `entries` until `finish` adds where the footer starts.
+    /// Bytes of all entries so far, in `spill` or in `entries`.
+    entries_len: u64,
+    /// Where `spill` goes (the run's directory); `None` for a run in memory, which keeps its
+    /// footer with it.
+    spill_dir: Option<PathBuf>,
+    spill: Option<tempfile::NamedTempFile>,
+    memory_bytes: usize,
+    /// The CRC of all entries, and of the last group's.
+    crc: crc32fast::Hasher,
+    group_crc: crc32fast::Hasher,
+    /// Entries' offsets are within the entries until `finish` adds where the footer starts.
     groups: Vec<GroupPlace>,
     block_count: usize,
 }
 
 impl FooterWriter {
+    fn new(spill_dir: Option<PathBuf>, memory_bytes: usize) -> Self {
+        Self {
+            spill_dir,
+            memory_bytes,
+            ..Self::default()
+        }
+    }
+
     fn push(&mut self, first_key: &[u8], offset: u64, len: u32) -> Result<(), RouterError> {
         if self.block_count.is_multiple_of(GROUP_BLOCKS) {
             self.close_group();
             self.groups.push(GroupPlace {
                 first_key: first_key.into(),
                 first_block_offset: offset,
-                entries_offset: self.entries.len() as u64,
+                entries_offset: self.entries_len,
                 entries_len: 0,
                 entries_crc: 0,
             });
         }
         let key_len = u32::try_from(first_key.len()).map_err(|e| store_error("index a key", e))?;
+        let start = self.entries.len();
         self.entries.extend_from_slice(&key_len.to_le_bytes());
         self.entries.extend_from_slice(first_key);
         self.entries.extend_from_slice(&offset.to_le_bytes());
         self.entries.extend_from_slice(&len.to_le_bytes());
+        let entry = &self.entries[start..];
+        self.crc.update(entry);
+        self.group_crc.update(entry);
+        self.entries_len += entry.len() as u64;
         self.block_count += 1;
+        if self.entries.len() >= self.memory_bytes {
+            self.spill_entries()?;
+        }
+        Ok(())
+    }
+
+    /// Moves the entries in memory to the spill file (none for a run in memory).
+    fn spill_entries(&mut self) -> Result<(), RouterError> {
+        let Some(dir) = &self.spill_dir else {
+            return Ok(());
+        };
+        if self.spill.is_none() {
+            let file = (tempfile::Builder::new().suffix(FOOTER_SPILL_SUFFIX))
+                .tempfile_in(dir)
+                .map_err(|e| store_error("create a run's index file", e))?;
+            self.spill = Some(file);
+        }
+        let spill = self.spill.as_mut().expect("created above");
+        (spill.as_file_mut().write_all(&self.entries))
+            .map_err(|e| store_error("write a run's index file", e))?;
+        self.entries.clear();
         Ok(())
     }
 
     /// Sets the last group's length and checksum to the entries written since it started.
     fn close_group(&mut self) {
         if let Some(last) = self.groups.last_mut() {
-            let entries = &self.entries[usize::try_from(last.entries_offset)
-                .expect("an offset within the entries in memory")..];
-            last.entries_len = u32::try_from(entries.len())
+            last.entries_len = u32::try_from(self.entries_len - last.entries_offset)
                 .expect("a group of 64 entries of bounded keys fits 32 bits");
-            last.entries_crc = crc32fast::hash(entries);
+            last.entries_crc = std::mem::take(&mut self.group_crc).finalize();
         }
     }
 
-    /// The footer (the entries, the counts and the CRC) and the groups, placed for a footer
-    /// that starts at `footer_offset` in the run.
-    fn finish(mut self, rows: u64, footer_offset: u64) -> (Vec<u8>, Vec<GroupPlace>, usize) {
+    /// Writes the footer (the entries, the counts and the CRC) with `write`, and gives the
+    /// groups, placed for a footer that starts at `footer_offset` in the run, the block count
+    /// and the footer's length.
+    fn finish(
+        mut self,
+        rows: u64,
+        footer_offset: u64,
+        mut write: impl FnMut(&[u8]) -> Result<(), RouterError>,
+    ) -> Result<(Vec<GroupPlace>, usize, u32), RouterError> {
         self.close_group();
-        let mut footer = self.entries;
-        footer.extend_from_slice(&rows.to_le_bytes());
-        footer.extend_from_slice(&(self.block_count as u64).to_le_bytes());
-        let crc = crc32fast::hash(&footer);
-        footer.extend_from_slice(&crc.to_le_bytes());
+        if let Some(mut spill) = self.spill.take() {
+            let spilled = self.entries_len - self.entries.len() as u64;
+            let file = spill.as_file_mut();
+            (file.seek(SeekFrom::Start(0)))
+                .map_err(|e| store_error("read a run's index file", e))?;
+            let mut buffer = vec![0; self.memory_bytes.min(FOOTER_READ_BYTES)];
+            let mut copied = 0;
+            loop {
+                let read = (file.read(&mut buffer))
+                    .map_err(|e| store_error("read a run's index file", e))?;
+                if read == 0 {
+                    break;
+                }
+                write(&buffer[..read])?;
+                copied += read as u64;
+            }
+            if copied != spilled {
+                return Err(RouterError::Store(format!(
+                    "a run's index file held {copied} bytes, not the {spilled} written to it"
+                )));
+            }
+        }
+        write(&self.entries)?;
+        let mut end = [0; FOOTER_END_BYTES];
+        end[..8].copy_from_slice(&rows.to_le_bytes());
+        end[8..16].copy_from_slice(&(self.block_count as u64).to_le_bytes());
+        self.crc.update(&end[..16]);
+        end[16..].copy_from_slice(&self.crc.finalize().to_le_bytes());
+        write(&end)?;
+        let footer_len = u32::try_from(self.entries_len + FOOTER_END_BYTES as u64)
+            .map_err(|e| store_error("write a run's index", e))?;
         for group in &mut self.groups {
             group.entries_offset += footer_offset;
         }
-        (footer, self.groups, self.block_count)
+        Ok((self.groups, self.block_count, footer_len))
     }
 }
 
@@ -909,13 +995,17 @@ enum RunOut {
 }
 
 impl RunWriter {
-    fn new(out: RunOut) -> Self {
+    fn new(out: RunOut, footer_memory_bytes: usize) -> Self {
+        let spill_dir = match &out {
+            RunOut::File { path, .. } => path.parent().map(Path::to_path_buf),
+            RunOut::Memory(_) => None,
+        };
         Self {
             out,
             block: Vec::with_capacity(BLOCK_BYTES + BLOCK_BYTES / 4),
             first_key: None,
             last_key: Vec::new(),
-            footer: FooterWriter::default(),
+            footer: FooterWriter::new(spill_dir, footer_memory_bytes),
             offset: 0,
             rows: 0,
         }
@@ -967,11 +1057,11 @@ impl RunWriter {
     /// area (module docs).
     pub fn finish(mut self) -> Result<Run, RouterError> {
         self.finish_block()?;
-        let (footer, groups, block_count) =
-            std::mem::take(&mut self.footer).finish(self.rows, self.offset);
-        let footer_len =
-            u32::try_from(footer.len()).map_err(|e| store_error("write a run's index", e))?;
-        write_out(&mut self.out, &footer, "write a run's index")?;
+        let out = &mut self.out;
+        let (groups, block_count, footer_len) =
+            (std::mem::take(&mut self.footer)).finish(self.rows, self.offset, |bytes| {
+                write_out(out, bytes, "write a run's index")
+            })?;
         let trailer = encode_trailer(self.offset, footer_len);
         write_out(&mut self.out, &trailer, "write a run's trailer")?;
         let data = match std::mem::replace(&mut self.out, RunOut::Memory(Vec::new())) {
@@ -993,7 +1083,7 @@ impl RunWriter {
             block_count,
             rows: self.rows,
             block_bytes: self.offset,
-            file_bytes: self.offset + footer.len() as u64 + TRAILER_BYTES as u64,
+            file_bytes: self.offset + u64::from(footer_len) + TRAILER_BYTES as u64,
         };
         Ok(Run::from_index(data, index))
     }
@@ -1025,6 +1115,8 @@ pub(super) struct ColdRuns {
     dir: Option<(PathBuf, String)>,
     next: AtomicU64,
     state: Mutex<RunsState>,
+    /// What a writer keeps of a footer in memory (`FooterWriter`).
+    footer_memory_bytes: usize,
 }
 
 #[derive(Default)]
@@ -1042,7 +1134,16 @@ impl ColdRuns {
             dir,
             next: AtomicU64::new(0),
             state: Mutex::default(),
+            footer_memory_bytes: FOOTER_MEMORY_BYTES,
         }
+    }
+
+    /// The same runs with writers that keep at most `bytes` of a footer in memory (tests: a
+    /// footer that reaches its file without writing a run of gigabytes).
+    #[cfg(test)]
+    fn with_footer_memory_bytes(mut self, bytes: usize) -> Self {
+        self.footer_memory_bytes = bytes;
+        self
     }
 
     fn state(&self) -> MutexGuard<'_, RunsState> {
@@ -1052,14 +1153,20 @@ impl ColdRuns {
     /// A writer for a new run (a new file, or memory).
     pub fn writer(&self) -> Result<RunWriter, RouterError> {
         let Some((dir, prefix)) = &self.dir else {
-            return Ok(RunWriter::new(RunOut::Memory(Vec::new())));
+            return Ok(RunWriter::new(
+                RunOut::Memory(Vec::new()),
+                self.footer_memory_bytes,
+            ));
         };
         let path = self.next_run_path(dir, prefix);
         let file = File::create_new(&path).map_err(|e| store_error("create a run of rows", e))?;
-        Ok(RunWriter::new(RunOut::File {
-            out: BufWriter::with_capacity(BLOCK_BYTES * 4, WritebackFile::new(file)),
-            path,
-        }))
+        Ok(RunWriter::new(
+            RunOut::File {
+                out: BufWriter::with_capacity(BLOCK_BYTES * 4, WritebackFile::new(file)),
+                path,
+            },
+            self.footer_memory_bytes,
+        ))
     }
 
     /// Where this store's next run file goes.
@@ -1336,6 +1443,65 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A writer that keeps little of its footer in memory moves the rest to a file beside the
+    /// run and writes the same run, byte for byte; the file goes when the run is done or
+    /// abandoned.
+    #[test]
+    fn a_footer_past_its_memory_goes_to_a_file_and_the_run_is_the_same() {
+        let footer_files = |dir: &Path| {
+            (std::fs::read_dir(dir).expect("dir"))
+                .filter(|entry| {
+                    let name = entry.as_ref().expect("entry").file_name();
+                    name.to_string_lossy().ends_with(FOOTER_SPILL_SUFFIX)
+                })
+                .count()
+        };
+        let (whole, spilled) = (
+            tempfile::tempdir().expect("dir"),
+            tempfile::tempdir().expect("dir"),
+        );
+        let expected = write(
+            &ColdRuns::new(Some((whole.path().to_path_buf(), "t".into()))),
+            0..60_000,
+        );
+        let runs = ColdRuns::new(Some((spilled.path().to_path_buf(), "t".into())))
+            .with_footer_memory_bytes(4 << 10);
+        let mut writer = runs.writer().expect("writer");
+        for n in 0..60_000 {
+            writer.push(&key(n), &row(n)).expect("push");
+        }
+        assert_eq!(
+            footer_files(spilled.path()),
+            1,
+            "the footer went to its file"
+        );
+        let run = writer.finish().expect("finish");
+        assert_eq!(
+            footer_files(spilled.path()),
+            0,
+            "and the file went with the run"
+        );
+        let bytes = |run: &Run| std::fs::read(run.path().expect("on disk")).expect("read");
+        assert!(
+            bytes(&run) == bytes(&expected),
+            "the same run, byte for byte"
+        );
+        assert_eq!(run.groups, expected.groups);
+        assert_eq!(run.get(&key(59_999)).expect("get"), Some(row(59_999)));
+
+        let mut writer = runs.writer().expect("writer");
+        for n in 0..40_000 {
+            writer.push(&key(n), &row(n)).expect("push");
+        }
+        assert_eq!(footer_files(spilled.path()), 1);
+        drop(writer);
+        assert_eq!(
+            footer_files(spilled.path()),
+            0,
+            "an abandoned run leaves no footer file"
+        );
     }
 
     /// A group of the footer damaged after the run was opened is found when it is read: a

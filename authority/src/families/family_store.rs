@@ -25,7 +25,7 @@ use tally_ledger::FamilyId;
 
 use super::cold_buffer::{Added, ColdBuffer, Rows};
 use super::cold_keys::push_family_prefix;
-use super::cold_runs::{ColdRuns, Run, RunWriter};
+use super::cold_runs::{ColdRuns, Run, RunWriter, FOOTER_SPILL_SUFFIX};
 use super::cold_view::ColdView;
 use super::error::{store_error, RouterError};
 
@@ -63,8 +63,8 @@ pub struct FamilyStoreDir {
 }
 
 impl FamilyStoreDir {
-    /// `dir` emptied of the stores a previous run left (they are spill areas, rebuilt from
-    /// the snapshot and the log).
+    /// `dir` emptied of the stores a previous run left, with their runs and any run writer's
+    /// footer file (they are spill areas, rebuilt from the snapshot and the log).
     pub fn open(dir: &Path, cache_bytes: usize) -> Result<Self, RouterError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| store_error("create the family store directory", e))?;
@@ -74,10 +74,10 @@ impl FamilyStoreDir {
             let path = entry
                 .map_err(|e| store_error("list the family stores", e))?
                 .path();
-            if path
-                .extension()
-                .is_some_and(|ext| ext == "redb" || ext == "run")
-            {
+            let footer = path
+                .to_str()
+                .is_some_and(|p| p.ends_with(FOOTER_SPILL_SUFFIX));
+            if footer || (path.extension()).is_some_and(|ext| ext == "redb" || ext == "run") {
                 std::fs::remove_file(&path)
                     .map_err(|e| store_error("remove an old family store", e))?;
             }
@@ -919,10 +919,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         std::fs::write(dir.path().join("families-000000.redb"), b"old").expect("write");
         std::fs::write(dir.path().join("families-000000-rows-000003.run"), b"old").expect("write");
+        let footer = format!(".tmpAbC123{FOOTER_SPILL_SUFFIX}");
+        std::fs::write(dir.path().join(&footer), b"a crashed writer's").expect("write");
         std::fs::write(dir.path().join("notes.txt"), b"kept").expect("write");
         let stores = FamilyStoreDir::open(dir.path(), 0).expect("open");
         assert!(!dir.path().join("families-000000.redb").exists());
         assert!(!dir.path().join("families-000000-rows-000003.run").exists());
+        assert!(!dir.path().join(&footer).exists());
         assert!(dir.path().join("notes.txt").exists());
         let (first, second) = (stores.create().expect("one"), stores.create().expect("two"));
         assert!(dir.path().join("families-000000.redb").exists());
