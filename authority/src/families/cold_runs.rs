@@ -118,9 +118,9 @@ pub(super) struct Run {
     /// Bytes of the blocks, the footer and the trailer: what the run takes on disk.
     file_bytes: u64,
     index_bytes: usize,
-    /// The last group read: a scan reads each group once, a lookup reads its group once.
+    /// The last group a lookup read (a range keeps its own): lookups in one group read it once.
     last_group: Mutex<Option<(usize, Arc<[BlockPlace]>)>>,
-    /// The last block read, checked: scans (snapshots) read each block once.
+    /// The last block a lookup read, checked (a range keeps its own).
     last_block: Mutex<Option<(usize, Arc<[u8]>)>>,
 }
 
@@ -291,7 +291,13 @@ impl Run {
             }
         }
         let places = self.group(index / GROUP_BLOCKS)?;
-        let place = &places[index % GROUP_BLOCKS];
+        let bytes = self.read_block(&places[index % GROUP_BLOCKS])?;
+        *lock(&self.last_block) = Some((index, Arc::clone(&bytes)));
+        Ok(bytes)
+    }
+
+    /// The block at `place`, its checksum verified. Blocking.
+    fn read_block(&self, place: &BlockPlace) -> Result<Arc<[u8]>, RouterError> {
         let len = place.len as usize;
         let mut buffer = vec![0; len];
         (self.read_at(&mut buffer, place.offset))
@@ -305,7 +311,6 @@ impl Run {
                 place.offset
             )));
         }
-        *lock(&self.last_block) = Some((index, Arc::clone(&bytes)));
         Ok(bytes)
     }
 
@@ -344,6 +349,7 @@ impl Run {
         RunRange {
             run: Arc::clone(self),
             next_block: None,
+            group: None,
             block: None,
             at: 0,
             start: start.to_vec(),
@@ -865,11 +871,30 @@ pub(super) struct RunRange {
     run: Arc<Run>,
     /// `None` until the first row is asked for: finding the first block reads the footer.
     next_block: Option<usize>,
+    /// The group of `next_block`'s blocks, kept by the range itself so that lookups in the
+    /// same run (which share the run's cached group) do not make a scan read it again.
+    group: Option<(usize, Arc<[BlockPlace]>)>,
     block: Option<Arc<[u8]>>,
     /// Where the next entry starts in `block`.
     at: usize,
     start: Vec<u8>,
     end: Option<Vec<u8>>,
+}
+
+impl RunRange {
+    /// Block `index` of the run, through the range's own group. Blocking.
+    fn read_block(&mut self, index: usize) -> Result<Arc<[u8]>, RouterError> {
+        let group_index = index / GROUP_BLOCKS;
+        let places = match &self.group {
+            Some((cached, places)) if *cached == group_index => Arc::clone(places),
+            _ => {
+                let places = self.run.group(group_index)?;
+                self.group = Some((group_index, Arc::clone(&places)));
+                places
+            }
+        };
+        self.run.read_block(&places[index % GROUP_BLOCKS])
+    }
 }
 
 impl Iterator for RunRange {
@@ -895,7 +920,7 @@ impl Iterator for RunRange {
                         self.next_block = Some(next_block);
                         return None;
                     }
-                    let block = match self.run.block(next_block) {
+                    let block = match self.read_block(next_block) {
                         Ok(block) => block,
                         Err(error) => return Some(Err(error)),
                     };
