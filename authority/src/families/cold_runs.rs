@@ -57,7 +57,8 @@ const GROUP_BLOCKS: usize = 64;
 const ENTRY_HEADER_BYTES: usize = 8;
 /// Block trailer: the CRC-32 of the block's entries.
 const CRC_BYTES: usize = 4;
-/// Memory per block of a run's index, beside its first key.
+/// Memory per entry of a run's index (a group kept, or a block of the group read), beside its
+/// first key: the struct and its allocation's overhead, rounded up.
 const INDEX_ENTRY_BYTES: usize = 40;
 /// The end of every run file, so that a file that is not a whole run is told apart.
 const RUN_MAGIC: [u8; 8] = *b"TALLYRUN";
@@ -79,20 +80,37 @@ struct BlockPlace {
     len: u32,
 }
 
-/// Where one group of `GROUP_BLOCKS` blocks is described in a run's footer, and what its first
-/// block is (checked again when the group is read).
+/// Where one group of `GROUP_BLOCKS` blocks is described in a run's footer, and its first key.
 #[derive(Debug, PartialEq, Eq)]
 struct GroupPlace {
     first_key: Box<[u8]>,
-    /// The first block's offset in the run.
-    first_block_offset: u64,
     /// Where the group's entries start in the run's file, and their bytes.
     entries_offset: u64,
     entries_len: u32,
-    /// The CRC-32 of those bytes, taken when they were written or opened: the footer's own
-    /// checksum covers it whole only at the open, and a key changed later in its order would
-    /// send a lookup to the wrong block and answer "not stored" for a stored row.
+    /// The CRC-32 of those bytes, taken when they were written or checked at the open: the
+    /// footer's own checksum covers it whole only at the open, and a key changed later in its
+    /// order would send a lookup to the wrong block and answer "not stored" for a stored row.
+    /// A group whose bytes still match is the group the open checked, so a read checks no more.
     entries_crc: u32,
+}
+
+impl GroupPlace {
+    /// A group that starts at `entries_offset` with `first_key`; `close` gives its extent.
+    fn open(first_key: &[u8], entries_offset: u64) -> Self {
+        Self {
+            first_key: first_key.into(),
+            entries_offset,
+            entries_len: 0,
+            entries_crc: 0,
+        }
+    }
+
+    /// Ends the group at `end` (in the same terms as its offset), with its entries' CRC.
+    fn close(&mut self, end: u64, entries_crc: u32) {
+        self.entries_len = u32::try_from(end - self.entries_offset)
+            .expect("a group of 64 entries of bounded keys fits 32 bits");
+        self.entries_crc = entries_crc;
+    }
 }
 
 enum RunData {
@@ -247,8 +265,8 @@ impl Run {
         }
     }
 
-    /// The places of group `index`'s blocks, read from the footer and checked against what
-    /// the open found: the group's checksum, then order and place. Blocking.
+    /// The places of group `index`'s blocks, read from the footer and checked against the CRC
+    /// the open or the writer took of them. Blocking.
     fn group(&self, index: usize) -> Result<Arc<[BlockPlace]>, RouterError> {
         if let Some((cached, places)) = lock(&self.last_group).as_ref() {
             if *cached == index {
@@ -256,42 +274,36 @@ impl Run {
             }
         }
         let place = &self.groups[index];
-        let mut entries = vec![0; place.entries_len as usize];
-        (self.read_at(&mut entries, place.entries_offset))
-            .map_err(|e| store_error("read a run's block index", e))?;
-        if crc32fast::hash(&entries) != place.entries_crc {
+        let count = GROUP_BLOCKS.min(self.block_count - index * GROUP_BLOCKS);
+        let read_at = |buffer: &mut [u8], offset| self.read_at(buffer, offset);
+        let end = place.entries_offset + u64::from(place.entries_len);
+        let mut entries = FooterStream::new(&read_at, place.entries_offset, end);
+        let mut places = Vec::with_capacity(count);
+        for _ in 0..count {
+            let block = (entries.block())
+                .map_err(|e| store_error("read a run's block index", e))?
+                .ok_or_else(|| self.damaged("a group of its block index is cut short"))?;
+            places.push(block);
+        }
+        if !entries.at_end() || entries.take_group_crc() != place.entries_crc {
             return Err(self.damaged(&format!(
                 "group {index} of its block index does not match its checksum"
             )));
-        }
-        let count = GROUP_BLOCKS.min(self.block_count - index * GROUP_BLOCKS);
-        let mut reader = FooterReader { rest: &entries };
-        let mut places = Vec::with_capacity(count);
-        for _ in 0..count {
-            let block = (reader.block())
-                .ok_or_else(|| self.damaged("a group of its block index is cut short"))?;
-            let expected_offset = places.last().map_or(place.first_block_offset, block_end);
-            check_next_block(places.last(), expected_offset, &block)
-                .map_err(|what| self.damaged(&what))?;
-            places.push(block);
-        }
-        if !reader.rest.is_empty() || places[0].first_key != place.first_key {
-            return Err(self.damaged("a group of its block index is not what it was"));
         }
         let places: Arc<[BlockPlace]> = places.into();
         *lock(&self.last_group) = Some((index, Arc::clone(&places)));
         Ok(places)
     }
 
-    /// Block `index`, its checksum verified. Blocking.
-    fn block(&self, index: usize) -> Result<Arc<[u8]>, RouterError> {
+    /// Block `index` at `place`, its checksum verified, through the run's cached block.
+    /// Blocking.
+    fn block(&self, index: usize, place: &BlockPlace) -> Result<Arc<[u8]>, RouterError> {
         if let Some((cached, bytes)) = lock(&self.last_block).as_ref() {
             if *cached == index {
                 return Ok(Arc::clone(bytes));
             }
         }
-        let places = self.group(index / GROUP_BLOCKS)?;
-        let bytes = self.read_block(&places[index % GROUP_BLOCKS])?;
+        let bytes = self.read_block(place)?;
         *lock(&self.last_block) = Some((index, Arc::clone(&bytes)));
         Ok(bytes)
     }
@@ -314,15 +326,15 @@ impl Run {
         Ok(bytes)
     }
 
-    /// The block that holds `key` if any block does (the first block for a key before it).
-    /// Blocking: reads the group's part of the footer.
-    fn block_of(&self, key: &[u8]) -> Result<usize, RouterError> {
+    /// The block that holds `key` if any block does (the first block for a key before it),
+    /// with the places of its group. Blocking: reads the group's part of the footer.
+    fn block_of(&self, key: &[u8]) -> Result<(usize, Arc<[BlockPlace]>), RouterError> {
         let group = (self.groups)
             .partition_point(|group| &*group.first_key <= key)
             .saturating_sub(1);
         let places = self.group(group)?;
         let within = (places.partition_point(|block| &*block.first_key <= key)).saturating_sub(1);
-        Ok(group * GROUP_BLOCKS + within)
+        Ok((group * GROUP_BLOCKS + within, places))
     }
 
     /// The row under `key`, if this run holds it. Blocking.
@@ -330,7 +342,8 @@ impl Run {
         if self.groups.is_empty() || key < &*self.groups[0].first_key {
             return Ok(None);
         }
-        let block = self.block(self.block_of(key)?)?;
+        let (index, places) = self.block_of(key)?;
+        let block = self.block(index, &places[index % GROUP_BLOCKS])?;
         for entry in Entries::of(&block) {
             let (entry_key, row) = entry?;
             if entry_key == key {
@@ -430,13 +443,7 @@ impl FooterWriter {
     fn push(&mut self, first_key: &[u8], offset: u64, len: u32) -> Result<(), RouterError> {
         if self.block_count.is_multiple_of(GROUP_BLOCKS) {
             self.close_group();
-            self.groups.push(GroupPlace {
-                first_key: first_key.into(),
-                first_block_offset: offset,
-                entries_offset: self.entries_len,
-                entries_len: 0,
-                entries_crc: 0,
-            });
+            (self.groups).push(GroupPlace::open(first_key, self.entries_len));
         }
         let key_len = u32::try_from(first_key.len()).map_err(|e| store_error("index a key", e))?;
         let start = self.entries.len();
@@ -475,10 +482,9 @@ impl FooterWriter {
 
     /// Sets the last group's length and checksum to the entries written since it started.
     fn close_group(&mut self) {
+        let crc = std::mem::take(&mut self.group_crc).finalize();
         if let Some(last) = self.groups.last_mut() {
-            last.entries_len = u32::try_from(self.entries_len - last.entries_offset)
-                .expect("a group of 64 entries of bounded keys fits 32 bits");
-            last.entries_crc = std::mem::take(&mut self.group_crc).finalize();
+            last.close(self.entries_len, crc);
         }
     }
 
@@ -586,41 +592,30 @@ fn read_index(
             &format!("{block_count} blocks in a short index"),
         ));
     }
-    let mut footer = FooterStream {
-        read_at: &read_at,
-        next: footer_offset,
-        end: footer_offset + entries_len as u64,
-        buffer: Vec::new(),
-        at: 0,
-        crc: crc32fast::Hasher::new(),
-        group_crc: crc32fast::Hasher::new(),
-    };
+    let mut footer = FooterStream::new(&read_at, footer_offset, footer_offset + entries_len as u64);
     let mut groups: Vec<GroupPlace> = Vec::new();
     let mut previous: Option<BlockPlace> = None;
     for number in 0..block_count {
         let entry_offset = footer.position();
         let starts_group = number.is_multiple_of(GROUP_BLOCKS as u64);
         if starts_group {
-            close_group(groups.last_mut(), entry_offset, footer.take_group_crc());
+            let group_crc = footer.take_group_crc();
+            if let Some(last) = groups.last_mut() {
+                last.close(entry_offset, group_crc);
+            }
         }
         let block = (footer.block().map_err(read_error)?)
             .ok_or_else(|| damaged(path, "the block index is cut short"))?;
-        let expected_offset = previous.as_ref().map_or(0, block_end);
-        check_next_block(previous.as_ref(), expected_offset, &block)
-            .map_err(|what| damaged(path, &what))?;
+        check_next_block(path, previous.as_ref(), &block)?;
         if starts_group {
-            groups.push(GroupPlace {
-                first_key: block.first_key.clone(),
-                first_block_offset: block.offset,
-                entries_offset: entry_offset,
-                entries_len: 0,
-                entries_crc: 0,
-            });
+            groups.push(GroupPlace::open(&block.first_key, entry_offset));
         }
         previous = Some(block);
     }
-    let entries_end = footer.position();
-    close_group(groups.last_mut(), entries_end, footer.take_group_crc());
+    let (entries_end, group_crc) = (footer.position(), footer.take_group_crc());
+    if let Some(last) = groups.last_mut() {
+        last.close(entries_end, group_crc);
+    }
     if !footer.at_end() {
         return Err(damaged(path, "bytes after the block index"));
     }
@@ -637,15 +632,6 @@ fn read_index(
         block_bytes: footer_offset,
         file_bytes,
     })
-}
-
-/// Ends `group` (if any) at `end`, an offset in the run, with the CRC of its entries.
-fn close_group(group: Option<&mut GroupPlace>, end: u64, entries_crc: u32) {
-    if let Some(group) = group {
-        group.entries_len = u32::try_from(end - group.entries_offset)
-            .expect("a group of 64 entries of bounded keys fits 32 bits");
-        group.entries_crc = entries_crc;
-    }
 }
 
 /// How much of a footer an open reads at a time.
@@ -665,7 +651,20 @@ struct FooterStream<'r, R> {
     group_crc: crc32fast::Hasher,
 }
 
-impl<R: Fn(&mut [u8], u64) -> std::io::Result<()>> FooterStream<'_, R> {
+impl<'r, R: Fn(&mut [u8], u64) -> std::io::Result<()>> FooterStream<'r, R> {
+    /// The entries from `start` to `end` (offsets in the run), read with `read_at`.
+    fn new(read_at: &'r R, start: u64, end: u64) -> Self {
+        Self {
+            read_at,
+            next: start,
+            end,
+            buffer: Vec::new(),
+            at: 0,
+            crc: crc32fast::Hasher::new(),
+            group_crc: crc32fast::Hasher::new(),
+        }
+    }
+
     /// The run's offset of the next byte to take.
     fn position(&self) -> u64 {
         self.next - (self.buffer.len() - self.at) as u64
@@ -759,22 +758,21 @@ fn read_trailer(
     Ok((footer_offset, footer_len as usize))
 }
 
-/// Checks that `block` follows `previous` (or starts the run or its group): at
-/// `expected_offset`, with a greater first key, and longer than its checksum. The error says
-/// what is wrong.
+/// Checks that `block` follows `previous` (or starts the run): right after it, with a greater
+/// first key, and longer than its checksum.
 fn check_next_block(
+    path: &Path,
     previous: Option<&BlockPlace>,
-    expected_offset: u64,
     block: &BlockPlace,
-) -> Result<(), String> {
-    if block.offset != expected_offset {
-        return Err(format!("a block at {}", block.offset));
+) -> Result<(), RouterError> {
+    if block.offset != previous.map_or(0, block_end) {
+        return Err(damaged(path, &format!("a block at {}", block.offset)));
     }
     if (block.len as usize) <= CRC_BYTES {
-        return Err(format!("a block of {} bytes", block.len));
+        return Err(damaged(path, &format!("a block of {} bytes", block.len)));
     }
     if previous.is_some_and(|previous| previous.first_key >= block.first_key) {
-        return Err("block keys out of order".into());
+        return Err(damaged(path, "block keys out of order"));
     }
     Ok(())
 }
@@ -802,34 +800,6 @@ fn check_counts(
         ));
     }
     Ok(())
-}
-
-/// Reads a footer's block index front to back.
-struct FooterReader<'a> {
-    rest: &'a [u8],
-}
-
-impl FooterReader<'_> {
-    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let (bytes, rest) = self.rest.split_first_chunk::<N>()?;
-        self.rest = rest;
-        Some(*bytes)
-    }
-
-    /// The next block's place, `None` if the index ends first.
-    fn block(&mut self) -> Option<BlockPlace> {
-        let key_len = u32::from_le_bytes(self.take()?) as usize;
-        if self.rest.len() < key_len {
-            return None;
-        }
-        let (first_key, rest) = self.rest.split_at(key_len);
-        self.rest = rest;
-        Some(BlockPlace {
-            first_key: first_key.into(),
-            offset: u64::from_le_bytes(self.take()?),
-            len: u32::from_le_bytes(self.take()?),
-        })
-    }
 }
 
 /// Makes `dest` a hard link to `source`, or a copy of it where linking fails (another
@@ -909,7 +879,10 @@ impl Iterator for RunRange {
                         Some(next_block) => next_block,
                         None if self.run.block_count == 0 => return None,
                         None => match self.run.block_of(&self.start) {
-                            Ok(first) => first,
+                            Ok((first, places)) => {
+                                self.group = Some((first / GROUP_BLOCKS, places));
+                                first
+                            }
                             Err(error) => {
                                 self.next_block = Some(self.run.block_count);
                                 return Some(Err(error));
