@@ -6,6 +6,7 @@ pub mod convert;
 pub mod error;
 pub mod raft;
 pub mod status;
+pub mod text;
 
 /// Generated prost messages and tonic clients/servers of package `tally.v1`
 /// (e.g. `pb::budget_server::BudgetServer`, `pb::raft_client::RaftClient`).

@@ -96,14 +96,7 @@ impl fmt::Display for AlarmChange {
 }
 
 fn truncated(reason: &str) -> &str {
-    if reason.len() <= MAX_ALARM_REASON_BYTES {
-        return reason;
-    }
-    let mut end = MAX_ALARM_REASON_BYTES;
-    while !reason.is_char_boundary(end) {
-        end -= 1;
-    }
-    &reason[..end]
+    tally_api::text::bounded(reason, MAX_ALARM_REASON_BYTES)
 }
 
 /// One raised alarm: why, and the entry that raised it.

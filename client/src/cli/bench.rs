@@ -241,7 +241,7 @@ pub async fn drive_counted(
         offered_commands_per_s: args.rate,
         calls: meter.calls.load(Ordering::Relaxed),
         commands,
-        errors: meter.errors.load(Ordering::Relaxed),
+        errors: meter.error_count(),
         errors_by_kind: meter.errors_by_kind(),
         seconds,
         commands_per_s: commands as f64 / seconds,
@@ -251,18 +251,6 @@ pub async fn drive_counted(
         batch: args.batch,
         concurrency: args.concurrency,
     }
-}
-
-/// `message` cut to at most `max_bytes`, on a character's boundary.
-fn truncate(mut message: String, max_bytes: usize) -> String {
-    if message.len() > max_bytes {
-        let mut end = max_bytes;
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        message.truncate(end);
-    }
-    message
 }
 
 /// The fixed schedule of `--rate`: call `k` starts at `start + k × step`, whichever caller is
@@ -312,7 +300,6 @@ struct Meter {
     calls: AtomicU64,
     /// Shared with the caller of [`drive_counted`].
     commands: Arc<AtomicU64>,
-    errors: AtomicU64,
     /// Per kind of `ERROR_KINDS`: how many, and the first one's message.
     error_kinds: Mutex<[(u64, Option<String>); ERROR_KINDS.len()]>,
     /// When the load began: the origin of `Latencies::slowest_by_second`.
@@ -337,7 +324,6 @@ impl Meter {
             }),
             calls: AtomicU64::new(0),
             commands,
-            errors: AtomicU64::new(0),
             error_kinds: Mutex::new(Default::default()),
             start,
         }
@@ -345,7 +331,6 @@ impl Meter {
 
     /// Counts a command that got no decision, by its kind.
     fn error(&self, outcome: &Outcome) {
-        self.errors.fetch_add(1, Ordering::Relaxed);
         let (kind, message) = match outcome {
             Outcome::Decided(_) => unreachable!("a decision is not an error"),
             Outcome::Refused(error) => (0, error.to_string()),
@@ -356,7 +341,15 @@ impl Meter {
         let mut kinds = self.error_kinds.lock().unwrap_or_else(|p| p.into_inner());
         let (count, first) = &mut kinds[kind];
         *count += 1;
-        first.get_or_insert_with(|| truncate(message, MAX_ERROR_MESSAGE_BYTES));
+        first.get_or_insert_with(|| {
+            tally_api::text::bounded(&message, MAX_ERROR_MESSAGE_BYTES).to_owned()
+        });
+    }
+
+    /// Commands that got no decision, of every kind.
+    fn error_count(&self) -> u64 {
+        let kinds = self.error_kinds.lock().unwrap_or_else(|p| p.into_inner());
+        kinds.iter().map(|(count, _)| count).sum()
     }
 
     fn errors_by_kind(&self) -> Vec<ErrorKindCount> {
@@ -583,7 +576,7 @@ mod tests {
             event_id: "e-1".into(),
             reason: "é".repeat(MAX_ERROR_MESSAGE_BYTES),
         });
-        assert_eq!(meter.errors.load(Ordering::Relaxed), 3);
+        assert_eq!(meter.error_count(), 3);
         let kinds = meter.errors_by_kind();
         let summary: Vec<(&str, u64)> = kinds.iter().map(|k| (k.kind, k.count)).collect();
         assert_eq!(

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use rand::RngCore as _;
 use serde_json::{Map, Value};
+use tally_api::text::bounded;
 use tally_ledger::{
     AttemptId, BudgetCommitIndex, ClientCommand, CommandHeader, EventId, GrantLimits, HoldId,
     Operation,
@@ -82,18 +83,6 @@ fn fresh_attempt_id() -> AttemptId {
         "att-{}",
         bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
     ))
-}
-
-/// The longest prefix of `text` within `max` bytes, cut on a character boundary.
-fn bounded(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 impl<'k> Evaluation<'k> {

@@ -28,15 +28,12 @@ impl Default for ReceiptGate {
 impl ReceiptGate {
     /// Closes the gate for good; the first failure is the one reported.
     pub fn trip(&self, failure: &str) {
-        let mut end = failure.len().min(MAX_FAILURE_BYTES);
-        while !failure.is_char_boundary(end) {
-            end -= 1;
-        }
+        let failure = tally_api::text::bounded(failure, MAX_FAILURE_BYTES);
         self.failure.send_if_modified(|current| {
             if current.is_some() {
                 return false;
             }
-            *current = Some(failure[..end].to_owned());
+            *current = Some(failure.to_owned());
             true
         });
     }
