@@ -310,19 +310,7 @@ async fn holds_expire_on_cluster_time_without_a_client_command() {
 
     let started = std::time::Instant::now();
     let hold = loop {
-        let reply = client
-            .get_hold(pb::GetHoldRequest {
-                family_id: "exp".to_owned(),
-                hold_id: "h1".to_owned(),
-                consistency: 0,
-            })
-            .await
-            .expect("get_hold")
-            .into_inner();
-        let hold = match reply.hold.and_then(|v| v.view) {
-            Some(pb::hold_view::View::Live(hold)) => hold,
-            other => panic!("the hold is live until archived: {other:?}"),
-        };
+        let hold = live_hold(&mut client, "exp", "h1").await;
         if hold.invocation_state == pb::InvocationState::Reversed as i32 {
             break hold;
         }
@@ -788,6 +776,87 @@ async fn metrics_are_served_and_move_with_writes() {
         stream.read_to_string(&mut text).await.expect("response");
         assert!(text.starts_with("HTTP/1.1 404"), "{text}");
     }
+    cluster.shutdown().await;
+}
+
+/// docs/spec.md §6 and the cluster time keeper: after downtime (every clock jumps ten minutes
+/// past cluster time, which moves at most `max_clock_step_ms` per entry), a hold authorized at
+/// once still lives for its whole timeout. Without the keeper its entry was clamped ~590 s into
+/// the past, and the next sixty entries expired it: the capture below answered `hold_expired`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_authorized_right_after_downtime_lives_for_its_whole_timeout() {
+    init_logs();
+    const DOWN_MS: u64 = 600_000;
+    const HOLD_TIMEOUT_MS: u64 = 120_000;
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.wait_leader().await;
+    let mut client = cluster.budget(leader).await;
+    client
+        .authorize_hold(authorize("down", "before", 1))
+        .await
+        .expect("a write before the downtime");
+    for node in cluster.nodes.values() {
+        node.clock.set_offset_ms(DOWN_MS as i64);
+    }
+    let shifted_now_ms = || tally_authority::node::clock::wall_clock_ms() + DOWN_MS;
+    let shifted = |mut header: pb::CommandHeader| {
+        header.not_after_ms = shifted_now_ms() + 60_000;
+        Some(header)
+    };
+    // Through a follower, so the forwarded write passes the leader's gate.
+    let mut via_follower = cluster.budget(a_follower(&cluster, leader)).await;
+    let mut request = authorize("down", "after", 10);
+    request.header = shifted(request.header.expect("a header"));
+    request.hold_timeout_ms = Some(HOLD_TIMEOUT_MS);
+    let asked_at_ms = shifted_now_ms();
+    let authorized = via_follower
+        .authorize_hold(request)
+        .await
+        .expect("authorized once cluster time caught up")
+        .into_inner();
+    assert!(matches!(
+        outcome(&authorized),
+        pb::outcome::Outcome::Authorized(_)
+    ));
+    // Enough entries to have carried the old clamp past the hold's expiry.
+    for i in 0..80 {
+        let mut request = authorize("down", &format!("later-{i}"), 1);
+        request.header = shifted(request.header.expect("a header"));
+        client.authorize_hold(request).await.expect("later writes");
+    }
+    let hold = live_hold(&mut client, "down", "after").await;
+    let expires_at_ms = hold.expires_at_ms.expect("a hold with a timeout expires");
+    assert!(
+        expires_at_ms >= asked_at_ms + HOLD_TIMEOUT_MS,
+        "the hold's timeout counts from when it was asked for: expires at {expires_at_ms}, \
+         asked at {asked_at_ms} (+{HOLD_TIMEOUT_MS} ms)"
+    );
+    let mut request = capture("down", "after", "a");
+    request.header = shifted(request.header.expect("a header"));
+    let captured = client
+        .capture_invocation(request)
+        .await
+        .expect("the hold is still live")
+        .into_inner();
+    assert!(
+        matches!(outcome(&captured), pb::outcome::Outcome::Captured(_)),
+        "{captured:?}"
+    );
+    // Every node's count: whichever led proposed them.
+    let mut ticks = 0u64;
+    for id in cluster.nodes.keys() {
+        let metrics = cluster_support::scrape(&cluster, *id).await;
+        ticks += metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("tally_clock_ticks_total "))
+            .expect("the tick counter")
+            .parse::<u64>()
+            .expect("a number");
+    }
+    assert!(
+        ticks >= DOWN_MS / 10_000,
+        "ten minutes at one 10 s step per entry: {ticks} ticks"
+    );
     cluster.shutdown().await;
 }
 

@@ -34,6 +34,11 @@ pub async fn run(
         if crate::raft::types::with_metrics(&raft, |m| m.state) != ServerState::Leader {
             continue;
         }
+        // While cluster time catches up after downtime the gate would hold this back; the
+        // holds it would expire are due after the catch-up all the same.
+        if !proposer.time_gate().is_open() {
+            continue;
+        }
         // The router's cluster time trails the leader's clock; holds due by the wall clock
         // become due in cluster time once this entry is stamped.
         let now_ms = proposer.now_ms();

@@ -56,6 +56,15 @@ pub struct NodeMetrics {
     /// Client commands refused before proposing because this leader's oldest proposal had
     /// waited past `shed_after_ms` (docs/spec.md §5.6).
     commit_age_sheds: AtomicU64,
+    /// Entries with no command this leader proposed to move cluster time up to its clock
+    /// (`node/cluster_time_keeper.rs`).
+    clock_ticks: AtomicU64,
+    /// Client commands that waited for cluster time to catch up before being proposed, and
+    /// those of them refused after the wait.
+    cluster_time_waits: AtomicU64,
+    cluster_time_refusals: AtomicU64,
+    /// How far cluster time trailed this node's clock at the keeper's last check.
+    cluster_time_lag_ms: AtomicU64,
     /// Proposals handed to Raft and not yet answered, and the wall clock ms the oldest of them
     /// was proposed at (0: none), kept by the proposer.
     pending_proposals: AtomicU64,
@@ -141,6 +150,38 @@ impl NodeMetrics {
 
     pub fn observe_commit_age_shed(&self) {
         self.commit_age_sheds.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn observe_clock_ticks(&self, ticks: u64) {
+        self.clock_ticks.fetch_add(ticks, Ordering::Relaxed);
+    }
+
+    pub fn clock_ticks(&self) -> u64 {
+        self.clock_ticks.load(Ordering::Relaxed)
+    }
+
+    pub fn observe_cluster_time_wait(&self) {
+        self.cluster_time_waits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn cluster_time_waits(&self) -> u64 {
+        self.cluster_time_waits.load(Ordering::Relaxed)
+    }
+
+    pub fn observe_cluster_time_refusal(&self) {
+        self.cluster_time_refusals.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn cluster_time_refusals(&self) -> u64 {
+        self.cluster_time_refusals.load(Ordering::Relaxed)
+    }
+
+    pub fn track_cluster_time_lag_ms(&self, lag_ms: u64) {
+        self.cluster_time_lag_ms.store(lag_ms, Ordering::Relaxed);
+    }
+
+    pub fn cluster_time_lag_ms(&self) -> u64 {
+        self.cluster_time_lag_ms.load(Ordering::Relaxed)
     }
 
     pub fn commit_age_sheds(&self) -> u64 {
@@ -452,6 +493,34 @@ pub async fn render(sources: &Sources) -> String {
         "Budget writes refused before proposing (UNAVAILABLE, definite) because this leader's \
          oldest proposal had waited past shed_after_ms for commit (docs/spec.md 5.6).",
         &plain(m.commit_age_sheds().to_string()),
+    );
+    metric(
+        "tally_cluster_time_lag_milliseconds",
+        "gauge",
+        "How far cluster time (after the last applied entry) trailed this node's clock at the \
+         last check. On the leader, client writes wait past max_clock_step_ms less 1 s.",
+        &plain(m.cluster_time_lag_ms().to_string()),
+    );
+    metric(
+        "tally_clock_ticks_total",
+        "counter",
+        "Entries with no command this node proposed as leader to move cluster time up to its \
+         clock (one per half step on an idle cluster, more after downtime).",
+        &plain(m.clock_ticks().to_string()),
+    );
+    metric(
+        "tally_writes_waited_for_cluster_time_total",
+        "counter",
+        "Budget writes that waited, before proposing, for cluster time to catch up with this \
+         leader's clock.",
+        &plain(m.cluster_time_waits().to_string()),
+    );
+    metric(
+        "tally_writes_refused_for_cluster_time_total",
+        "counter",
+        "Budget writes refused (UNAVAILABLE, definite) because cluster time had not caught up \
+         with this leader's clock within 1 s.",
+        &plain(m.cluster_time_refusals().to_string()),
     );
     metric(
         "tally_proposals_pending",

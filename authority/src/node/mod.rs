@@ -4,6 +4,7 @@
 
 pub mod backup;
 pub mod clock;
+pub mod cluster_time_keeper;
 pub mod config;
 pub mod disk;
 mod entry_coalescer;
@@ -241,7 +242,7 @@ pub async fn start(
     let family_stores =
         FamilyStoreDir::open(&config.data_dir.join("families"), memory.store_cache_bytes)
             .map_err(|e| NodeError::Storage(e.to_string()))?;
-    let (state_machine, router, applied) =
+    let (state_machine, router, applied_watches) =
         TallyStateMachine::new(router_config, family_stores, snapshots)
             .map_err(|e| NodeError::Storage(e.to_string()))?;
 
@@ -280,13 +281,14 @@ pub async fn start(
             metrics.clone(),
             clock.clone(),
             transport.clone(),
+            applied_watches.time,
         )
         .with_shed_after_ms(config.shed_after_ms),
     );
     let reads = Arc::new(ReadGate::new(
         raft.clone(),
         proposer.clone(),
-        applied.clone(),
+        applied_watches.log_id.clone(),
         timeout,
     ));
     let health = Arc::new(Health::new(
@@ -461,6 +463,10 @@ pub async fn start(
         metrics.clone(),
         shutdown_rx.clone(),
     )));
+    tasks.push(tokio::spawn(cluster_time_keeper::run(
+        proposer.clone(),
+        shutdown_rx.clone(),
+    )));
     tasks.push(tokio::spawn(expiry::run(
         raft.clone(),
         router.clone(),
@@ -555,7 +561,7 @@ pub async fn start(
         store_metrics,
         metrics,
         metrics_local_addr,
-        applied,
+        applied: applied_watches.log_id,
         local_addr,
         peer_local_addr,
         transport,

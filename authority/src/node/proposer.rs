@@ -20,15 +20,17 @@ use tally_api::{decode_raft, encode_raft, MAX_MESSAGE_BYTES};
 use tally_ledger::limits::MAX_COMMANDS_PER_ENTRY;
 use tally_ledger::{Command, ParamsChange};
 use tally_tls::Transport;
+use tokio::sync::watch;
 use tonic::transport::Channel;
 
 use super::clock::NodeClock;
+use super::cluster_time_keeper::ClusterTimeGate;
 use super::entry_coalescer::EntryCoalescer;
 use super::local_writer::LocalWriter;
 use super::metrics::NodeMetrics;
 use super::write_error::WriteError;
 use crate::families::AlarmChange;
-use crate::raft::types::{NodeId, Proposal, ProposalReply, Raft};
+use crate::raft::types::{AppliedTime, NodeId, Proposal, ProposalReply, Raft};
 
 /// The most members `Budget.Members` lists: a cluster has at most 7 voters, and a few
 /// learners while members are added.
@@ -62,6 +64,8 @@ pub struct Proposer {
     peers: Mutex<BTreeMap<String, RaftClient<Channel>>>,
     metrics: Arc<NodeMetrics>,
     clock: Arc<NodeClock>,
+    /// Holds client commands back while cluster time trails this leader's clock.
+    time_gate: Arc<ClusterTimeGate>,
     /// How this node reaches its peers' peer ports (its node certificate, or plaintext).
     transport: Transport,
 }
@@ -74,6 +78,7 @@ impl Proposer {
         metrics: Arc<NodeMetrics>,
         clock: Arc<NodeClock>,
         transport: Transport,
+        applied_time: watch::Receiver<AppliedTime>,
     ) -> Self {
         let writer = LocalWriter::new(
             raft.clone(),
@@ -81,8 +86,14 @@ impl Proposer {
             shed_after(super::config::DEFAULT_SHED_AFTER_MS),
             Arc::clone(&metrics),
         );
+        let time_gate = Arc::new(ClusterTimeGate::new(
+            applied_time,
+            Arc::clone(&clock),
+            Arc::clone(&metrics),
+        ));
         Self {
             transport,
+            time_gate,
             clock,
             raft,
             node_id,
@@ -239,6 +250,7 @@ impl Proposer {
             });
         }
         self.shed_if_stalled()?;
+        self.time_gate.admit(self.leader()).await?;
         let count = commands.len();
         let coalescer = self
             .coalescer
@@ -250,6 +262,22 @@ impl Proposer {
             "one result per proposed command"
         );
         Ok(reply)
+    }
+
+    pub fn node_id(&self) -> NodeId {
+        self.node_id
+    }
+
+    /// The gate client commands pass on this leader, which the cluster time keeper serves.
+    pub fn time_gate(&self) -> Arc<ClusterTimeGate> {
+        Arc::clone(&self.time_gate)
+    }
+
+    /// Proposes an entry with no command, stamped now (leader only): it moves cluster time up
+    /// to this node's clock by at most a step (`node/cluster_time_keeper.rs`).
+    pub async fn propose_clock_tick(&self) -> Result<ProposalReply, WriteError> {
+        let proposal = Proposal::clock_tick(self.clock.now_ms());
+        self.write_on_leader(proposal, "cluster time is kept").await
     }
 
     /// Proposes a parameter change, validated by the caller (leader only; the admin service

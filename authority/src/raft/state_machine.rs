@@ -16,8 +16,8 @@ use tokio::sync::{watch, Mutex};
 
 use super::snapshot_file::{SnapshotDir, SnapshotFile};
 use super::types::{
-    log_position, LogId, Membership, ProposalReply, Snapshot, SnapshotMeta, TypeConfig,
-    PROPOSAL_VERSION,
+    log_position, AppliedTime, LogId, Membership, ProposalReply, Snapshot, SnapshotMeta,
+    TypeConfig, PROPOSAL_VERSION,
 };
 use crate::families::snapshot_stream;
 use crate::families::{
@@ -37,6 +37,22 @@ pub struct TallyStateMachine {
     snapshots: SnapshotDir,
     /// The last applied log id, for health checks and read-your-writes waits.
     applied_tx: watch::Sender<Option<LogId>>,
+    /// Cluster time after the last applied entry, for the leader's write gate
+    /// (`node/cluster_time_keeper.rs`).
+    applied_time_tx: watch::Sender<AppliedTime>,
+}
+
+/// What the state machine publishes after each apply and install.
+pub struct AppliedWatches {
+    pub log_id: watch::Receiver<Option<LogId>>,
+    pub time: watch::Receiver<AppliedTime>,
+}
+
+fn applied_time(router: &FamilyRouter) -> AppliedTime {
+    AppliedTime {
+        cluster_time_ms: router.cluster_time_ms(),
+        max_clock_step_ms: router.params().max_clock_step_ms,
+    }
 }
 
 impl TallyStateMachine {
@@ -44,9 +60,10 @@ impl TallyStateMachine {
         router_config: RouterConfig,
         family_stores: FamilyStoreDir,
         snapshots: SnapshotDir,
-    ) -> Result<(Self, SharedRouter, watch::Receiver<Option<LogId>>), io::Error> {
+    ) -> Result<(Self, SharedRouter, AppliedWatches), io::Error> {
         let store = family_stores.create().map_err(io::Error::other)?;
         let router = FamilyRouter::with_store(router_config, store).map_err(io::Error::other)?;
+        let (applied_time_tx, applied_time_rx) = watch::channel(applied_time(&router));
         let router = Arc::new(Mutex::new(router));
         let (applied_tx, applied_rx) = watch::channel(None);
         let machine = Self {
@@ -57,8 +74,13 @@ impl TallyStateMachine {
             membership: Membership::default(),
             snapshots,
             applied_tx,
+            applied_time_tx,
         };
-        Ok((machine, router, applied_rx))
+        let watches = AppliedWatches {
+            log_id: applied_rx,
+            time: applied_time_rx,
+        };
+        Ok((machine, router, watches))
     }
 }
 
@@ -117,13 +139,11 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
             }));
         #[cfg(feature = "failpoints")]
         crate::failpoints::hit_kinds("apply.before", &kinds);
-        let outputs = self
-            .router
-            .lock()
-            .await
-            .apply(inputs)
-            .await
-            .map_err(io::Error::other)?;
+        let (outputs, time) = {
+            let mut router = self.router.lock().await;
+            let outputs = router.apply(inputs).await.map_err(io::Error::other)?;
+            (outputs, applied_time(&router))
+        };
         assert_eq!(
             outputs.len(),
             responders.len(),
@@ -131,6 +151,7 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
         );
         self.applied = last;
         self.applied_tx.send_replace(last);
+        self.applied_time_tx.send_replace(time);
         #[cfg(feature = "failpoints")]
         crate::failpoints::hit_kinds("apply.after", &kinds);
         for (output, responder) in outputs.into_iter().zip(responders) {
@@ -239,6 +260,7 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
                 ));
             }
         }
+        let time = applied_time(&restored);
         let old = std::mem::replace(&mut *self.router.lock().await, restored);
         old.shutdown().await;
         // Every restored family starts passivated and uncounted in the hold index: count them
@@ -253,6 +275,7 @@ impl RaftStateMachine<TypeConfig> for TallyStateMachine {
         self.applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
         self.applied_tx.send_replace(self.applied);
+        self.applied_time_tx.send_replace(time);
         tracing::info!(
             last_log_id = ?meta.last_log_id,
             linked,

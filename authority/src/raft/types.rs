@@ -70,6 +70,12 @@ impl Proposal {
         }
     }
 
+    /// An entry with no command, stamped with the leader's clock: it only moves cluster time
+    /// (`node/cluster_time_keeper.rs`). An empty `Commands` body, so every release applies it.
+    pub fn clock_tick(stamped_ms: u64) -> Self {
+        Self::commands(stamped_ms, Vec::new())
+    }
+
     pub fn change_params(stamped_ms: u64, change: ParamsChange) -> Self {
         Self {
             version: PROPOSAL_VERSION,
@@ -145,6 +151,26 @@ pub struct ProposalReply {
     pub log_id: LogPosition,
     pub cluster_time_ms: u64,
     pub results: Vec<Result<Decision, LedgerError>>,
+}
+
+/// Cluster time after the last applied entry, and the step that bounds its next advance
+/// (docs/spec.md §6): what a leader compares with its clock before proposing a client command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppliedTime {
+    /// 0 until the first stamped entry applies (it then takes that entry's stamp whole).
+    pub cluster_time_ms: u64,
+    pub max_clock_step_ms: u64,
+}
+
+impl AppliedTime {
+    /// How far cluster time trails `now_ms`; 0 before the first stamped entry, which takes its
+    /// stamp whole, and when `now_ms` is behind.
+    pub fn lag_ms(&self, now_ms: u64) -> u64 {
+        if self.cluster_time_ms == 0 {
+            return 0;
+        }
+        now_ms.saturating_sub(self.cluster_time_ms)
+    }
 }
 
 /// A member as the membership records it: where clients reach it, where peers reach it, and

@@ -309,6 +309,25 @@ pub async fn account_of(client: &mut BudgetClient<Channel>, family: &str) -> Opt
         .and_then(|u| u.account)
 }
 
+/// Hold `hold` of `family` while it is live (not yet archived), read through `client`.
+pub async fn live_hold(client: &mut BudgetClient<Channel>, family: &str, hold: &str) -> pb::Hold {
+    let view = client
+        .get_hold(pb::GetHoldRequest {
+            family_id: family.to_owned(),
+            hold_id: hold.to_owned(),
+            consistency: 0,
+        })
+        .await
+        .expect("get_hold")
+        .into_inner()
+        .hold
+        .and_then(|v| v.view);
+    match view {
+        Some(pb::hold_view::View::Live(hold)) => hold,
+        other => panic!("hold {hold} of {family} is live until archived: {other:?}"),
+    }
+}
+
 /// Node `id`'s `/metrics` text.
 pub async fn scrape(cluster: &TestCluster, id: u64) -> String {
     let node = &cluster.nodes[&id];
