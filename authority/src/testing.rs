@@ -279,12 +279,37 @@ impl TestCluster {
             .last_log_index
             .unwrap_or(0);
         self.wait_applied(last).await;
-        let mut digests = BTreeMap::new();
-        for (id, node) in &self.nodes {
-            let digest = node.router.lock().await.digest().await.expect("digest");
-            digests.insert(*id, digest);
+        let ids: Vec<u64> = self.nodes.keys().copied().collect();
+        self.digests_at_one_index(&ids).await
+    }
+
+    /// The state digests of `ids` taken at one applied index: the leader keeps proposing
+    /// entries of its own (cluster time ticks, hold expiry), and one of those applied between
+    /// two nodes' reads would make their digests differ, so a read that straddles one is
+    /// taken again.
+    async fn digests_at_one_index(&self, ids: &[u64]) -> BTreeMap<u64, [u8; 32]> {
+        let start = Instant::now();
+        loop {
+            let mut read = BTreeMap::new();
+            for id in ids {
+                let router = self.nodes[id].router.lock().await;
+                let applied = router.last_applied();
+                let digest = router.digest().await.expect("digest");
+                read.insert(*id, (applied, digest));
+            }
+            let first = read.values().next().map(|(applied, _)| *applied);
+            if read.values().all(|(applied, _)| Some(*applied) == first) {
+                return read.into_iter().map(|(id, (_, d))| (id, d)).collect();
+            }
+            assert!(
+                start.elapsed() < LIVENESS,
+                "the nodes never stood at one applied index: {:?}",
+                read.iter()
+                    .map(|(id, (a, _))| (*id, *a))
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        digests
     }
 
     /// The state digests of `ids`, once each has applied the last log index of the leader
@@ -305,18 +330,7 @@ impl TestCluster {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        let mut digests = BTreeMap::new();
-        for id in ids {
-            let digest = self.nodes[id]
-                .router
-                .lock()
-                .await
-                .digest()
-                .await
-                .expect("digest");
-            digests.insert(*id, digest);
-        }
-        digests
+        self.digests_at_one_index(ids).await
     }
 
     /// Once converged: each node's digest of `family` and its number of families. The whole

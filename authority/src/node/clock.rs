@@ -101,6 +101,19 @@ pub fn within_majority(samples: &[Option<ClockSample>], max_offset_ms: u64) -> b
     agreeing * 2 > verdicts.len() + 1
 }
 
+/// Whether this node and the peers whose probes were conclusive *and agreed* make a majority of
+/// all the members (this node and one sample per peer): stronger than [`within_majority`], which
+/// leaves a probe too slow to judge by out of the count (and holds before the first round).
+/// What a leader needs before it moves cluster time more than a step on its own clock
+/// (`cluster_time_keeper.rs`).
+pub fn confirmed_by_majority(samples: &[Option<ClockSample>], max_offset_ms: u64) -> bool {
+    let agreeing = 1 + samples
+        .iter()
+        .filter(|s| verdict(s.as_ref(), max_offset_ms) == Some(true))
+        .count();
+    agreeing * 2 > samples.len() + 1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,6 +124,22 @@ mod tests {
             peer_ms: (1_010 + offset) as u64,
             received_ms: 1_020,
         })
+    }
+
+    #[test]
+    fn only_conclusive_agreement_of_a_majority_confirms_a_clock() {
+        assert!(
+            confirmed_by_majority(&[], 500),
+            "a single node confirms itself"
+        );
+        assert!(confirmed_by_majority(&[sample(0), None], 500));
+        assert!(confirmed_by_majority(&[sample(0), sample(900)], 500));
+        assert!(
+            !confirmed_by_majority(&[None, None], 500),
+            "unanswered probes confirm nothing"
+        );
+        assert!(!confirmed_by_majority(&[sample(900), sample(900)], 500));
+        assert!(!confirmed_by_majority(&[sample(0), None, None, None], 500));
     }
 
     #[test]

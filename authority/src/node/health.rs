@@ -15,12 +15,15 @@ use tally_tls::Transport;
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
-use super::clock::{verdict, within_majority, ClockSample, NodeClock};
+use super::clock::{confirmed_by_majority, verdict, within_majority, ClockSample, NodeClock};
 use crate::raft::types::{Metrics, NodeId, Raft};
 
 pub struct Health {
     clock: Arc<NodeClock>,
     clock_ok: AtomicBool,
+    /// The last probe round found a majority of the members agreeing with this node's clock,
+    /// conclusively (false until the first round).
+    clock_confirmed: AtomicBool,
     clock_offset_ms: AtomicI64,
     /// Whether each peer (by client address) answered the last probe with a clock within
     /// `max_clock_offset_ms` of this node's; replaced whole at every probe round, so it holds
@@ -41,6 +44,7 @@ impl Health {
         Self {
             clock,
             clock_ok: AtomicBool::new(true),
+            clock_confirmed: AtomicBool::new(false),
             clock_offset_ms: AtomicI64::new(0),
             peer_clocks_agree: Mutex::new(BTreeMap::new()),
             peer_rules_known: Mutex::new(BTreeMap::new()),
@@ -86,6 +90,12 @@ impl Health {
 
     pub fn clock_ok(&self) -> bool {
         self.clock_ok.load(Ordering::Relaxed)
+    }
+
+    /// Whether the last probe round found a majority of the members agreeing with this node's
+    /// clock by conclusive probes.
+    pub fn clock_confirmed(&self) -> bool {
+        self.clock_confirmed.load(Ordering::Relaxed)
     }
 
     /// The median offset of the peers that answered the last probe, in ms.
@@ -189,6 +199,10 @@ pub async fn monitor_clock(
         replace_per_peer(&health.peer_clocks_agree, &peers, |at, last| {
             Some(verdict(samples[at].as_ref(), max_offset_ms).unwrap_or(last.unwrap_or(true)))
         });
+        health.clock_confirmed.store(
+            confirmed_by_majority(&samples, max_offset_ms),
+            Ordering::Relaxed,
+        );
         let ok = within_majority(&samples, max_offset_ms);
         let was_ok = health.clock_ok.swap(ok, Ordering::Relaxed);
         if ok != was_ok {

@@ -53,6 +53,20 @@ impl LocalWriter {
     /// leader whose writes all time out must not look idle and take more.
     pub async fn write(&self, proposal: Proposal) -> Result<ProposalReply, WriteError> {
         let started = Instant::now();
+        let reply = self.write_unmetered(proposal).await?;
+        let elapsed = started.elapsed();
+        self.metrics.observe_commit(elapsed);
+        self.metrics.write_spans.client_write.record(elapsed);
+        for decision in reply.results.iter().flatten() {
+            self.metrics
+                .observe_decision(&decision.outcome, decision.replayed);
+        }
+        Ok(reply)
+    }
+
+    /// [`Self::write`] without the commit latency and decision metrics: for entries no client
+    /// waits on (the cluster time keeper's ticks).
+    pub async fn write_unmetered(&self, proposal: Proposal) -> Result<ProposalReply, WriteError> {
         let pending = self.pending.enter();
         let raft = self.raft.clone();
         let mut write = Box::pin(async move { raft.client_write(proposal).await });
@@ -61,16 +75,7 @@ impl LocalWriter {
             watch_until_answered(pending, write);
         }
         match answer {
-            Ok(Ok(response)) => {
-                let elapsed = started.elapsed();
-                self.metrics.observe_commit(elapsed);
-                self.metrics.write_spans.client_write.record(elapsed);
-                for decision in response.data.results.iter().flatten() {
-                    self.metrics
-                        .observe_decision(&decision.outcome, decision.replayed);
-                }
-                Ok(response.data)
-            }
+            Ok(Ok(response)) => Ok(response.data),
             Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(to)))) => {
                 Err(WriteError::Unknown {
                     reason: format!(

@@ -4,6 +4,7 @@
 
 pub mod backup;
 pub mod clock;
+pub mod cluster_time_gate;
 pub mod cluster_time_keeper;
 pub mod config;
 pub mod disk;
@@ -465,6 +466,7 @@ pub async fn start(
     )));
     tasks.push(tokio::spawn(cluster_time_keeper::run(
         proposer.clone(),
+        health.clone(),
         shutdown_rx.clone(),
     )));
     tasks.push(tokio::spawn(expiry::run(
