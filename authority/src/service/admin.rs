@@ -327,6 +327,9 @@ impl Admin for AdminService {
             load_shedding: Some(load_shedding_message(&self.proposer.load_shedding())),
             leader_in_preferred_region,
             rules_known: self.health.rules_known(),
+            cluster_time_lag_ms: self.proposer.time_gate().lag_ms(),
+            writes_wait_for_cluster_time: self.proposer.is_leader()
+                && !self.proposer.time_gate().is_open(),
         }))
     }
 

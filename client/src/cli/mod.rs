@@ -280,6 +280,8 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
                     "preferred_leader_regions": r.params.as_ref().map(|p| p.preferred_leader_regions.clone()),
                     "leader_in_preferred_region": r.leader_in_preferred_region,
                     "rules_version": r.params.as_ref().map(|p| p.rules_version), "rules_known": r.rules_known,
+                    "cluster_time_ms": r.cluster_time_ms, "cluster_time_lag_ms": r.cluster_time_lag_ms,
+                    "writes_wait_for_cluster_time": r.writes_wait_for_cluster_time,
                     "alarms": r.alarms.iter().map(|a| serde_json::json!({
                         "kind": alarm::kind_name(a.kind), "node_id": a.node_id, "reason": a.reason,
                         "raised_at_index": a.raised_at_index,
@@ -354,6 +356,9 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
             if let Some(line) = shedding.and_then(|s| shedding_line(endpoint, s)) {
                 println!("\n{line}");
             }
+            if let Some(line) = reply.as_ref().and_then(|r| catching_up_line(endpoint, r)) {
+                println!("\n{line}");
+            }
         }
     }
     Ok(if failures == replies.len() { 1 } else { 0 })
@@ -368,6 +373,18 @@ fn shedding_line(endpoint: &str, shedding: &pb::LoadShedding) -> Option<String> 
             opt(shedding.oldest_proposal_age_ms),
             shedding.shed_after_ms,
             shedding.proposals_pending
+        )
+    })
+}
+
+/// The warning for a leader whose writes wait for cluster time to catch up (after downtime),
+/// `None` otherwise.
+fn catching_up_line(endpoint: &str, reply: &pb::StatusReply) -> Option<String> {
+    reply.writes_wait_for_cluster_time.then(|| {
+        format!(
+            "{endpoint} CATCHES CLUSTER TIME UP: it trails this leader's clock by {} ms; writes \
+             wait (then UNAVAILABLE, definite) until it is within a step",
+            reply.cluster_time_lag_ms
         )
     })
 }
@@ -751,6 +768,22 @@ mod tests {
         let raised = node(1, 2, 2);
         assert_eq!(rules_line(&raised, &[&raised]), None);
         assert_eq!(rules_line(&three, &[&three]), None);
+    }
+
+    #[test]
+    fn status_warns_of_a_leader_catching_cluster_time_up_and_only_then() {
+        let mut reply = status(&[], Some(1), None);
+        reply.cluster_time_lag_ms = 86_400_000;
+        reply.writes_wait_for_cluster_time = true;
+        assert_eq!(
+            catching_up_line("127.0.0.1:7401", &reply).as_deref(),
+            Some(
+                "127.0.0.1:7401 CATCHES CLUSTER TIME UP: it trails this leader's clock by \
+                 86400000 ms; writes wait (then UNAVAILABLE, definite) until it is within a step"
+            )
+        );
+        reply.writes_wait_for_cluster_time = false;
+        assert_eq!(catching_up_line("127.0.0.1:7401", &reply), None);
     }
 
     #[test]
