@@ -223,6 +223,8 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
             params: Some(ClusterParams::default().into()),
             leader_in_preferred_region: Some(true),
             rules_known: 2,
+            cluster_time_lag_ms: 4_000,
+            writes_wait_for_cluster_time: false,
         }
         .encode_to_vec(),
     );
