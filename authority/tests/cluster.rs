@@ -809,11 +809,19 @@ async fn a_hold_authorized_right_after_downtime_lives_for_its_whole_timeout() {
     request.header = shifted(request.header.expect("a header"));
     request.hold_timeout_ms = Some(HOLD_TIMEOUT_MS);
     let asked_at_ms = shifted_now_ms();
-    let authorized = via_follower
-        .authorize_hold(request)
-        .await
-        .expect("authorized once cluster time caught up")
-        .into_inner();
+    // The gate may refuse (UNAVAILABLE, definite) until a clock probe confirms the jumped
+    // clocks and cluster time has caught up; a client retries.
+    let started = std::time::Instant::now();
+    let authorized = loop {
+        match via_follower.authorize_hold(request.clone()).await {
+            Ok(reply) => break reply.into_inner(),
+            Err(status) if is_definite_refusal(&status) && started.elapsed() < LIVENESS => {
+                assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(status) => panic!("not authorized once cluster time caught up: {status:?}"),
+        }
+    };
     assert!(matches!(
         outcome(&authorized),
         pb::outcome::Outcome::Authorized(_)
@@ -856,6 +864,52 @@ async fn a_hold_authorized_right_after_downtime_lives_for_its_whole_timeout() {
     assert!(
         ticks >= DOWN_MS / 10_000,
         "ten minutes at one 10 s step per entry: {ticks} ticks"
+    );
+    cluster.shutdown().await;
+}
+
+/// docs/spec.md §6: a leader whose clock jumps far ahead does not carry cluster time with it
+/// before its clock probes make it step down. The probe round before the jump confirmed its
+/// clock; the keeper trusts only a round begun after it saw the lag, and goes a step a second
+/// until then (when it trusted the earlier round, cluster time leapt the whole ten minutes
+/// within milliseconds, expiring every hold).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_clock_jumps_ahead_does_not_carry_cluster_time_with_it() {
+    init_logs();
+    const JUMP_MS: i64 = 600_000;
+    let cluster = TestCluster::start(3).await;
+    let skewed = cluster.wait_leader().await;
+    let mut client = cluster.budget(skewed).await;
+    client
+        .authorize_hold(authorize("jump", "before", 1))
+        .await
+        .expect("a write before the jump");
+    // Let a probe round confirm every clock first.
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    cluster.nodes[&skewed].clock.set_offset_ms(JUMP_MS);
+    let started = std::time::Instant::now();
+    while cluster.leader_now() == Some(skewed) || cluster.leader_now().is_none() {
+        assert!(
+            started.elapsed() < LIVENESS,
+            "the leader whose clock jumped kept leading"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let digests = cluster.converged_digests().await;
+    assert_converged(&digests);
+    let ahead_ms = cluster.nodes[&skewed]
+        .router
+        .lock()
+        .await
+        .cluster_time_ms()
+        .saturating_sub(tally_authority::node::clock::wall_clock_ms());
+    println!(
+        "the jumped leader stepped down after {} ms; cluster time {ahead_ms} ms ahead",
+        started.elapsed().as_millis()
+    );
+    assert!(
+        ahead_ms < 60_000,
+        "cluster time ran {ahead_ms} ms ahead of the wall clock with one leader's jumped clock"
     );
     cluster.shutdown().await;
 }

@@ -14,9 +14,12 @@
 //! time trails it by half the gate's bound (an idle cluster writes one small entry every
 //! 4.5 s at the default step), and after downtime as many as it takes, [`MAX_TICKS_IN_FLIGHT`]
 //! at a time, each advancing one step (the clamp holds). A catch-up of more than one step
-//! trusts this node's clock, so it waits until a clock probe round has found a majority of the
-//! members agreeing with it (`Health::clock_confirmed`); until then it goes one step per check,
-//! no faster than one client command per check moved it before.
+//! trusts this node's clock, so it goes at full speed only once a clock probe round begun after
+//! the lag was seen has found a majority of the members agreeing with it
+//! (`Health::clock_confirmed_since`: a clock that jumped since the last round is not trusted on
+//! that round's word); until then one step per [`UNCONFIRMED_STEP_EVERY`]. A leader whose clock is far ahead thus moves cluster time at
+//! most a step a second before the probes make it hand leadership away (a loaded cluster's
+//! client entries moved it a step each before this module).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,6 +35,9 @@ use super::proposer::Proposer;
 /// [`tick_after_ms`] of the smallest step (250 ms), so an idle leader ticks before the gate
 /// closes.
 pub const CHECK_EVERY: Duration = Duration::from_millis(100);
+
+/// How often a leader whose clock no probe has confirmed yet moves cluster time by a step.
+pub const UNCONFIRMED_STEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Ticks proposed at once while catching up. Each is a few dozen bytes; Raft appends and
 /// replicates a round together, so a day of downtime (8,640 steps of 10 s) is 34 rounds.
@@ -62,8 +68,7 @@ pub async fn run(
     let gate = proposer.time_gate();
     let mut ticker = tokio::time::interval(CHECK_EVERY);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Whether the wait for a probe's confirmation was logged, so it is logged once per wait.
-    let mut told_unconfirmed = false;
+    let mut unconfirmed = Unconfirmed::default();
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
@@ -75,20 +80,30 @@ pub async fn run(
             continue;
         }
         tokio::select! {
-            _ = catch_up(&proposer, &gate, &health, &mut told_unconfirmed) => {}
+            _ = catch_up(&proposer, &gate, &health, &mut unconfirmed) => {}
             _ = shutdown.changed() => return,
         }
     }
 }
 
+/// A catch-up of more than a step on a clock no probe has confirmed yet: when the lag was first
+/// seen (a probe round must begin after it), when the last step was taken, and whether the
+/// wait was logged (once per wait).
+#[derive(Default)]
+struct Unconfirmed {
+    lag_seen: Option<Instant>,
+    last_step: Option<Instant>,
+    told: bool,
+}
+
 /// Proposes ticks until cluster time trails this leader's clock by less than
 /// [`tick_after_ms`], or a tick fails (the next check tries again), or this node's clock is
-/// not yet confirmed by a majority (then one tick only).
+/// not yet confirmed by a majority (then one tick per [`UNCONFIRMED_STEP_EVERY`]).
 async fn catch_up(
     proposer: &Proposer,
     gate: &ClusterTimeGate,
     health: &Health,
-    told_unconfirmed: &mut bool,
+    unconfirmed: &mut Unconfirmed,
 ) {
     let started = Instant::now();
     let mut committed = 0u64;
@@ -97,19 +112,30 @@ async fn catch_up(
         let time = gate.applied();
         let lag_ms = gate.lag_ms();
         if lag_ms < tick_after_ms(time.max_clock_step_ms).max(1) {
-            *told_unconfirmed = false;
+            *unconfirmed = Unconfirmed::default();
             break;
         }
         let needed = ticks_to_catch_up(lag_ms, time.max_clock_step_ms);
-        let confirmed = health.clock_confirmed();
-        if needed > 1 && !confirmed && !*told_unconfirmed {
-            *told_unconfirmed = true;
-            tracing::warn!(
-                node_id = proposer.node_id(),
-                lag_ms,
-                "cluster time trails this leader's clock, which no clock probe has yet found \
-                 a majority agreeing with: catching up one step per check until one does"
-            );
+        // One step trusts this clock no more than a client command's entry does.
+        let lag_seen = *unconfirmed.lag_seen.get_or_insert_with(Instant::now);
+        let confirmed = needed == 1 || health.clock_confirmed_since(lag_seen);
+        if !confirmed {
+            if !unconfirmed.told {
+                unconfirmed.told = true;
+                tracing::warn!(
+                    node_id = proposer.node_id(),
+                    lag_ms,
+                    "cluster time trails this leader's clock, which no clock probe has yet \
+                     found a majority agreeing with: one step a second until one does"
+                );
+            }
+            if unconfirmed
+                .last_step
+                .is_some_and(|at| at.elapsed() < UNCONFIRMED_STEP_EVERY)
+            {
+                return;
+            }
+            unconfirmed.last_step = Some(Instant::now());
         }
         if needed > 1 && confirmed && !announced {
             announced = true;

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use openraft::ServerState;
 use tally_api::pb::admin_client::AdminClient;
@@ -21,9 +21,10 @@ use crate::raft::types::{Metrics, NodeId, Raft};
 pub struct Health {
     clock: Arc<NodeClock>,
     clock_ok: AtomicBool,
-    /// The last probe round found a majority of the members agreeing with this node's clock,
-    /// conclusively (false until the first round).
-    clock_confirmed: AtomicBool,
+    /// When the last probe round began, if it found a majority of the members agreeing with
+    /// this node's clock conclusively (`None` until the first round, and after one that did
+    /// not).
+    clock_confirmed_by_round: Mutex<Option<Instant>>,
     clock_offset_ms: AtomicI64,
     /// Whether each peer (by client address) answered the last probe with a clock within
     /// `max_clock_offset_ms` of this node's; replaced whole at every probe round, so it holds
@@ -44,7 +45,7 @@ impl Health {
         Self {
             clock,
             clock_ok: AtomicBool::new(true),
-            clock_confirmed: AtomicBool::new(false),
+            clock_confirmed_by_round: Mutex::new(None),
             clock_offset_ms: AtomicI64::new(0),
             peer_clocks_agree: Mutex::new(BTreeMap::new()),
             peer_rules_known: Mutex::new(BTreeMap::new()),
@@ -92,10 +93,14 @@ impl Health {
         self.clock_ok.load(Ordering::Relaxed)
     }
 
-    /// Whether the last probe round found a majority of the members agreeing with this node's
-    /// clock by conclusive probes.
-    pub fn clock_confirmed(&self) -> bool {
-        self.clock_confirmed.load(Ordering::Relaxed)
+    /// Whether the last probe round began at or after `since` and found a majority of the
+    /// members agreeing with this node's clock by conclusive probes: a confirmation from before
+    /// a clock jumped says nothing of the clock after.
+    pub fn clock_confirmed_since(&self, since: Instant) -> bool {
+        self.clock_confirmed_by_round
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|round| round >= since)
     }
 
     /// The median offset of the peers that answered the last probe, in ms.
@@ -172,6 +177,7 @@ pub async fn monitor_clock(
             _ = ticker.tick() => {}
             _ = shutdown.changed() => return,
         }
+        let round_began = Instant::now();
         let metrics = crate::raft::types::current_metrics(&raft);
         let peers = peer_addresses(&metrics, node_id);
         let mut samples = Vec::with_capacity(peers.len());
@@ -199,10 +205,11 @@ pub async fn monitor_clock(
         replace_per_peer(&health.peer_clocks_agree, &peers, |at, last| {
             Some(verdict(samples[at].as_ref(), max_offset_ms).unwrap_or(last.unwrap_or(true)))
         });
-        health.clock_confirmed.store(
-            confirmed_by_majority(&samples, max_offset_ms),
-            Ordering::Relaxed,
-        );
+        *health
+            .clock_confirmed_by_round
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) =
+            confirmed_by_majority(&samples, max_offset_ms).then_some(round_began);
         let ok = within_majority(&samples, max_offset_ms);
         let was_ok = health.clock_ok.swap(ok, Ordering::Relaxed);
         if ok != was_ok {
