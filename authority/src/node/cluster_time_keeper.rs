@@ -122,7 +122,9 @@ async fn catch_up(
         if !confirmed {
             if !unconfirmed.told {
                 unconfirmed.told = true;
-                tracing::warn!(
+                // Expected for a second after every restart that followed downtime; a clock
+                // the probes then find off makes the health monitor warn and step down.
+                tracing::info!(
                     node_id = proposer.node_id(),
                     lag_ms,
                     "cluster time trails this leader's clock, which no clock probe has yet \
