@@ -74,15 +74,16 @@ pub struct LogStore<C: RaftTypeConfig> {
 /// Whether a [`LogStore`] has let its directory go ([`LogStore::release_watch`]).
 #[derive(Clone, Debug)]
 pub struct LogRelease {
-    wal: std::sync::Weak<Wal>,
+    /// The Wal's token, dropped after its directory lock.
+    lock_held: std::sync::Weak<()>,
 }
 
 impl LogRelease {
-    /// True once no store, reader or writer of the log is left, so the directory can be
-    /// opened again. The writer thread is joined when the store drops, so this turns true
-    /// with the last handle's drop.
+    /// True once no store, reader or writer of the log is left and the directory's lock is
+    /// closed, so the directory can be opened again. The writer thread is joined when the
+    /// store drops, so this turns true with the last handle's drop.
     pub fn is_released(&self) -> bool {
-        self.wal.strong_count() == 0
+        self.lock_held.strong_count() == 0
     }
 }
 
@@ -161,7 +162,7 @@ where
     /// [`StoreError::AlreadyOpen`].
     pub fn release_watch(&self) -> LogRelease {
         LogRelease {
-            wal: Arc::downgrade(&self.wal),
+            lock_held: self.wal.release_token(),
         }
     }
 

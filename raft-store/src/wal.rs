@@ -186,6 +186,18 @@ pub(crate) struct Wal {
     reserving: std::sync::atomic::AtomicBool,
     /// Holds the directory's lock for as long as the log is open.
     _lock: File,
+    /// What [`crate::LogRelease`] watches. Last, so it drops after `_lock` is closed: fields
+    /// drop in order after `Drop::drop`, while an `Arc<Wal>`'s count reaches 0 *before* the
+    /// Wal's drop (which gives room back, file I/O) has run; a watch on that count let a
+    /// restart meet the lock still held (CI, 2026-12-07: "already open elsewhere").
+    released: Arc<()>,
+}
+
+impl Wal {
+    /// Alive until this Wal has closed its lock (see `released`).
+    pub(crate) fn release_token(&self) -> std::sync::Weak<()> {
+        Arc::downgrade(&self.released)
+    }
 }
 
 /// A clean close gives the reserved room back, so a closed log's files hold only frames.
@@ -279,6 +291,7 @@ impl Wal {
             pending_hint: Mutex::new(None),
             reserving: std::sync::atomic::AtomicBool::new(true),
             _lock: lock,
+            released: Arc::new(()),
         };
         wal.delete_unneeded_segments()?;
         Ok(wal)

@@ -348,6 +348,33 @@ fn the_release_watch_turns_with_the_last_handle() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The watch turns only once the lock is closed, not when the last handle starts to drop:
+/// the log's drop gives reserved room back (file I/O) before its fields go, and a start that
+/// trusted an earlier signal met "already open elsewhere" (CI, 2026-12-07). The last handle
+/// drops on another thread while this one polls the watch and opens at once, many times.
+#[test]
+fn a_released_log_opens_at_once_whichever_thread_dropped_it() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = log_dir(&dir);
+    for round in 0..200 {
+        let store = LogStore::<C>::open(&path)?;
+        let watch = store.release_watch();
+        let dropper = std::thread::spawn(move || drop(store));
+        while !watch.is_released() {
+            std::hint::spin_loop();
+        }
+        let reopened = LogStore::<C>::open(&path);
+        assert!(
+            reopened.is_ok(),
+            "round {round}: released, yet {:?}",
+            reopened.err()
+        );
+        drop(reopened);
+        dropper.join().expect("the drop ends");
+    }
+    Ok(())
+}
+
 /// The room reserved ahead of the writes (`preallocate.rs`): a crash leaves it as zeros after
 /// the last frame, which the next open cuts off with every durable entry kept; a clean close
 /// gives it back; and only the newest segment ever has it, so zeros at the end of an older
