@@ -278,12 +278,7 @@ impl Proposer {
     /// to this node's clock by at most a step (`node/cluster_time_keeper.rs`). Left out of the
     /// commit latency a client sees: a catch-up proposes hundreds at once.
     pub async fn propose_clock_tick(&self) -> Result<ProposalReply, WriteError> {
-        if !self.is_leader() {
-            return Err(WriteError::Unavailable {
-                leader: self.leader(),
-                reason: "cluster time is kept on the leader".to_owned(),
-            });
-        }
+        self.check_leads("cluster time is kept")?;
         let proposal = Proposal::clock_tick(self.clock.now_ms());
         self.writer.write_unmetered(proposal).await
     }
@@ -308,13 +303,19 @@ impl Proposer {
         proposal: Proposal,
         what: &str,
     ) -> Result<ProposalReply, WriteError> {
-        if !self.is_leader() {
-            return Err(WriteError::Unavailable {
-                leader: self.leader(),
-                reason: format!("{what} on the leader"),
-            });
-        }
+        self.check_leads(what)?;
         self.writer.write(proposal).await
+    }
+
+    /// Refuses, definite, unless this node leads; `what` says what only happens on the leader.
+    fn check_leads(&self, what: &str) -> Result<(), WriteError> {
+        if self.is_leader() {
+            return Ok(());
+        }
+        Err(WriteError::Unavailable {
+            leader: self.leader(),
+            reason: format!("{what} on the leader"),
+        })
     }
 
     /// Proposes an alarm change on this node only, never forwarding (leader only): an

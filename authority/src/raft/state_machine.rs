@@ -37,8 +37,8 @@ pub struct TallyStateMachine {
     snapshots: SnapshotDir,
     /// The last applied log id, for health checks and read-your-writes waits.
     applied_tx: watch::Sender<Option<LogId>>,
-    /// Cluster time after the last applied entry, for the leader's write gate
-    /// (`node/cluster_time_keeper.rs`).
+    /// Cluster time after the last applied entry, for the leader's write gate and its keeper
+    /// (`node/cluster_time_gate.rs`, `node/cluster_time_keeper.rs`).
     applied_time_tx: watch::Sender<AppliedTime>,
 }
 
