@@ -1549,14 +1549,7 @@ async fn a_flood_beyond_the_in_flight_limit_is_shed_at_once_and_definitely() {
     assert_eq!(admitted.len(), LIMIT, "exactly the limit was admitted");
     let node = &cluster.nodes[&leader];
     assert_eq!(node.metrics.shed_requests(), (FLOOD - LIMIT) as u64);
-    let scrape = tally_authority::node::metrics::render(&tally_authority::node::metrics::Sources {
-        node_id: leader,
-        metrics: node.metrics.clone(),
-        raft: node.raft.clone(),
-        store: node.store_metrics.clone(),
-        router: node.router.clone(),
-    })
-    .await;
+    let scrape = cluster_support::scrape(&cluster, leader).await;
     assert!(
         scrape.contains(&format!("\ntally_requests_shed_total {}\n", FLOOD - LIMIT)),
         "{scrape}"

@@ -85,16 +85,7 @@ async fn a_full_follower_raises_no_space_through_the_log_and_an_operator_clears_
         health_detail.contains(&format!("NO_SPACE raised by node {follower}")),
         "the healthcheck line names the alarm: {health_detail}"
     );
-    let node = &cluster.nodes[&follower];
-    let metrics =
-        tally_authority::node::metrics::render(&tally_authority::node::metrics::Sources {
-            node_id: follower,
-            metrics: node.metrics.clone(),
-            raft: node.raft.clone(),
-            store: node.store_metrics.clone(),
-            router: node.router.clone(),
-        })
-        .await;
+    let metrics = scrape(&cluster, follower).await;
     assert!(
         metrics.contains("tally_alarms_raised{kind=\"no_space\"} 1"),
         "{metrics}"

@@ -90,15 +90,22 @@ pub fn verdict(sample: Option<&ClockSample>, max_offset_ms: u64) -> Option<bool>
     }
 }
 
+/// This node's verdicts on its peers' clocks: how many members agree with it (itself
+/// included) and how many were judged (itself included; a probe too slow to judge by is not).
+fn judged(samples: &[Option<ClockSample>], max_offset_ms: u64) -> (usize, usize) {
+    let verdicts = samples
+        .iter()
+        .filter_map(|s| verdict(s.as_ref(), max_offset_ms));
+    verdicts.fold((1, 1), |(agreeing, judged), agrees| {
+        (agreeing + usize::from(agrees), judged + 1)
+    })
+}
+
 /// Whether this node's clock is within `max_offset_ms` of a majority of the cluster (itself
 /// included, with offset 0), over the peers a probe could judge ([`verdict`]).
 pub fn within_majority(samples: &[Option<ClockSample>], max_offset_ms: u64) -> bool {
-    let verdicts: Vec<bool> = samples
-        .iter()
-        .filter_map(|s| verdict(s.as_ref(), max_offset_ms))
-        .collect();
-    let agreeing = 1 + verdicts.iter().filter(|agrees| **agrees).count();
-    agreeing * 2 > verdicts.len() + 1
+    let (agreeing, judged) = judged(samples, max_offset_ms);
+    agreeing * 2 > judged
 }
 
 /// Whether this node and the peers whose probes were conclusive *and agreed* make a majority of
@@ -107,10 +114,7 @@ pub fn within_majority(samples: &[Option<ClockSample>], max_offset_ms: u64) -> b
 /// What a leader needs before it moves cluster time more than a step on its own clock
 /// (`cluster_time_keeper.rs`).
 pub fn confirmed_by_majority(samples: &[Option<ClockSample>], max_offset_ms: u64) -> bool {
-    let agreeing = 1 + samples
-        .iter()
-        .filter(|s| verdict(s.as_ref(), max_offset_ms) == Some(true))
-        .count();
+    let (agreeing, _) = judged(samples, max_offset_ms);
     agreeing * 2 > samples.len() + 1
 }
 

@@ -58,8 +58,7 @@ pub fn ticks_to_catch_up(lag_ms: u64, max_clock_step_ms: u64) -> u64 {
     lag_ms.div_ceil(max_clock_step_ms)
 }
 
-/// On every node: publishes the lag; on the leader: proposes ticks while cluster time trails
-/// by [`tick_after_ms`] or more.
+/// On the leader: proposes ticks while cluster time trails by [`tick_after_ms`] or more.
 pub async fn run(
     proposer: Arc<Proposer>,
     health: Arc<Health>,
@@ -75,7 +74,6 @@ pub async fn run(
             _ = gate.wake_keeper.notified() => {}
             _ = shutdown.changed() => return,
         }
-        gate.metrics().track_cluster_time_lag_ms(gate.lag_ms());
         if !proposer.is_leader() {
             continue;
         }
@@ -159,7 +157,6 @@ async fn catch_up(
         let ok = answers.iter().filter(|answer| answer.is_ok()).count() as u64;
         committed += ok;
         gate.metrics().observe_clock_ticks(ok);
-        gate.metrics().track_cluster_time_lag_ms(gate.lag_ms());
         if let Some(Err(error)) = answers.into_iter().find(Result::is_err) {
             tracing::debug!(%error, "a clock tick failed; trying again at the next check");
             return;
@@ -181,7 +178,6 @@ async fn catch_up(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::raft::types::AppliedTime;
 
     #[test]
     fn the_keeper_ticks_well_before_the_gate_closes() {
@@ -209,10 +205,5 @@ mod tests {
             ticks_to_catch_up(86_400_000, 10_000).div_ceil(MAX_TICKS_IN_FLIGHT),
             34
         );
-        let time = AppliedTime {
-            cluster_time_ms: 1_000_000,
-            max_clock_step_ms: 10_000,
-        };
-        assert_eq!(ticks_to_catch_up(time.lag_ms(1_095_000), 10_000), 10);
     }
 }

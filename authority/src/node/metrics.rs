@@ -16,8 +16,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use super::clock::NodeClock;
 use super::recent_latency::WriteSpans;
-use crate::raft::state_machine::SharedRouter;
+use crate::raft::state_machine::{applied_time, SharedRouter};
 use crate::raft::types::{NodeId, Raft};
 
 /// Upper bounds (seconds) of the commit latency histogram's buckets.
@@ -63,8 +64,6 @@ pub struct NodeMetrics {
     /// those of them refused after the wait.
     cluster_time_waits: AtomicU64,
     cluster_time_refusals: AtomicU64,
-    /// How far cluster time trailed this node's clock at the keeper's last check.
-    cluster_time_lag_ms: AtomicU64,
     /// Proposals handed to Raft and not yet answered, and the wall clock ms the oldest of them
     /// was proposed at (0: none), kept by the proposer.
     pending_proposals: AtomicU64,
@@ -176,14 +175,6 @@ impl NodeMetrics {
         self.cluster_time_refusals.load(Ordering::Relaxed)
     }
 
-    pub fn track_cluster_time_lag_ms(&self, lag_ms: u64) {
-        self.cluster_time_lag_ms.store(lag_ms, Ordering::Relaxed);
-    }
-
-    pub fn cluster_time_lag_ms(&self) -> u64 {
-        self.cluster_time_lag_ms.load(Ordering::Relaxed)
-    }
-
     pub fn commit_age_sheds(&self) -> u64 {
         self.commit_age_sheds.load(Ordering::Relaxed)
     }
@@ -275,6 +266,8 @@ pub struct Sources {
     pub raft: Raft,
     pub store: Arc<StoreMetrics>,
     pub router: SharedRouter,
+    /// This node's clock, which cluster time's lag is measured against.
+    pub clock: Arc<NodeClock>,
 }
 
 /// The Prometheus text exposition (format 0.0.4) of everything this node reports.
@@ -282,8 +275,9 @@ pub async fn render(sources: &Sources) -> String {
     let m = &sources.metrics;
     let raft = crate::raft::types::current_metrics(&sources.raft);
     let store = sources.store.snapshot();
-    let (live, passivated, families_memory, alarms) = {
+    let (live, passivated, families_memory, alarms, cluster_time_lag_ms) = {
         let router = sources.router.lock().await;
+        let cluster_time_lag_ms = applied_time(&router).lag_ms(sources.clock.now_ms());
         let alarms: Vec<(String, String)> = crate::families::AlarmKind::ALL
             .into_iter()
             .map(|kind| {
@@ -311,7 +305,13 @@ pub async fn render(sources: &Sources) -> String {
             cold_runs: router.store().cold_run_counts(),
         };
         let (live, passivated) = (router.live_actors(), router.passivated_families());
-        (live, passivated, families_memory, alarms)
+        (
+            live,
+            passivated,
+            families_memory,
+            alarms,
+            cluster_time_lag_ms,
+        )
     };
     let committed = raft.local_committed.map_or(0, |c| c.index);
     let applied = raft.last_applied.map_or(0, |a| a.index);
@@ -497,9 +497,9 @@ pub async fn render(sources: &Sources) -> String {
     metric(
         "tally_cluster_time_lag_milliseconds",
         "gauge",
-        "How far cluster time (after the last applied entry) trailed this node's clock at the \
-         last check. On the leader, client writes wait past max_clock_step_ms less 1 s.",
-        &plain(m.cluster_time_lag_ms().to_string()),
+        "How far cluster time (after the last applied entry) trails this node's clock. On the \
+         leader, client writes wait past max_clock_step_ms less 1 s.",
+        &plain(cluster_time_lag_ms.to_string()),
     );
     metric(
         "tally_clock_ticks_total",

@@ -452,6 +452,7 @@ pub async fn start(
             raft: raft.clone(),
             store: store_metrics.clone(),
             router: router.clone(),
+            clock: clock.clone(),
         };
         tasks.push(tokio::spawn(metrics::serve(
             listener,

@@ -251,7 +251,7 @@ impl Proposer {
             });
         }
         self.shed_if_stalled()?;
-        self.time_gate.admit(self.leader()).await?;
+        self.time_gate.admit(|| self.leader()).await?;
         let count = commands.len();
         let coalescer = self
             .coalescer

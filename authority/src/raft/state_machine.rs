@@ -48,7 +48,8 @@ pub struct AppliedWatches {
     pub time: watch::Receiver<AppliedTime>,
 }
 
-fn applied_time(router: &FamilyRouter) -> AppliedTime {
+/// Cluster time after the router's last applied entry, and the step in force.
+pub fn applied_time(router: &FamilyRouter) -> AppliedTime {
     AppliedTime {
         cluster_time_ms: router.cluster_time_ms(),
         max_clock_step_ms: router.params().max_clock_step_ms,

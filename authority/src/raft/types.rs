@@ -262,7 +262,7 @@ pub fn with_metrics<T>(raft: &Raft, read: impl FnOnce(&Metrics) -> T) -> T {
 mod tests {
     use tally_ledger::{ClusterParams, LogPosition, ParamsChange};
 
-    use super::{Proposal, ProposalBody, PROPOSAL_VERSION};
+    use super::{AppliedTime, Proposal, ProposalBody, PROPOSAL_VERSION};
     use crate::families::{EntryInput, EntryPayload, RouterState};
 
     const T0: u64 = 1_700_000_000_000;
@@ -290,6 +290,21 @@ mod tests {
                 payload,
             })
             .expect("in log order");
+    }
+
+    #[test]
+    fn no_lag_before_the_first_stamp_or_behind_it() {
+        let fresh = AppliedTime {
+            cluster_time_ms: 0,
+            max_clock_step_ms: 10_000,
+        };
+        assert_eq!(fresh.lag_ms(1_700_000_000_000), 0);
+        let running = AppliedTime {
+            cluster_time_ms: 1_000_000,
+            max_clock_step_ms: 10_000,
+        };
+        assert_eq!(running.lag_ms(999_000), 0);
+        assert_eq!(running.lag_ms(1_012_000), 12_000);
     }
 
     #[test]

@@ -337,6 +337,7 @@ pub async fn scrape(cluster: &TestCluster, id: u64) -> String {
         raft: node.raft.clone(),
         store: node.store_metrics.clone(),
         router: node.router.clone(),
+        clock: node.clock.clone(),
     })
     .await
 }
