@@ -914,6 +914,89 @@ async fn a_leader_whose_clock_jumps_ahead_does_not_carry_cluster_time_with_it() 
     cluster.shutdown().await;
 }
 
+/// docs/spec.md §10, "catching up": after a week down, cluster time trails every clock by
+/// 60,480 steps, more than the keeper catches up within the gate's wait (750 ms here) even
+/// once a clock probe has confirmed the clocks (a day's 8,640 took 0.5–0.7 s in this debug
+/// build), so the first write is refused UNAVAILABLE, definite, with nothing proposed: once
+/// cluster time has caught up the event is unknown on every node, and the same request then
+/// authorizes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_while_cluster_time_catches_up_is_refused_definite_and_applies_on_retry() {
+    init_logs();
+    const DOWN_MS: u64 = 7 * 86_400_000;
+    let cluster = TestCluster::start(3).await;
+    let leader = cluster.wait_leader().await;
+    let mut client = cluster.budget(leader).await;
+    client
+        .authorize_hold(authorize("catch", "before", 1))
+        .await
+        .expect("a write before the downtime");
+    for node in cluster.nodes.values() {
+        node.clock.set_offset_ms(DOWN_MS as i64);
+    }
+    let mut request = authorize("catch", "after", 10);
+    let header = request.header.as_mut().expect("a header");
+    header.not_after_ms = tally_authority::node::clock::wall_clock_ms() + DOWN_MS + 600_000;
+    let asked = std::time::Instant::now();
+    let status = client
+        .authorize_hold(request.clone())
+        .await
+        .expect_err("cluster time a week behind cannot catch up within the gate's wait");
+    println!(
+        "refused after {} ms: {}",
+        asked.elapsed().as_millis(),
+        status.message()
+    );
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(is_definite_refusal(&status), "{status:?}");
+    assert_eq!(detail(&status).kind, pb::ErrorKind::Unavailable as i32);
+    assert!(
+        status.message().contains("cluster time trails"),
+        "the refusal says why: {status:?}"
+    );
+    let metrics = cluster_support::scrape(&cluster, leader).await;
+    let refused = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("tally_writes_refused_for_cluster_time_total "))
+        .expect("the refusal counter")
+        .parse::<u64>()
+        .expect("a number");
+    assert!(refused >= 1, "the refusal is counted: {refused}");
+    // Wait for the catch-up on the node that refused (still the leader: every clock agrees).
+    let started = std::time::Instant::now();
+    loop {
+        let status = status_of(&cluster, leader).await;
+        if status.leader_id == Some(leader) && !status.writes_wait_for_cluster_time {
+            break;
+        }
+        assert!(
+            started.elapsed() < LIVENESS,
+            "cluster time did not catch up within {LIVENESS:?}: {} ms behind",
+            status.cluster_time_lag_ms
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    println!("caught up after {} ms", started.elapsed().as_millis());
+    for id in cluster.nodes.keys() {
+        let mut reader = cluster.budget(*id).await;
+        match get_event(&mut reader, "catch", "after:authorize").await {
+            pb::event_lookup::Lookup::Unknown(_) => {}
+            other => panic!("node {id}: the refused write left a trace: {other:?}"),
+        }
+    }
+    let retried = client
+        .authorize_hold(request)
+        .await
+        .expect("the same request once cluster time caught up")
+        .into_inner();
+    assert!(
+        matches!(outcome(&retried), pb::outcome::Outcome::Authorized(_)),
+        "{retried:?}"
+    );
+    assert_converged(&cluster.converged_digests().await);
+    cluster.shutdown().await;
+}
+
 /// docs/spec.md §6: a node whose clock is off from a majority of its peers by more than
 /// `max_clock_offset_ms` hands leadership away, does not campaign, and reports unhealthy; once
 /// its clock agrees again it is healthy again.
