@@ -89,17 +89,32 @@ pub fn keep_trimmed(interval: Duration, memory_budget_bytes: u64) {
     });
 }
 
+/// The process's resident memory (RSS), where the system tells it.
+pub fn process_resident_bytes() -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+        let resident_pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+        // SAFETY: sysconf reads a constant.
+        let page_bytes = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        Some(resident_pages * u64::try_from(page_bytes).ok()?)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
+    }
+}
+
 /// Resident memory the heaps do not use: the process's RSS less what is allocated (in the
 /// heaps and in mapped blocks). Counts the code and the stacks too, a few tens of MB.
 fn resident_free_heap_bytes() -> Option<u64> {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-        let resident_pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-        // SAFETY: sysconf reads a constant; mallinfo2 only reads the allocator's counters.
-        let (page_bytes, info) = unsafe { (libc::sysconf(libc::_SC_PAGESIZE), libc::mallinfo2()) };
+        let resident = process_resident_bytes()?;
+        // SAFETY: mallinfo2 only reads the allocator's counters.
+        let info = unsafe { libc::mallinfo2() };
         let in_use = (info.uordblks + info.hblkhd) as u64;
-        Some((resident_pages * u64::try_from(page_bytes).ok()?).saturating_sub(in_use))
+        Some(resident.saturating_sub(in_use))
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {
@@ -130,17 +145,7 @@ mod tests {
     #[test]
     fn a_trim_gives_back_memory_freed_below_live_memory() {
         fn rss_bytes() -> u64 {
-            let status = std::fs::read_to_string("/proc/self/status").expect("status");
-            let line = status
-                .lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .expect("VmRSS");
-            line.split_whitespace()
-                .nth(1)
-                .expect("kB")
-                .parse::<u64>()
-                .expect("number")
-                * 1024
+            process_resident_bytes().expect("Linux tells a process its resident memory")
         }
         // 256 MiB in 64 KiB blocks (below the mmap threshold, so on the heap), then one block
         // kept live above them, so freeing them leaves a hole the heap's top trim cannot

@@ -59,6 +59,29 @@ async fn idle_families_beyond_the_limit_go_to_the_store_and_are_read_back_from_i
     );
     assert!(sample(&before, "tally_family_store_bytes{kind=\"families\"}") > 0);
     assert!(sample(&before, "tally_family_store_bytes{kind=\"file\"}") > 0);
+    // Status shows the same budget and use as the metrics (`tally status` warns from it).
+    let memory = status_of(&cluster, leader)
+        .await
+        .memory
+        .expect("Status reports memory");
+    assert_eq!(
+        memory.budget_bytes,
+        tally_authority::node::config::NodeConfig::default().memory_budget_bytes
+    );
+    assert_eq!(
+        memory.families_share_bytes,
+        sample(&before, "tally_live_families_bytes{kind=\"budget\"}")
+    );
+    assert!(memory.families_in_memory <= 2, "{memory:?}");
+    assert!(
+        memory.families_on_disk >= (FAMILIES - 2) as u64,
+        "{memory:?}"
+    );
+    assert!(
+        memory.families_bytes > 0 && memory.families_bytes < memory.families_share_bytes,
+        "{memory:?}"
+    );
+    assert!(memory.process_resident_bytes.unwrap_or(0) > 0, "{memory:?}");
 
     let reads_before = sample(&before, "tally_family_store_reads_total");
     let account = usage_of(&cluster, leader, "fam0")

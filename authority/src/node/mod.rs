@@ -358,6 +358,7 @@ pub async fn start(
         router.clone(),
         health.clone(),
         config.cluster_id.clone(),
+        config.memory_budget_bytes,
     ))
     .max_decoding_message_size(config.max_message_bytes)
     .max_encoding_message_size(config.max_message_bytes);

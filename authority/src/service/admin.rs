@@ -26,6 +26,8 @@ pub struct AdminService {
     router: SharedRouter,
     health: Arc<Health>,
     cluster_id: String,
+    /// The node's `memory_budget_bytes`, reported in Status beside what counts against it.
+    memory_budget_bytes: u64,
 }
 
 impl AdminService {
@@ -36,6 +38,7 @@ impl AdminService {
         router: SharedRouter,
         health: Arc<Health>,
         cluster_id: String,
+        memory_budget_bytes: u64,
     ) -> Self {
         Self {
             node_id,
@@ -44,6 +47,7 @@ impl AdminService {
             router,
             health,
             cluster_id,
+            memory_budget_bytes,
         }
     }
 
@@ -289,12 +293,13 @@ impl Admin for AdminService {
                 region: node.region.clone(),
             })
             .collect();
-        let (cluster_time_ms, params, alarms) = {
+        let (cluster_time_ms, params, alarms, memory) = {
             let router = self.router.lock().await;
             (
                 router.cluster_time_ms(),
                 params_message(&router),
                 alarms_message(router.alarms()),
+                memory_message(&router, self.memory_budget_bytes),
             )
         };
         let leader_in_preferred_region = leader_in_preferred_region(
@@ -330,6 +335,7 @@ impl Admin for AdminService {
             cluster_time_lag_ms: self.proposer.time_gate().lag_ms(),
             writes_wait_for_cluster_time: self.proposer.is_leader()
                 && !self.proposer.time_gate().is_open(),
+            memory: Some(memory),
         }))
     }
 
@@ -475,6 +481,22 @@ fn leader_in_preferred_region(
 }
 
 /// Durations in whole ms, as the status message counts them.
+/// The families' share of the memory budget and what counts against it (the same figures as
+/// `tally_live_families_bytes`, `tally_cold_filter_bytes` and `tally_cold_store_memory_bytes`).
+fn memory_message(router: &crate::families::FamilyRouter, budget_bytes: u64) -> pb::MemoryUse {
+    let bytes = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+    pb::MemoryUse {
+        budget_bytes,
+        families_share_bytes: bytes(router.config().max_live_bytes),
+        families_bytes: bytes(router.live_footprint_bytes()),
+        filter_bytes: bytes(router.cold_filter_bytes()),
+        store_memory_bytes: bytes(router.store().cold_memory_bytes()),
+        families_in_memory: bytes(router.live_actors()),
+        families_on_disk: bytes(router.passivated_families()),
+        process_resident_bytes: crate::allocator::process_resident_bytes(),
+    }
+}
+
 fn load_shedding_message(state: &LoadShedding) -> pb::LoadShedding {
     let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     pb::LoadShedding {

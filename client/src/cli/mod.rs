@@ -291,6 +291,14 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
                         "proposals_pending": l.proposals_pending, "shed_after_ms": l.shed_after_ms,
                         "shed_writes": l.shed_writes,
                     })),
+                    "memory": r.memory.as_ref().map(|m| serde_json::json!({
+                        "budget_bytes": m.budget_bytes, "families_share_bytes": m.families_share_bytes,
+                        "families_bytes": m.families_bytes, "filter_bytes": m.filter_bytes,
+                        "store_memory_bytes": m.store_memory_bytes,
+                        "families_in_memory": m.families_in_memory, "families_on_disk": m.families_on_disk,
+                        "process_resident_bytes": m.process_resident_bytes,
+                        "over_budget": memory_over_share(m).is_some(),
+                    })),
                 }),
                 None => serde_json::json!({ "endpoint": endpoint, "error": "unreachable" }),
             })
@@ -359,6 +367,10 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
             if let Some(line) = reply.as_ref().and_then(|r| catching_up_line(endpoint, r)) {
                 println!("\n{line}");
             }
+            let memory = reply.as_ref().and_then(|r| r.memory.as_ref());
+            if let Some(line) = memory.and_then(|m| memory_line(endpoint, m)) {
+                println!("\n{line}");
+            }
         }
     }
     Ok(if failures == replies.len() { 1 } else { 0 })
@@ -387,6 +399,43 @@ fn catching_up_line(endpoint: &str, reply: &pb::StatusReply) -> Option<String> {
             reply.cluster_time_lag_ms
         )
     })
+}
+
+/// What counts against the families' share of the memory budget, when it passes the share.
+fn memory_over_share(memory: &pb::MemoryUse) -> Option<u64> {
+    let used = memory
+        .families_bytes
+        .saturating_add(memory.filter_bytes)
+        .saturating_add(memory.store_memory_bytes);
+    (used > memory.families_share_bytes).then_some(used)
+}
+
+/// The warning for a node whose families hold more than their share of its memory budget
+/// (families in use are not spilled for bytes), with what to do about the larger part: the
+/// retained windows, or the filters that grow with a never-idle family's history. `None`
+/// within the share.
+fn memory_line(endpoint: &str, memory: &pb::MemoryUse) -> Option<String> {
+    let used = memory_over_share(memory)?;
+    let mib = |bytes: u64| (bytes + (1 << 19)) >> 20;
+    let remedy = if memory.filter_bytes > memory.families_bytes {
+        "their filters grow with the history of families never idle; give the node more \
+         memory (docs/sizing.md, \"What still grows with the history\")"
+    } else {
+        "shorten the retention of full events for the commands to come (`tally params \
+         --retention-ms`) or give the node more memory (docs/sizing.md)"
+    };
+    Some(format!(
+        "{endpoint} IS OVER ITS MEMORY BUDGET: its families in memory count {} MiB ({} MiB \
+         of retained state, {} MiB of filters, {} MiB of rows on their way to disk) against \
+         their {} MiB half of the {} MiB budget; families in use are not spilled for bytes: \
+         {remedy}",
+        mib(used),
+        mib(memory.families_bytes),
+        mib(memory.filter_bytes),
+        mib(memory.store_memory_bytes),
+        mib(memory.families_share_bytes),
+        mib(memory.budget_bytes),
+    ))
 }
 
 /// The region of member `id` in `reply`'s membership ("" when it is not listed).
@@ -784,6 +833,48 @@ mod tests {
         );
         reply.writes_wait_for_cluster_time = false;
         assert_eq!(catching_up_line("127.0.0.1:7401", &reply), None);
+    }
+
+    #[test]
+    fn status_warns_of_a_node_over_its_memory_budget_and_only_then() {
+        const MIB: u64 = 1 << 20;
+        let mut memory = pb::MemoryUse {
+            budget_bytes: 1_024 * MIB,
+            families_share_bytes: 512 * MIB,
+            families_bytes: 300 * MIB,
+            filter_bytes: 200 * MIB,
+            store_memory_bytes: 12 * MIB,
+            ..pb::MemoryUse::default()
+        };
+        // Exactly at the share: within it.
+        assert_eq!(memory_line("127.0.0.1:7401", &memory), None);
+        memory.filter_bytes += 1;
+        assert!(
+            memory_line("127.0.0.1:7401", &memory).is_some(),
+            "a byte over"
+        );
+        memory.filter_bytes += 230 * MIB - 1;
+        assert_eq!(
+            memory_line("127.0.0.1:7401", &memory).as_deref(),
+            Some(
+                "127.0.0.1:7401 IS OVER ITS MEMORY BUDGET: its families in memory count 742 MiB \
+                 (300 MiB of retained state, 430 MiB of filters, 12 MiB of rows on their way to \
+                 disk) against their 512 MiB half of the 1024 MiB budget; families in use are \
+                 not spilled for bytes: their filters grow with the history of families never \
+                 idle; give the node more memory (docs/sizing.md, \"What still grows with the \
+                 history\")"
+            )
+        );
+        // Mostly retained state: the retention is the lever.
+        memory.families_bytes = 1_000 * MIB;
+        let line = memory_line("127.0.0.1:7401", &memory).expect("over");
+        assert!(
+            line.ends_with(
+                "shorten the retention of full events for the commands to come (`tally params \
+                 --retention-ms`) or give the node more memory (docs/sizing.md)"
+            ),
+            "{line}"
+        );
     }
 
     #[test]

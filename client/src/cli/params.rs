@@ -17,6 +17,8 @@ use crate::TallyClient;
 pub struct ParamsArgs {
     /// How long after a command's `not_after_ms` its full event stays in memory; after it,
     /// only a compact record is kept (for ever). Memory grows with commands/s × retention.
+    /// A change holds for commands applied from then on: those already retained keep the
+    /// retention they were applied under, so lowering it frees memory as they fall due.
     /// 1000..=31536000000 (1 s to 365 days).
     #[arg(long, value_parser = clap::value_parser!(u64).range(RETENTION_MS))]
     pub retention_ms: Option<u64>,

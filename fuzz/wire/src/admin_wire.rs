@@ -225,6 +225,16 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
             rules_known: 2,
             cluster_time_lag_ms: 4_000,
             writes_wait_for_cluster_time: false,
+            memory: Some(pb::MemoryUse {
+                budget_bytes: 1 << 30,
+                families_share_bytes: 1 << 29,
+                families_bytes: 300 << 20,
+                filter_bytes: 20 << 20,
+                store_memory_bytes: 8 << 20,
+                families_in_memory: 1_000,
+                families_on_disk: 20_000,
+                process_resident_bytes: Some(1_500 << 20),
+            }),
         }
         .encode_to_vec(),
     );
