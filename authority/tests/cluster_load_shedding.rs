@@ -243,3 +243,101 @@ async fn an_isolated_leader_sheds_writes_past_the_threshold_and_serves_after_hea
     assert_converged(&digests);
     cluster.shutdown().await;
 }
+
+/// The rate rule (docs/spec.md §5.6): more commands waiting than the leader commits within
+/// `shed_after_ms` at its current rate are shed before the oldest of them is that old. Apply
+/// is held while 300 writes wait: over a whole second with a queue nothing is answered, so the
+/// leader's rate is zero and a new write is refused, definite, while the oldest has waited
+/// under half of `shed_after_ms`; once apply resumes the 300 apply and writes are taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_the_leader_cannot_commit_in_time_is_shed_before_it_ages() {
+    const QUEUED: usize = 300;
+    init_logs();
+    let cluster = TestCluster::start_with(1, |config| {
+        config.shed_after_ms = 5_000;
+        config.propose_timeout_ms = 20_000;
+        config.request_timeout_ms = 30_000;
+    })
+    .await;
+    let leader = cluster.wait_leader().await;
+    let node = &cluster.nodes[&leader];
+    let shed_after = Duration::from_millis(cluster.configs[&leader].shed_after_ms);
+    let mut client = cluster.budget(leader).await;
+    client
+        .authorize_hold(authorize("rate", "warm", 1))
+        .await
+        .expect("the family exists before apply stops");
+
+    let router = node.router.lock().await;
+    let sent_at = Instant::now();
+    let queued: Vec<_> = (0..QUEUED)
+        .map(|i| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                client
+                    .authorize_hold(authorize("rate", &format!("q{i}"), 1))
+                    .await
+            })
+        })
+        .collect();
+    eventually("every queued write is proposed", || {
+        node.proposer.load_shedding().commands_awaiting_commit == QUEUED
+    })
+    .await;
+    eventually("a busy second with no answer", || {
+        node.proposer.load_shedding().shedding
+    })
+    .await;
+    let state = node.proposer.load_shedding();
+    assert_eq!(state.commands_per_s, Some(0.0), "{state:?}");
+    let oldest = state.oldest_age.expect("writes wait");
+    assert!(
+        oldest < shed_after / 2,
+        "shed by the rate after {oldest:?}, not by age ({shed_after:?})"
+    );
+    let status = client
+        .authorize_hold(authorize("rate", "refused", 1))
+        .await
+        .expect_err("a queue the leader cannot commit in time");
+    assert_shed(&status, "a write behind a queue that does not move");
+    assert!(
+        status.message().contains("300 commands") && status.message().contains("for ever"),
+        "the refusal says which rule: {status:?}"
+    );
+    println!(
+        "shed {} ms after the queue formed: {}",
+        sent_at.elapsed().as_millis(),
+        status.message()
+    );
+    assert_eq!(node.metrics.commit_age_sheds(), 1);
+
+    drop(router);
+    for write in queued {
+        let decision = write
+            .await
+            .expect("task")
+            .expect("a queued write applies once apply resumes")
+            .into_inner();
+        assert!(matches!(
+            outcome(&decision),
+            pb::outcome::Outcome::Authorized(_)
+        ));
+    }
+    client
+        .authorize_hold(authorize("rate", "after", 1))
+        .await
+        .expect("writes are taken again once the queue is gone");
+    assert!(
+        matches!(
+            get_event(&mut client, "rate", "refused:authorize").await,
+            pb::event_lookup::Lookup::Unknown(_)
+        ),
+        "a shed write was never proposed"
+    );
+    let shown = status_of(&cluster, leader)
+        .await
+        .load_shedding
+        .expect("status shows load shedding");
+    assert!(!shown.shedding && shown.commands_pending == 0, "{shown:?}");
+    cluster.shutdown().await;
+}

@@ -98,7 +98,8 @@ pub struct NodeConfig {
     /// `propose_timeout_ms`, so a write's own timeout answers first, naming its event.
     pub request_timeout_ms: u64,
     /// Load shedding before proposing (docs/spec.md §5.6): while the oldest proposal this
-    /// leader has waiting for commit is older than this, new `Budget` writes are refused with
+    /// leader has waiting for commit is older than this, or more commands wait (at least 256)
+    /// than it answers in this long at its current rate, new `Budget` writes are refused with
     /// UNAVAILABLE, definite (nothing proposed), instead of queueing to answer UNKNOWN. Below
     /// `propose_timeout_ms` it refuses before writes would time out; a proposal keeps its age
     /// past its own timeout, so a larger value still sheds, later. 0 = never.

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use openraft::errors::{ClientWriteError, RaftError};
 
 use super::clock::wall_clock_ms;
+use super::commit_rate::CommitRate;
 use super::metrics::NodeMetrics;
 use super::write_error::WriteError;
 use crate::raft::types::{Proposal, ProposalReply, Raft};
@@ -67,7 +68,7 @@ impl LocalWriter {
     /// [`Self::write`] without the commit latency and decision metrics: for entries no client
     /// waits on (the cluster time keeper's ticks).
     pub async fn write_unmetered(&self, proposal: Proposal) -> Result<ProposalReply, WriteError> {
-        let pending = self.pending.enter();
+        let pending = self.pending.enter(proposal.command_count());
         let raft = self.raft.clone();
         let mut write = Box::pin(async move { raft.client_write(proposal).await });
         let answer = tokio::time::timeout(self.timeout, &mut write).await;
@@ -120,17 +121,38 @@ pub(super) struct PendingProposals {
     metrics: Arc<NodeMetrics>,
 }
 
-#[derive(Default)]
 struct PendingState {
     next: u64,
-    /// Sequence number → (when proposed, wall clock ms of it for `/metrics`).
-    since: BTreeMap<u64, (Instant, u64)>,
+    /// Sequence number → when proposed, wall clock ms of it for `/metrics`, and its commands.
+    since: BTreeMap<u64, (Instant, u64, usize)>,
+    /// The commands of the proposals in `since`.
+    commands: usize,
+    /// How fast commands are answered while some wait.
+    rate: CommitRate,
+}
+
+/// What load shedding reads of the pending proposals at one moment.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct PendingView {
+    /// Proposals (entries) awaiting their answer.
+    pub count: usize,
+    /// Their commands.
+    pub commands: usize,
+    /// How long the oldest has waited.
+    pub oldest_age: Option<Duration>,
+    /// Commands answered per second over the last second in which some waited throughout.
+    pub commands_per_s: Option<f64>,
 }
 
 impl PendingProposals {
     fn new(metrics: Arc<NodeMetrics>) -> Self {
         Self {
-            state: Mutex::new(PendingState::default()),
+            state: Mutex::new(PendingState {
+                next: 0,
+                since: BTreeMap::new(),
+                commands: 0,
+                rate: CommitRate::new(Instant::now()),
+            }),
             metrics,
         }
     }
@@ -139,12 +161,16 @@ impl PendingProposals {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A proposal handed to Raft now; pending until the guard drops.
-    fn enter(self: &Arc<Self>) -> PendingProposal {
+    /// A proposal of `commands` commands handed to Raft now; pending until the guard drops.
+    fn enter(self: &Arc<Self>, commands: usize) -> PendingProposal {
         let mut state = self.lock();
         let seq = state.next;
         state.next += 1;
-        state.since.insert(seq, (Instant::now(), wall_clock_ms()));
+        let now = Instant::now();
+        let waiting = state.commands;
+        state.rate.roll(now, waiting);
+        state.since.insert(seq, (now, wall_clock_ms(), commands));
+        state.commands += commands;
         self.publish(&state);
         PendingProposal {
             proposals: Arc::clone(self),
@@ -154,22 +180,33 @@ impl PendingProposals {
 
     fn leave(&self, seq: u64) {
         let mut state = self.lock();
-        let removed = state.since.remove(&seq);
-        assert!(removed.is_some(), "pending proposal {seq} left twice");
+        let Some((_, _, commands)) = state.since.remove(&seq) else {
+            panic!("pending proposal {seq} left twice");
+        };
+        state.commands -= commands;
+        let waiting = state.commands;
+        state.rate.answered(Instant::now(), commands, waiting);
         self.publish(&state);
     }
 
     fn publish(&self, state: &PendingState) {
-        let oldest_ms = state.since.values().next().map_or(0, |(_, ms)| *ms);
+        let oldest_ms = state.since.values().next().map_or(0, |(_, ms, _)| *ms);
         self.metrics
             .track_pending_proposals(state.since.len() as u64, oldest_ms);
     }
 
-    /// How many are pending, and how long the oldest has waited.
-    pub(super) fn snapshot(&self) -> (usize, Option<Duration>) {
-        let state = self.lock();
-        let oldest = state.since.values().next().map(|(at, _)| at.elapsed());
-        (state.since.len(), oldest)
+    /// How many are pending, how long the oldest has waited, and how fast they are answered.
+    pub(super) fn snapshot(&self) -> PendingView {
+        let mut state = self.lock();
+        let now = Instant::now();
+        let commands = state.commands;
+        state.rate.roll(now, commands);
+        PendingView {
+            count: state.since.len(),
+            commands,
+            oldest_age: (state.since.values().next()).map(|(at, _, _)| now.duration_since(*at)),
+            commands_per_s: state.rate.per_s(now),
+        }
     }
 }
 
@@ -193,20 +230,23 @@ mod tests {
     fn the_oldest_pending_proposal_is_the_first_still_waiting() {
         let metrics = Arc::new(NodeMetrics::default());
         let proposals = Arc::new(PendingProposals::new(Arc::clone(&metrics)));
-        assert_eq!(proposals.snapshot(), (0, None));
-        let first = proposals.enter();
+        let count_and_oldest = |view: PendingView| (view.count, view.oldest_age);
+        assert_eq!(count_and_oldest(proposals.snapshot()), (0, None));
+        let first = proposals.enter(3);
         std::thread::sleep(Duration::from_millis(20));
-        let second = proposals.enter();
-        let (count, oldest) = proposals.snapshot();
+        let second = proposals.enter(64);
+        let (count, oldest) = count_and_oldest(proposals.snapshot());
         assert_eq!(count, 2);
+        assert_eq!(proposals.snapshot().commands, 67);
         assert!(oldest.expect("pending") >= Duration::from_millis(20));
         assert_eq!(metrics.pending_proposals(), 2);
         drop(first);
-        let (count, oldest) = proposals.snapshot();
+        let (count, oldest) = count_and_oldest(proposals.snapshot());
         assert_eq!(count, 1);
+        assert_eq!(proposals.snapshot().commands, 64);
         assert!(oldest.expect("pending") < Duration::from_millis(20));
         drop(second);
-        assert_eq!(proposals.snapshot(), (0, None));
+        assert_eq!(count_and_oldest(proposals.snapshot()), (0, None));
         assert_eq!(metrics.pending_proposals(), 0);
     }
 }

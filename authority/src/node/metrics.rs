@@ -491,7 +491,8 @@ pub async fn render(sources: &Sources) -> String {
         "tally_writes_shed_by_commit_age_total",
         "counter",
         "Budget writes refused before proposing (UNAVAILABLE, definite) because this leader's \
-         oldest proposal had waited past shed_after_ms for commit (docs/spec.md 5.6).",
+         oldest proposal had waited past shed_after_ms for commit, or more commands waited than \
+         it answers in shed_after_ms at its current rate (docs/spec.md 5.6).",
         &plain(m.commit_age_sheds().to_string()),
     );
     metric(

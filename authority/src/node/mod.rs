@@ -6,6 +6,7 @@ pub mod backup;
 pub mod clock;
 pub mod cluster_time_gate;
 pub mod cluster_time_keeper;
+mod commit_rate;
 pub mod config;
 pub mod disk;
 mod entry_coalescer;

@@ -3,10 +3,12 @@
 //! committed by a quorum and applied (docs/spec.md §6).
 //!
 //! Load shedding before proposing (docs/spec.md §5.6): the leader remembers when each of its
-//! proposals went to Raft until it is answered (`local_writer::PendingProposals`). While the
-//! oldest has waited longer than `shed_after_ms`, new client commands are refused with
-//! UNAVAILABLE, definite, before anything is proposed: a leader that cannot commit would only queue them
-//! to answer UNKNOWN at their deadline, and every UNKNOWN sends a client into retries and
+//! proposals went to Raft until it is answered, and how many commands it answers a second
+//! while some wait (`local_writer::PendingProposals`). While the oldest has waited longer than
+//! `shed_after_ms`, or more commands wait than it answered in `shed_after_ms` at its last
+//! busy second's rate, new client commands are refused with UNAVAILABLE, definite, before
+//! anything is proposed: a leader that cannot commit them in time would only queue them to
+//! answer UNKNOWN at their deadline, and every UNKNOWN sends a client into retries and
 //! `ResolveEvent`.
 
 use std::collections::BTreeMap;
@@ -25,8 +27,9 @@ use tonic::transport::Channel;
 
 use super::clock::NodeClock;
 use super::cluster_time_gate::ClusterTimeGate;
+use super::commit_rate::expected_wait;
 use super::entry_coalescer::EntryCoalescer;
-use super::local_writer::LocalWriter;
+use super::local_writer::{LocalWriter, PendingView};
 use super::metrics::NodeMetrics;
 use super::write_error::WriteError;
 use crate::families::AlarmChange;
@@ -120,43 +123,24 @@ impl Proposer {
 
     /// Whether new writes are being shed here, and why: what `Admin.Status` shows.
     pub fn load_shedding(&self) -> LoadShedding {
-        let (awaiting_commit, oldest_age) = self.writer.pending.snapshot();
+        let pending = self.writer.pending.snapshot();
         LoadShedding {
-            shedding: self.is_leader() && self.refusal(awaiting_commit, oldest_age).is_some(),
-            oldest_age,
-            awaiting_commit,
+            shedding: self.is_leader() && refusal(self.writer.shed_after, &pending).is_some(),
+            oldest_age: pending.oldest_age,
+            awaiting_commit: pending.count,
+            commands_awaiting_commit: pending.commands,
+            commands_per_s: pending.commands_per_s,
             shed_after: self.writer.shed_after,
             shed_writes: self.metrics.commit_age_sheds(),
         }
     }
 
-    /// Why a new client command would be shed now, with `awaiting` proposals pending, the
-    /// oldest for `oldest_age`; `None` if it would be proposed.
-    fn refusal(&self, awaiting: usize, oldest_age: Option<Duration>) -> Option<String> {
-        let limit = self.writer.shed_after?;
-        let age = oldest_age?;
-        if age > limit {
-            Some(format!(
-                "overloaded: the oldest proposal on this node has waited {} ms for commit \
-                 (shed_after_ms = {}); nothing was proposed, retry after a backoff",
-                age.as_millis(),
-                limit.as_millis()
-            ))
-        } else if awaiting >= MAX_PENDING_PROPOSALS {
-            Some(format!(
-                "overloaded: {awaiting} proposals on this node await commit; nothing was \
-                 proposed, retry after a backoff"
-            ))
-        } else {
-            None
-        }
-    }
-
-    /// Refuses, definite, while the oldest proposal on this node has waited past
-    /// `shed_after_ms` (or too many wait): nothing is proposed, so a retry is safe.
+    /// Refuses, definite, while this node cannot commit a new command in time (the oldest
+    /// proposal has waited past `shed_after_ms`, or the commands ahead of it would take longer
+    /// at the current rate, or too many wait): nothing is proposed, so a retry is safe.
     fn shed_if_stalled(&self) -> Result<(), WriteError> {
-        let (awaiting, oldest_age) = self.writer.pending.snapshot();
-        let Some(reason) = self.refusal(awaiting, oldest_age) else {
+        let pending = self.writer.pending.snapshot();
+        let Some(reason) = refusal(self.writer.shed_after, &pending) else {
             return Ok(());
         };
         self.metrics.observe_commit_age_shed();
@@ -503,6 +487,47 @@ impl Drop for LeaderCall<'_> {
     }
 }
 
+/// Why a new client command would be shed now, with `pending` as it is and `shed_after` the
+/// threshold (`None`: shedding is off); `None` if it would be proposed.
+fn refusal(shed_after: Option<Duration>, pending: &PendingView) -> Option<String> {
+    let limit = shed_after?;
+    if let Some(age) = pending.oldest_age.filter(|age| *age > limit) {
+        return Some(format!(
+            "overloaded: the oldest proposal on this node has waited {} ms for commit \
+             (shed_after_ms = {}); nothing was proposed, retry after a backoff",
+            age.as_millis(),
+            limit.as_millis()
+        ));
+    }
+    if pending.commands >= MIN_COMMANDS_JUDGED_BY_RATE {
+        if let Some(per_s) = pending.commands_per_s {
+            let wait = expected_wait(pending.commands, per_s);
+            if wait.is_none_or(|wait| wait > limit) {
+                return Some(format!(
+                    "overloaded: {} commands on this node await commit and it answered {per_s:.0} \
+                     a second over its last busy second, so a new one would wait {} (shed_after_ms \
+                     = {}); nothing was proposed, retry after a backoff",
+                    pending.commands,
+                    wait.map_or("for ever".to_owned(), |w| format!("~{} ms", w.as_millis())),
+                    limit.as_millis()
+                ));
+            }
+        }
+    }
+    (pending.count >= MAX_PENDING_PROPOSALS).then(|| {
+        format!(
+            "overloaded: {} proposals on this node await commit; nothing was proposed, retry \
+             after a backoff",
+            pending.count
+        )
+    })
+}
+
+/// Below this many commands awaiting commit the rate rule does not apply: a handful waiting on
+/// a leader that was just slow for a second says little about its rate, and the age rule
+/// still holds them to `shed_after_ms`.
+const MIN_COMMANDS_JUDGED_BY_RATE: usize = 256;
+
 /// `shed_after_ms` as the proposer holds it: 0 turns shedding off.
 fn shed_after(shed_after_ms: u64) -> Option<Duration> {
     (shed_after_ms > 0).then(|| Duration::from_millis(shed_after_ms))
@@ -515,13 +540,17 @@ fn shed_after(shed_after_ms: u64) -> Option<Duration> {
 pub const MAX_PENDING_PROPOSALS: usize = 65_536;
 
 /// What `Admin.Status` shows of load shedding.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct LoadShedding {
     /// This node leads and refuses new client commands now.
     pub shedding: bool,
     /// How long the oldest proposal on this node has waited for its answer.
     pub oldest_age: Option<Duration>,
     pub awaiting_commit: usize,
+    /// The commands of those proposals.
+    pub commands_awaiting_commit: usize,
+    /// Commands answered per second over the last second in which some waited throughout.
+    pub commands_per_s: Option<f64>,
     pub shed_after: Option<Duration>,
     /// Writes refused by this rule since the node started.
     pub shed_writes: u64,
@@ -535,5 +564,64 @@ mod tests {
     fn zero_turns_shedding_off() {
         assert_eq!(shed_after(0), None);
         assert_eq!(shed_after(2_000), Some(Duration::from_secs(2)));
+    }
+
+    fn pending(commands: usize, oldest_ms: u64, commands_per_s: Option<f64>) -> PendingView {
+        PendingView {
+            count: commands.div_ceil(64),
+            commands,
+            oldest_age: Some(Duration::from_millis(oldest_ms)),
+            commands_per_s,
+        }
+    }
+
+    #[test]
+    fn a_queue_older_than_the_threshold_is_shed() {
+        let limit = shed_after(2_000);
+        assert_eq!(refusal(limit, &pending(10, 1_999, None)), None);
+        let reason = refusal(limit, &pending(10, 2_001, None)).expect("too old");
+        assert!(reason.contains("waited 2001 ms"), "{reason}");
+        assert_eq!(
+            refusal(None, &pending(10, 60_000, None)),
+            None,
+            "shedding off"
+        );
+    }
+
+    #[test]
+    fn a_queue_longer_than_the_rate_commits_in_time_is_shed() {
+        let limit = shed_after(2_000);
+        // 100 a second: 300 commands take 3 s, past 2 s, though the oldest is young.
+        let reason = refusal(limit, &pending(300, 100, Some(100.0))).expect("too long");
+        assert!(
+            reason.contains("300 commands") && reason.contains("~3000 ms"),
+            "{reason}"
+        );
+        // 200 a second: 1.5 s, in time.
+        assert_eq!(refusal(limit, &pending(300, 100, Some(200.0))), None);
+        // Nothing answered over a busy second: no end to the wait.
+        let reason = refusal(limit, &pending(300, 100, Some(0.0))).expect("stalled");
+        assert!(reason.contains("for ever"), "{reason}");
+        // No busy second measured (the queue emptied): the age rule alone.
+        assert_eq!(refusal(limit, &pending(300, 100, None)), None);
+        // Too few to judge by the rate.
+        let few = MIN_COMMANDS_JUDGED_BY_RATE - 1;
+        assert_eq!(refusal(limit, &pending(few, 100, Some(1.0))), None);
+        assert_eq!(
+            refusal(None, &pending(300, 100, Some(0.0))),
+            None,
+            "shedding off"
+        );
+    }
+
+    #[test]
+    fn too_many_proposals_are_shed_whatever_their_rate() {
+        let mut view = pending(1, 0, Some(1e9));
+        view.count = MAX_PENDING_PROPOSALS;
+        let reason = refusal(shed_after(2_000), &view).expect("too many");
+        assert!(
+            reason.contains("proposals on this node await commit"),
+            "{reason}"
+        );
     }
 }

@@ -70,6 +70,18 @@ impl Proposal {
         }
     }
 
+    /// The commands it carries, what load shedding weighs it by: a parameter, alarm or rules
+    /// change counts as one, a clock tick as none.
+    pub fn command_count(&self) -> usize {
+        match &self.body {
+            ProposalBody::Commands(commands) => commands.len(),
+            ProposalBody::SetParams(_)
+            | ProposalBody::ChangeParams(_)
+            | ProposalBody::Alarm(_)
+            | ProposalBody::RaiseRules(_) => 1,
+        }
+    }
+
     /// An entry with no command, stamped with the leader's clock: it only moves cluster time
     /// (`node/cluster_time_keeper.rs`). An empty `Commands` body, so every release applies it.
     pub fn clock_tick(stamped_ms: u64) -> Self {

@@ -503,6 +503,8 @@ fn load_shedding_message(state: &LoadShedding) -> pb::LoadShedding {
         shedding: state.shedding,
         oldest_proposal_age_ms: state.oldest_age.map(ms),
         proposals_pending: state.awaiting_commit as u64,
+        commands_pending: state.commands_awaiting_commit as u64,
+        commands_answered_per_s: state.commands_per_s.map(|per_s| per_s.round() as u64),
         shed_after_ms: state.shed_after.map_or(0, ms),
         shed_writes: state.shed_writes,
     }

@@ -288,8 +288,9 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
                     })).collect::<Vec<_>>(),
                     "load_shedding": r.load_shedding.as_ref().map(|l| serde_json::json!({
                         "shedding": l.shedding, "oldest_proposal_age_ms": l.oldest_proposal_age_ms,
-                        "proposals_pending": l.proposals_pending, "shed_after_ms": l.shed_after_ms,
-                        "shed_writes": l.shed_writes,
+                        "proposals_pending": l.proposals_pending, "commands_pending": l.commands_pending,
+                        "commands_answered_per_s": l.commands_answered_per_s,
+                        "shed_after_ms": l.shed_after_ms, "shed_writes": l.shed_writes,
                     })),
                     "memory": r.memory.as_ref().map(|m| serde_json::json!({
                         "budget_bytes": m.budget_bytes, "families_share_bytes": m.families_share_bytes,
@@ -381,10 +382,13 @@ fn shedding_line(endpoint: &str, shedding: &pb::LoadShedding) -> Option<String> 
     shedding.shedding.then(|| {
         format!(
             "{endpoint} SHEDS WRITES (UNAVAILABLE, definite): its oldest proposal has waited {} \
-             ms for commit (shed_after_ms {}), {} proposals pending",
+             ms for commit (shed_after_ms {}), {} proposals of {} commands pending, {} commands \
+             answered a second",
             opt(shedding.oldest_proposal_age_ms),
             shedding.shed_after_ms,
-            shedding.proposals_pending
+            shedding.proposals_pending,
+            shedding.commands_pending,
+            opt(shedding.commands_answered_per_s)
         )
     })
 }
@@ -883,6 +887,8 @@ mod tests {
             shedding: true,
             oldest_proposal_age_ms: Some(2_350),
             proposals_pending: 17,
+            commands_pending: 1_088,
+            commands_answered_per_s: Some(420),
             shed_after_ms: 2_000,
             ..pb::LoadShedding::default()
         };
@@ -890,7 +896,8 @@ mod tests {
             shedding_line("127.0.0.1:7401", &shedding).as_deref(),
             Some(
                 "127.0.0.1:7401 SHEDS WRITES (UNAVAILABLE, definite): its oldest proposal has \
-                 waited 2350 ms for commit (shed_after_ms 2000), 17 proposals pending"
+                 waited 2350 ms for commit (shed_after_ms 2000), 17 proposals of 1088 commands \
+                 pending, 420 commands answered a second"
             )
         );
         let calm = pb::LoadShedding {
