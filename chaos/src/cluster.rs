@@ -314,6 +314,20 @@ impl ChaosCluster {
         }
     }
 
+    /// Raises `max_clock_step_ms` to its largest value through the log, so that an idle
+    /// leader's cluster time keeper writes no entry for about five minutes (it ticks once
+    /// cluster time trails its clock by half of the step less a second, docs/spec.md §6): the
+    /// final read compares every replica at one applied index, and at the default step an
+    /// idle cluster applies an entry every 4.5 s, which a long read round would never fit
+    /// between.
+    pub async fn quiet_cluster_time_keeper(&self, within: Duration) -> anyhow::Result<()> {
+        let request = pb::SetParamsRequest {
+            max_clock_step_ms: Some(*tally_ledger::cluster_time::MAX_CLOCK_STEP_MS.end()),
+            ..pb::SetParamsRequest::default()
+        };
+        self.set_params(request, within).await
+    }
+
     /// Sets the cluster's retention through the log, on the leader (within `within`).
     pub async fn set_retention_ms(
         &self,

@@ -187,6 +187,11 @@ pub async fn run(options: &RunOptions) -> anyhow::Result<RunReport> {
     };
     // Abandoned holds expire 1.5 s after they were opened; let the leader's expiry run.
     tokio::time::sleep(Duration::from_secs(3)).await;
+    if has_leader {
+        if let Err(error) = cluster.quiet_cluster_time_keeper(LIVENESS).await {
+            tracing::warn!(%error, "could not quiet the cluster time keeper before the final read");
+        }
+    }
     let (replicas, converged) = read_replicas(&cluster, &profile.workload).await;
     // The leader raises the rules once every member reports knowing them (a new cluster's
     // first seconds): under faults too, every node ends on the newest.
