@@ -69,7 +69,8 @@ const EXIT_CODES: &str = "Exit codes: 0 done (decision or read), 1 unreachable o
 
 #[derive(Debug, Subcommand)]
 pub enum TallyCommand {
-    /// Every node's role, term, leader, log indexes and apply lag.
+    /// Every node's role, term, leader, log indexes, apply lag and memory (what counts against
+    /// the families' half of its budget), with warnings for what needs an operator.
     Status,
     /// Add or remove a cluster member.
     #[command(subcommand)]
@@ -318,6 +319,7 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
             "APPLIED",
             "LAG",
             "HEALTHY",
+            "MEMORY",
         ]);
         for (endpoint, reply) in &replies {
             match reply {
@@ -333,6 +335,9 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
                     opt(r.applied_index),
                     opt(lag(leader_last, r.applied_index)),
                     r.healthy.to_string(),
+                    r.memory
+                        .as_ref()
+                        .map_or_else(|| "-".to_owned(), memory_cell),
                 ]),
                 None => table.row(vec![endpoint.clone(), "-".into(), "unreachable".into()]),
             }
@@ -405,12 +410,32 @@ fn catching_up_line(endpoint: &str, reply: &pb::StatusReply) -> Option<String> {
     })
 }
 
-/// What counts against the families' share of the memory budget, when it passes the share.
-fn memory_over_share(memory: &pb::MemoryUse) -> Option<u64> {
-    let used = memory
+/// The status table's MEMORY cell: what counts against the families' half of the budget, and
+/// that half ("412M/512M"), in MiB.
+fn memory_cell(memory: &pb::MemoryUse) -> String {
+    format!(
+        "{}M/{}M",
+        mib(memory_counted(memory)),
+        mib(memory.families_share_bytes)
+    )
+}
+
+/// Bytes in MiB, rounded.
+fn mib(bytes: u64) -> u64 {
+    (bytes + (1 << 19)) >> 20
+}
+
+/// What counts against the families' half of the memory budget.
+fn memory_counted(memory: &pb::MemoryUse) -> u64 {
+    memory
         .families_bytes
         .saturating_add(memory.filter_bytes)
-        .saturating_add(memory.store_memory_bytes);
+        .saturating_add(memory.store_memory_bytes)
+}
+
+/// What counts against the families' share of the memory budget, when it passes the share.
+fn memory_over_share(memory: &pb::MemoryUse) -> Option<u64> {
+    let used = memory_counted(memory);
     (used > memory.families_share_bytes).then_some(used)
 }
 
@@ -420,7 +445,6 @@ fn memory_over_share(memory: &pb::MemoryUse) -> Option<u64> {
 /// within the share.
 fn memory_line(endpoint: &str, memory: &pb::MemoryUse) -> Option<String> {
     let used = memory_over_share(memory)?;
-    let mib = |bytes: u64| (bytes + (1 << 19)) >> 20;
     let remedy = if memory.filter_bytes > memory.families_bytes {
         "their filters grow with the history of families never idle; give the node more \
          memory (docs/sizing.md, \"What still grows with the history\")"
@@ -852,6 +876,7 @@ mod tests {
         };
         // Exactly at the share: within it.
         assert_eq!(memory_line("127.0.0.1:7401", &memory), None);
+        assert_eq!(memory_cell(&memory), "512M/512M");
         memory.filter_bytes += 1;
         assert!(
             memory_line("127.0.0.1:7401", &memory).is_some(),
