@@ -673,15 +673,6 @@ async fn scrape(addr: std::net::SocketAddr) -> String {
     text
 }
 
-fn sample(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|line| {
-            let (key, value) = line.rsplit_once(' ')?;
-            (key == name).then(|| value.parse().expect("a number"))
-        })
-        .unwrap_or_else(|| panic!("{name} missing from:\n{text}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_served_and_move_with_writes() {
     init_logs();
@@ -854,12 +845,7 @@ async fn a_hold_authorized_right_after_downtime_lives_for_its_whole_timeout() {
     let mut ticks = 0u64;
     for id in cluster.nodes.keys() {
         let metrics = cluster_support::scrape(&cluster, *id).await;
-        ticks += metrics
-            .lines()
-            .find_map(|line| line.strip_prefix("tally_clock_ticks_total "))
-            .expect("the tick counter")
-            .parse::<u64>()
-            .expect("a number");
+        ticks += count(&metrics, "tally_clock_ticks_total");
     }
     assert!(
         ticks >= DOWN_MS / 10_000,
@@ -955,12 +941,7 @@ async fn a_write_while_cluster_time_catches_up_is_refused_definite_and_applies_o
         "the refusal says why: {status:?}"
     );
     let metrics = cluster_support::scrape(&cluster, leader).await;
-    let refused = metrics
-        .lines()
-        .find_map(|line| line.strip_prefix("tally_writes_refused_for_cluster_time_total "))
-        .expect("the refusal counter")
-        .parse::<u64>()
-        .expect("a number");
+    let refused = count(&metrics, "tally_writes_refused_for_cluster_time_total");
     assert!(refused >= 1, "the refusal is counted: {refused}");
     // Wait for the catch-up on the node that refused (still the leader: every clock agrees).
     let started = std::time::Instant::now();

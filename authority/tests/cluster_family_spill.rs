@@ -11,18 +11,6 @@ use tally_authority::testing::TestCluster;
 
 const FAMILIES: usize = 6;
 
-/// The value of the sample `name_and_labels` (e.g. `tally_family_actors{state="live"}`).
-fn sample(text: &str, name_and_labels: &str) -> u64 {
-    text.lines()
-        .find_map(|line| {
-            line.strip_prefix(name_and_labels)?
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no sample {name_and_labels} in:\n{text}"))
-}
-
 /// One authorize on each of `FAMILIES` families, through the leader; returns the leader.
 async fn touch_every_family(cluster: &TestCluster) -> u64 {
     let leader = cluster.wait_leader().await;
@@ -50,15 +38,15 @@ async fn idle_families_beyond_the_limit_go_to_the_store_and_are_read_back_from_i
     let leader = touch_every_family(&cluster).await;
     let before = scrape(&cluster, leader).await;
     assert!(
-        sample(&before, "tally_family_actors{state=\"live\"}") <= 2,
+        count(&before, "tally_family_actors{state=\"live\"}") <= 2,
         "max_live_families bounds the live families:\n{before}"
     );
     assert!(
-        sample(&before, "tally_family_actors{state=\"passivated\"}") >= (FAMILIES - 2) as u64,
+        count(&before, "tally_family_actors{state=\"passivated\"}") >= (FAMILIES - 2) as u64,
         "the rest are in the family store:\n{before}"
     );
-    assert!(sample(&before, "tally_family_store_bytes{kind=\"families\"}") > 0);
-    assert!(sample(&before, "tally_family_store_bytes{kind=\"file\"}") > 0);
+    assert!(count(&before, "tally_family_store_bytes{kind=\"families\"}") > 0);
+    assert!(count(&before, "tally_family_store_bytes{kind=\"file\"}") > 0);
     // Status shows the same budget and use as the metrics (`tally status` warns from it).
     let memory = status_of(&cluster, leader)
         .await
@@ -70,7 +58,7 @@ async fn idle_families_beyond_the_limit_go_to_the_store_and_are_read_back_from_i
     );
     assert_eq!(
         memory.families_share_bytes,
-        sample(&before, "tally_live_families_bytes{kind=\"budget\"}")
+        count(&before, "tally_live_families_bytes{kind=\"budget\"}")
     );
     assert!(memory.families_in_memory <= 2, "{memory:?}");
     assert!(
@@ -83,14 +71,14 @@ async fn idle_families_beyond_the_limit_go_to_the_store_and_are_read_back_from_i
     );
     assert!(memory.process_resident_bytes.unwrap_or(0) > 0, "{memory:?}");
 
-    let reads_before = sample(&before, "tally_family_store_reads_total");
+    let reads_before = count(&before, "tally_family_store_reads_total");
     let account = usage_of(&cluster, leader, "fam0")
         .await
         .expect("a spilled family's row is read back");
     assert_eq!(account.total_cost_exposed_units, 10);
     let after = scrape(&cluster, leader).await;
     assert!(
-        sample(&after, "tally_family_store_reads_total") > reads_before,
+        count(&after, "tally_family_store_reads_total") > reads_before,
         "reading a spilled family goes to the store:\n{after}"
     );
     cluster.shutdown().await;
@@ -107,7 +95,7 @@ async fn the_live_family_count_is_a_hard_cap_even_for_families_in_use() {
     for id in cluster.nodes.keys() {
         let text = scrape(&cluster, *id).await;
         assert!(
-            sample(&text, "tally_family_actors{state=\"live\"}") <= 2,
+            count(&text, "tally_family_actors{state=\"live\"}") <= 2,
             "node {id}: families used in the last spill_idle_entries entries still obey the \
              count:\n{text}"
         );
@@ -219,7 +207,7 @@ async fn a_node_restarts_from_its_linked_snapshot_after_losing_unsynced_writes()
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let mut round = 0;
-    while linked_runs() == 0 || sample(&scrape(&cluster, follower).await, "tally_cold_rows") == 0 {
+    while linked_runs() == 0 || count(&scrape(&cluster, follower).await, "tally_cold_rows") == 0 {
         assert!(std::time::Instant::now() < deadline, "no rows left memory");
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         round += 1;
@@ -268,7 +256,7 @@ async fn a_node_restarts_from_its_linked_snapshot_after_losing_unsynced_writes()
     );
     let restarted = scrape(&cluster, follower).await;
     assert!(
-        sample(&restarted, "tally_cold_rows") > 0,
+        count(&restarted, "tally_cold_rows") > 0,
         "the restarted node has its rows out of memory:\n{restarted}"
     );
     let mut on_follower = cluster.budget(follower).await;

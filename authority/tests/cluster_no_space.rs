@@ -90,11 +90,7 @@ async fn a_full_follower_raises_no_space_through_the_log_and_an_operator_clears_
         metrics.contains("tally_alarms_raised{kind=\"no_space\"} 1"),
         "{metrics}"
     );
-    let data_dir_bytes: u64 = metrics
-        .lines()
-        .find_map(|line| line.strip_prefix("tally_data_dir_bytes "))
-        .and_then(|value| value.parse().ok())
-        .expect("tally_data_dir_bytes");
+    let data_dir_bytes = count(&metrics, "tally_data_dir_bytes");
     assert!(data_dir_bytes >= QUOTA_BYTES, "{data_dir_bytes}");
     let digests_raised = cluster.converged_digests().await;
     assert_converged(&digests_raised);

@@ -36,7 +36,7 @@ pub use error::RouterError;
 pub use family_store::{FamilyStore, FamilyStoreDir, StoreView, MIN_STORE_CACHE_BYTES};
 pub use hold_index::rebuild_hold_index;
 pub use reads::{every_family, read};
-pub use router::FamilyRouter;
+pub use router::{FamilyRouter, MemoryUse};
 pub use router_state::RouterState;
 pub use snapshot::{
     RouterCut, RouterSnapshot, OLDEST_SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION,

@@ -28,6 +28,20 @@ const MAX_STORED_PER_SLICE: usize = 128;
 /// states, their encodings and the store's pages for them only a commit at a time.
 const STEP_BYTES_DIVISOR: usize = 32;
 
+/// The families' half of the memory budget and what counts against it (`FamilyRouter::
+/// memory_use`): the families in memory by their estimate, their filters over rows out of
+/// memory, and the rows and run indexes the store keeps in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryUse {
+    /// `max_live_bytes`: half of `memory_budget_bytes`.
+    pub share_bytes: usize,
+    pub families_bytes: usize,
+    pub filter_bytes: usize,
+    pub store_memory_bytes: usize,
+    pub families_in_memory: usize,
+    pub families_on_disk: usize,
+}
+
 pub struct FamilyRouter {
     pub(super) config: RouterConfig,
     /// Replicated: last applied log id, cluster time, parameters.
@@ -307,6 +321,19 @@ impl FamilyRouter {
     /// Metric: the passivated families' encoded state, in bytes (on disk, in the store).
     pub fn passivated_bytes(&self) -> usize {
         self.actors.stored_bytes_total()
+    }
+
+    /// What counts against the families' share of the memory budget, read at one moment:
+    /// what `/metrics` and `Admin.Status` both show.
+    pub fn memory_use(&self) -> MemoryUse {
+        MemoryUse {
+            share_bytes: self.config.max_live_bytes,
+            families_bytes: self.live_footprint_bytes(),
+            filter_bytes: self.cold_filter_bytes(),
+            store_memory_bytes: self.store().cold_memory_bytes(),
+            families_in_memory: self.live_actors(),
+            families_on_disk: self.passivated_families(),
+        }
     }
 
     /// Metric: the live families' estimated heap bytes (`Family::footprint_bytes`), what

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 
 use super::clock::NodeClock;
 use super::recent_latency::WriteSpans;
+use crate::families::MemoryUse;
 use crate::raft::state_machine::{applied_time, SharedRouter};
 use crate::raft::types::{NodeId, Raft};
 
@@ -243,17 +244,15 @@ fn track(gauge: &AtomicU64, up: bool) {
 
 /// The router's memory and family store figures, read under its lock.
 struct FamiliesMemory {
-    live_footprint_bytes: usize,
-    max_live_bytes: usize,
+    /// The budget's share and what counts against it, as `Admin.Status` shows them.
+    used: MemoryUse,
     stored_bytes: usize,
     store_file_bytes: u64,
     store_reads: u64,
     store_commits: u64,
     cold_rows: u64,
-    cold_filter_bytes: usize,
     cold_lookups: (u64, u64),
     cold_reads: u64,
-    cold_memory_bytes: usize,
     cold_run_index_bytes: usize,
     cold_runs: (usize, u64),
 }
@@ -275,7 +274,7 @@ pub async fn render(sources: &Sources) -> String {
     let m = &sources.metrics;
     let raft = crate::raft::types::current_metrics(&sources.raft);
     let store = sources.store.snapshot();
-    let (live, passivated, families_memory, alarms, cluster_time_lag_ms) = {
+    let (families_memory, alarms, cluster_time_lag_ms) = {
         let router = sources.router.lock().await;
         let cluster_time_lag_ms = applied_time(&router).lag_ms(sources.clock.now_ms());
         let alarms: Vec<(String, String)> = crate::families::AlarmKind::ALL
@@ -290,29 +289,20 @@ pub async fn render(sources: &Sources) -> String {
             })
             .collect();
         let families_memory = FamiliesMemory {
-            live_footprint_bytes: router.live_footprint_bytes(),
-            max_live_bytes: router.config().max_live_bytes,
+            used: router.memory_use(),
             stored_bytes: router.passivated_bytes(),
             store_file_bytes: router.store().file_bytes().unwrap_or(0),
             store_reads: router.store().reads(),
             store_commits: router.store().commits(),
             cold_rows: router.cold_rows(),
-            cold_filter_bytes: router.cold_filter_bytes(),
             cold_lookups: router.cold_lookups(),
             cold_reads: router.store().cold_reads(),
-            cold_memory_bytes: router.store().cold_memory_bytes(),
             cold_run_index_bytes: router.store().cold_run_index_bytes(),
             cold_runs: router.store().cold_run_counts(),
         };
-        let (live, passivated) = (router.live_actors(), router.passivated_families());
-        (
-            live,
-            passivated,
-            families_memory,
-            alarms,
-            cluster_time_lag_ms,
-        )
+        (families_memory, alarms, cluster_time_lag_ms)
     };
+    let used = &families_memory.used;
     let committed = raft.local_committed.map_or(0, |c| c.index);
     let applied = raft.last_applied.map_or(0, |a| a.index);
     let is_leader = raft.current_leader == Some(sources.node_id);
@@ -566,8 +556,14 @@ pub async fn render(sources: &Sources) -> String {
         "gauge",
         "Budget family actors by state.",
         &[
-            ("{state=\"live\"}".to_owned(), live.to_string()),
-            ("{state=\"passivated\"}".to_owned(), passivated.to_string()),
+            (
+                "{state=\"live\"}".to_owned(),
+                used.families_in_memory.to_string(),
+            ),
+            (
+                "{state=\"passivated\"}".to_owned(),
+                used.families_on_disk.to_string(),
+            ),
         ],
     );
     metric(
@@ -578,12 +574,9 @@ pub async fn render(sources: &Sources) -> String {
         &[
             (
                 "{kind=\"used\"}".to_owned(),
-                families_memory.live_footprint_bytes.to_string(),
+                used.families_bytes.to_string(),
             ),
-            (
-                "{kind=\"budget\"}".to_owned(),
-                families_memory.max_live_bytes.to_string(),
-            ),
+            ("{kind=\"budget\"}".to_owned(), used.share_bytes.to_string()),
         ],
     );
     metric(
@@ -627,7 +620,7 @@ pub async fn render(sources: &Sources) -> String {
         "Memory of the filters that spare a fresh id a disk read, those of the families in \
          memory (counted in the families' half of memory_budget_bytes; a spilled family's \
          filters are in the family store).",
-        &plain(families_memory.cold_filter_bytes.to_string()),
+        &plain(used.filter_bytes.to_string()),
     );
     let (lookups, passed) = families_memory.cold_lookups;
     metric(
@@ -652,7 +645,7 @@ pub async fn render(sources: &Sources) -> String {
         "Memory the store keeps for rows out of memory: rows waiting to be written and the \
          block indexes of the runs on disk (counted in the families' half of \
          memory_budget_bytes).",
-        &plain(families_memory.cold_memory_bytes.to_string()),
+        &plain(used.store_memory_bytes.to_string()),
     );
     metric(
         "tally_cold_run_index_bytes",

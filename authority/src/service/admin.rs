@@ -11,7 +11,7 @@ use tally_ledger::ParamsChange;
 use tonic::{Request, Response, Status};
 
 use super::outcome::{definite, failure_status, Failure};
-use crate::families::{AlarmChange, AlarmKind, Alarms};
+use crate::families::{AlarmChange, AlarmKind, Alarms, MemoryUse};
 use crate::node::health::Health;
 use crate::node::placement::{best_region, Member};
 use crate::node::proposer::{LoadShedding, Proposer};
@@ -299,7 +299,7 @@ impl Admin for AdminService {
                 router.cluster_time_ms(),
                 params_message(&router),
                 alarms_message(router.alarms()),
-                memory_message(&router, self.memory_budget_bytes),
+                router.memory_use(),
             )
         };
         let leader_in_preferred_region = leader_in_preferred_region(
@@ -335,7 +335,7 @@ impl Admin for AdminService {
             cluster_time_lag_ms: self.proposer.time_gate().lag_ms(),
             writes_wait_for_cluster_time: self.proposer.is_leader()
                 && !self.proposer.time_gate().is_open(),
-            memory: Some(memory),
+            memory: Some(memory_message(memory, self.memory_budget_bytes)),
         }))
     }
 
@@ -481,18 +481,19 @@ fn leader_in_preferred_region(
 }
 
 /// Durations in whole ms, as the status message counts them.
-/// The families' share of the memory budget and what counts against it (the same figures as
-/// `tally_live_families_bytes`, `tally_cold_filter_bytes` and `tally_cold_store_memory_bytes`).
-fn memory_message(router: &crate::families::FamilyRouter, budget_bytes: u64) -> pb::MemoryUse {
+/// The families' share of the memory budget and what counts against it
+/// (`FamilyRouter::memory_use`, the figures `/metrics` shows too), beside the whole budget and
+/// the process's resident memory.
+fn memory_message(used: MemoryUse, budget_bytes: u64) -> pb::MemoryUse {
     let bytes = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
     pb::MemoryUse {
         budget_bytes,
-        families_share_bytes: bytes(router.config().max_live_bytes),
-        families_bytes: bytes(router.live_footprint_bytes()),
-        filter_bytes: bytes(router.cold_filter_bytes()),
-        store_memory_bytes: bytes(router.store().cold_memory_bytes()),
-        families_in_memory: bytes(router.live_actors()),
-        families_on_disk: bytes(router.passivated_families()),
+        families_share_bytes: bytes(used.share_bytes),
+        families_bytes: bytes(used.families_bytes),
+        filter_bytes: bytes(used.filter_bytes),
+        store_memory_bytes: bytes(used.store_memory_bytes),
+        families_in_memory: bytes(used.families_in_memory),
+        families_on_disk: bytes(used.families_on_disk),
         process_resident_bytes: crate::allocator::process_resident_bytes(),
     }
 }

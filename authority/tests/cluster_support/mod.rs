@@ -328,6 +328,27 @@ pub async fn live_hold(client: &mut BudgetClient<Channel>, family: &str, hold: &
     }
 }
 
+/// The value of the sample `name` (with its labels, e.g. `tally_family_actors{state="live"}`)
+/// in a `/metrics` text.
+pub fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|line| {
+            let (key, value) = line.rsplit_once(' ')?;
+            (key == name).then(|| value.parse().expect("a number"))
+        })
+        .unwrap_or_else(|| panic!("{name} missing from:\n{text}"))
+}
+
+/// [`sample`] of a counter or a byte gauge: a whole number.
+pub fn count(text: &str, name: &str) -> u64 {
+    let value = sample(text, name);
+    assert!(
+        value >= 0.0 && value.fract() == 0.0,
+        "{name} is not a count: {value}"
+    );
+    value as u64
+}
+
 /// Node `id`'s `/metrics` text.
 pub async fn scrape(cluster: &TestCluster, id: u64) -> String {
     let node = &cluster.nodes[&id];
