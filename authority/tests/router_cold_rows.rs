@@ -401,6 +401,7 @@ async fn a_linked_snapshot_restores_without_reading_rows_and_expands_to_the_stre
 
     // The original goes (its runs are removed); the restored router reads the links.
     let more = entries(202, 60, &mut sent);
+    let more_again = more.clone();
     let expected = router.apply(more.clone()).await?;
     let expected_digest = router.digest().await?;
     drop((router, store));
@@ -433,6 +434,31 @@ async fn a_linked_snapshot_restores_without_reading_rows_and_expands_to_the_stre
     );
     assert_eq!(twice.digest().await?, restored.digest().await?);
 
+    // Filters saved by a build before they were blocked (format 1) are rebuilt from the runs'
+    // rows: the router digests and answers as the original did.
+    let last_name = format!("{:06}.run", linked_runs - 1);
+    let at = (linked.windows(last_name.len()))
+        .rposition(|window| window == last_name.as_bytes())
+        .expect("the last run's name")
+        + last_name.len();
+    assert_eq!(
+        linked[at..at + 4],
+        2u32.to_le_bytes(),
+        "the filters' format"
+    );
+    let mut unblocked = linked.clone();
+    unblocked[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
+    let (mut rebuilt, digest) = restore_linked(
+        RouterConfig::default(),
+        &mut unblocked.as_slice(),
+        &runs_dir,
+        FamilyStore::create(&dir.path().join("families-d.redb"), 0)?,
+    )?;
+    assert_eq!(digest, full_digest);
+    assert_eq!(rebuilt.cold_rows(), rows);
+    assert_eq!(rebuilt.apply(more_again).await?, expected);
+    assert_eq!(rebuilt.digest().await?, expected_digest);
+
     // Links that lost a run, or filters cut short, are refused before a router exists.
     let refused = |bytes: &[u8], runs: &std::path::Path, what: &str| {
         let store = FamilyStore::in_memory().expect("store");
@@ -444,5 +470,99 @@ async fn a_linked_snapshot_restores_without_reading_rows_and_expands_to_the_stre
     refused(&linked, &runs_dir, "a run missing");
     let expanded = expand_linked(linked.as_slice(), &runs_dir, &mut Vec::new());
     assert!(expanded.is_err(), "expanded without a run");
+    Ok(())
+}
+
+/// A family that is never idle keeps its filters within their share of the budget: beyond
+/// it, the pages of its largest filters go to the page file, lookups of fresh ids read a
+/// block of each from disk, keys added to pages on disk wait beside them until they are read
+/// back, and every answer (replays of ids long out of memory among them), the digest and a
+/// snapshot stay the roomy router's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_family_in_use_keeps_its_filters_within_their_share() -> anyhow::Result<()> {
+    use tally_authority::families::snapshot_stream::{restore_from, write_cut};
+    const SHARE_BYTES: usize = 32 * 1024;
+    let dir = tempfile::tempdir()?;
+    let store = FamilyStore::create(&dir.path().join("families.redb"), 0)?;
+    let config = RouterConfig {
+        max_live_bytes: SHARE_BYTES * 4,
+        // Never idle long enough to be spilled: its filters must stay within the share.
+        min_idle_entries_to_spill: u64::MAX,
+        ..RouterConfig::default()
+    };
+    let mut router = FamilyRouter::with_store(config, store)?;
+    let mut roomy = FamilyRouter::new(RouterConfig::default())?;
+    let fam = family(0);
+    let mut sent: Vec<Command> = Vec::new();
+    let mut all = vec![short_retention(1)];
+    for index in 2..200u64 {
+        let now = T0 + index * 1_000;
+        let mut commands: Vec<Command> = (0..300)
+            .map(|k| authorize(&fam, &format!("h-{index}-{k}"), 1, now, Some(500)))
+            .collect();
+        if sent.len() > 1_000 {
+            commands.push(sent[(index as usize * 7_919) % (sent.len() - 1_000)].clone());
+        }
+        sent.extend(commands.iter().take(300).cloned());
+        all.push(entry(index, now, commands));
+    }
+    let mut most_bytes = 0;
+    for chunk in all.chunks(4) {
+        let got = router.apply(chunk.to_vec()).await?;
+        assert_eq!(
+            roomy.apply(chunk.to_vec()).await?,
+            got,
+            "the share changed an answer"
+        );
+        most_bytes = most_bytes.max(router.cold_filter_bytes());
+    }
+    let rows = router.cold_rows();
+    let everyone = roomy.cold_filter_bytes();
+    assert!(rows > 40_000, "{rows} rows out of memory");
+    assert!(
+        everyone > 4 * SHARE_BYTES,
+        "all the filters: {everyone} bytes"
+    );
+    let pages = router.filter_pages();
+    assert_eq!(pages.share_bytes, SHARE_BYTES);
+    // Over the share at most by the pages one round adds before they are written out.
+    assert!(
+        most_bytes <= 2 * SHARE_BYTES,
+        "{most_bytes} bytes of filters in memory at most, share {SHARE_BYTES}"
+    );
+    assert!(pages.page_writes > 0 && pages.file_bytes > 0, "{pages:?}");
+    assert!(pages.block_reads > 0, "fresh ids read blocks: {pages:?}");
+    assert!(pages.page_reads > 0, "waiting keys were set: {pages:?}");
+    assert_eq!(router.live_actors(), 1, "the family stayed in memory");
+    assert_eq!(router.digest().await?, roomy.digest().await?);
+    let (lookups, passed) = router.cold_lookups();
+    assert!(
+        passed < lookups / 50,
+        "{passed} of {lookups} lookups went to the store"
+    );
+
+    // A snapshot cut with pages on disk is the roomy router's, byte for byte.
+    let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+    write_cut(router.cut().await?, &mut mine)?;
+    write_cut(roomy.cut().await?, &mut theirs)?;
+    assert!(mine == theirs, "the same snapshot");
+    let (mut restored, _) = restore_from(
+        config,
+        &mut mine.as_slice(),
+        FamilyStore::create(&dir.path().join("restored.redb"), 0)?,
+    )?;
+    let last = vec![entry(
+        200,
+        T0 + 200_000,
+        vec![
+            sent[5].clone(),
+            authorize(&fam, "fresh", 1, T0 + 200_000, None),
+        ],
+    )];
+    assert_eq!(
+        restored.apply(last.clone()).await?,
+        roomy.apply(last).await?
+    );
+    assert_eq!(restored.digest().await?, roomy.digest().await?);
     Ok(())
 }

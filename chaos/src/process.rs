@@ -102,6 +102,9 @@ impl NodeProcess {
                 "TALLY_MAX_LIVE_FAMILIES",
                 spec.max_live_families.to_string(),
             )
+            // No filter page stays in memory: every lookup of a family with rows out of
+            // memory reads its filters' blocks from the page file, under the faults.
+            .env("TALLY_FILTER_MEMORY_BYTES", "0")
             // Info from the state machine, so an installed snapshot shows in the log.
             .env("RUST_LOG", "warn,tally_authority::raft::state_machine=info")
             .env_remove("FAILPOINTS")

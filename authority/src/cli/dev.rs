@@ -45,6 +45,11 @@ pub struct DevArgs {
     /// not spilled for the budget (0: spill any family not in the current round).
     #[arg(long, default_value_t = 1_000)]
     pub spill_idle_entries: u64,
+    /// Each node's `filter_memory_bytes`: what the filters over rows out of memory keep in
+    /// memory before the pages of the largest go to a scratch file on disk (default: an
+    /// eighth of the budget; 0 keeps every page on disk).
+    #[arg(long)]
+    pub filter_memory_bytes: Option<u64>,
 }
 
 /// Where a dev cluster's CA and certificates live.
@@ -70,6 +75,7 @@ pub fn node_config(args: &DevArgs, id: u64) -> NodeConfig {
         reflection: true,
         memory_budget_bytes: args.memory_budget_bytes,
         spill_idle_entries: args.spill_idle_entries,
+        filter_memory_bytes: args.filter_memory_bytes,
         ..NodeConfig::default()
     }
 }

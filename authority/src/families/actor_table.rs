@@ -292,7 +292,7 @@ impl ActorTable {
     pub async fn passivate(
         &mut self,
         families: &[FamilyId],
-        also: impl FnOnce() -> Vec<(FamilyId, Vec<u8>)> + Send + 'static,
+        also: impl FnOnce() -> Result<Vec<(FamilyId, Vec<u8>)>, RouterError> + Send + 'static,
     ) -> Result<(), RouterError> {
         if families.is_empty() {
             return Ok(());
@@ -319,7 +319,7 @@ impl ActorTable {
         }
         let store = self.store.clone();
         let written = on_blocking_thread("a family write", move || {
-            (store.write_with_filters(&written, &also())).map(|()| written)
+            (store.write_with_filters(&written, &also()?)).map(|()| written)
         })
         .await?;
         for (family_id, bytes) in written {

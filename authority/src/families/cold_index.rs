@@ -7,19 +7,21 @@
 //! still rebuilds it from its rows.
 //!
 //! The copy at a cut shares the filters' bits in 64 KiB pages, copied on write: an add after
-//! the cut copies only the pages its key's bits land in (at most 11), never a whole filter.
-//! The cut pauses the apply path, and the adds after it run there; copying a family's newest
-//! filter whole would cost a memcpy there once per snapshot, 128 MiB of it for a family of 50
-//! million rows.
+//! the cut copies only the page its key's bits land in, never a whole filter. The cut pauses
+//! the apply path, and the adds after it run there; copying a family's newest filter whole
+//! would cost a memcpy there once per snapshot, 128 MiB of it for a family of 50 million rows.
 //!
-//! A family's filter is a list of Bloom filters, each for four times as many keys as the one
-//! before, so a family with few rows costs little and a family with 50 million is probed nine
-//! times. At 16 bits and 11 probes per key a full filter answers "maybe" for about 1 in 2,000
-//! absent keys, so an absent key passes all of a family's filters well under 1% of the time
-//! (the target for disk reads per fresh id). The newest filter is sized ahead of its keys:
-//! from 2 bytes per row, up to 8 right after one is added. (Blocked filters, all of a key's
-//! bits in one cache line, would spare the probes' cache misses, but answer "maybe" ~4 times
-//! as often at 16 bits per key: 0.17–0.2% in a simulation, over 1% across nine full filters.)
+//! A family's filter is a list of Bloom filters (`cold_filter`), each for four times as many
+//! keys as the one before, so a family with few rows costs little and a family with 50
+//! million is probed nine times. A full filter answers "maybe" for about 1 in 2,000 absent
+//! keys, so an absent key passes all of a family's filters well under 1% of the time (the
+//! target for disk reads per fresh id). The newest filter is sized ahead of its keys: from 2
+//! bytes per row, up to 8 right after one is added.
+//!
+//! Beyond the filters' share of the memory budget (`to_evict`), the pages of the largest
+//! filters go to a scratch file and a lookup reads one 4 KiB block of each such filter it
+//! reaches (`Lookup::Read`, on a blocking thread); a page whose hashes waiting beside it pass
+//! a limit is read back and they are set (`to_flush`). Both are bounded per round.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Display;
@@ -29,24 +31,19 @@ use std::sync::Arc;
 use tally_ledger::limits::MAX_ID_BYTES;
 use tally_ledger::{ColdKeyHash, FamilyId};
 
+use super::cold_filter::{filter_words, page_words, write_words, BlockRead, Bloom, Page, Probe};
+use super::cold_filter::{FilterPageFile, Slot};
 use super::error::RouterError;
 
-/// Bits per key, and probes per key, of every filter.
-const BITS_PER_KEY: usize = 16;
-const PROBES: u64 = 11;
 /// The first filter's keys; each next one takes `GROWTH` times as many. With these, every
-/// filter's size is a power of two (`positions` relies on it).
+/// filter's size is a power of two (`cold_filter` relies on it).
 const FIRST_FILTER_KEYS: usize = 1_024;
 const GROWTH: usize = 4;
 
-/// Words per page of a filter's bits (64 KiB), the unit a cut's copy shares and an insert
-/// copies (`Bloom`); a filter of fewer words is one page of its own size. A power of two, as
-/// every filter's word count is, so pages divide filters evenly.
-const PAGE_WORDS: usize = 1 << PAGE_SHIFT;
-const PAGE_SHIFT: u32 = 13;
-
-/// The saved form's format number (`ColdIndex::write_to`).
-const FORMAT: u32 = 1;
+/// The saved form's format number (`ColdIndex::write_to`): 2 since the filters are blocked
+/// (`cold_filter`); a node's own snapshot saved with 1 has its filters rebuilt from its rows.
+const FORMAT: u32 = 2;
+const UNBLOCKED_FORMAT: u32 = 1;
 /// Most filters a saved family may claim: 27 already overflow a 64-bit capacity.
 const MAX_FILTERS: usize = 32;
 /// Families a reader makes room for before it has read them: a claimed count is not trusted.
@@ -57,11 +54,56 @@ pub(crate) struct ColdIndex {
     /// Hashed, not ordered: every round looks each of its families up, and a B-tree of
     /// string keys cost ~2% of a node's CPU in cache misses (perf, 6,000 commands/s).
     families: HashMap<FamilyId, ColdFamily, foldhash::fast::RandomState>,
-    /// The filters' memory, summed over families.
+    /// The filters' memory (`Bloom::memory_bytes`), summed over families.
     filter_bytes: usize,
+    /// Hashes waiting beside pages on disk, over all families (`Bloom::pending`).
+    pending: usize,
+    /// Where pages beyond the filters' share go, once one does.
+    page_file: Option<Arc<FilterPageFile>>,
     /// Ids looked up before a batch, and those the filters passed on to the store.
     lookups: u64,
     passed: u64,
+}
+
+/// What a family's filters say of an id (`FamilyFilters::lookup`).
+pub(crate) enum Lookup {
+    /// No filter may hold it: certain.
+    Absent,
+    /// A filter in memory may hold it: the store answers.
+    Maybe,
+    /// No filter in memory holds it; these blocks on disk tell (`BlockRead::may_contain`),
+    /// and then `ColdIndex::count_read` counts what they said.
+    Read(Vec<BlockRead>),
+}
+
+/// A page in memory to write to the page file (`ColdIndex::to_evict`).
+pub(crate) struct Eviction {
+    family_id: FamilyId,
+    filter: usize,
+    page: usize,
+    words: Arc<[u64]>,
+}
+
+impl Eviction {
+    pub fn words(&self) -> &[u64] {
+        &self.words
+    }
+}
+
+/// A page on disk to read back and set its waiting hashes in (`ColdIndex::to_flush`).
+pub(crate) struct Flush {
+    family_id: FamilyId,
+    filter: usize,
+    page: usize,
+    slot: Arc<Slot>,
+    words: usize,
+}
+
+impl Flush {
+    /// The page as its slot holds it. Blocking.
+    pub fn read(&self) -> std::io::Result<Vec<u64>> {
+        self.slot.read_page(self.words)
+    }
 }
 
 /// One family's filters, borrowed for a round's lookups (`ColdIndex::family`).
@@ -73,18 +115,32 @@ pub(crate) struct FamilyFilters<'i> {
 
 impl FamilyFilters<'_> {
     /// Whether the key (within the family) that hashes to `hash` may be among the family's
-    /// rows: `false` is certain.
-    pub fn may_contain(&mut self, hash: ColdKeyHash) -> bool {
+    /// rows, or which blocks on disk tell: `Absent` is certain.
+    pub fn lookup(&mut self, hash: ColdKeyHash) -> Lookup {
         let hash = hash.value();
-        let maybe = (self.family.filters.iter()).any(|filter| filter.may_contain(hash));
         *self.lookups += 1;
-        *self.passed += u64::from(maybe);
-        maybe
+        let mut reads = Vec::new();
+        for filter in &self.family.filters {
+            match filter.probe(hash) {
+                Probe::Absent => {}
+                Probe::Maybe => {
+                    *self.passed += 1;
+                    return Lookup::Maybe;
+                }
+                Probe::Read(block) => reads.push(block),
+            }
+        }
+        if reads.is_empty() {
+            Lookup::Absent
+        } else {
+            Lookup::Read(reads)
+        }
     }
 }
 
-/// Shared filters: a copy (`ColdIndex::share`) costs a reference per page of each filter, and
-/// an insert copies first only those of its pages a copy still holds (`Bloom::insert`).
+/// Shared filters: a copy (`ColdIndex::share`) costs a reference per page of each filter (and
+/// the hashes waiting beside pages on disk), and an insert copies first only the page a copy
+/// still holds (`Bloom::insert`).
 #[derive(Clone, Default)]
 struct ColdFamily {
     rows: u64,
@@ -104,6 +160,14 @@ impl ColdFamily {
     fn in_store(&self) -> bool {
         self.rows > 0 && self.filters.is_empty()
     }
+
+    fn memory_bytes(&self) -> usize {
+        self.filters.iter().map(Bloom::memory_bytes).sum()
+    }
+
+    fn pending(&self) -> usize {
+        self.filters.iter().map(Bloom::pending).sum()
+    }
 }
 
 /// A passivated family's filters on their way to the family store (`ColdIndex::to_spill`):
@@ -112,93 +176,16 @@ pub(crate) struct FiltersToSpill(ColdFamily);
 
 impl FiltersToSpill {
     /// The family's part of `ColdIndex::write_to` after its id: what the store keeps.
-    pub fn encode(&self) -> Vec<u8> {
+    /// Blocking: its pages on disk are read back.
+    pub fn encode(&self) -> Result<Vec<u8>, RouterError> {
         let mut bytes = Vec::with_capacity(encoded_family_len(self.0.rows));
-        write_family(&mut bytes, &self.0, &mut Vec::new()).expect("writing to memory cannot fail");
-        bytes
+        write_family(&mut bytes, &self.0, &mut Vec::new())?;
+        Ok(bytes)
     }
 }
 
 /// A family's filters read back from the family store (`ColdIndex::decode_spilled`).
 pub(crate) struct SpilledFilters(ColdFamily);
-
-/// A Bloom filter whose bits are pages shared copy-on-write: a clone clones the pages'
-/// references, not their bits.
-#[derive(Clone)]
-struct Bloom {
-    /// The filter's words in order, `page_words(words)` to a page.
-    pages: Vec<Arc<[u64]>>,
-    words: usize,
-    keys: usize,
-    capacity: usize,
-}
-
-impl Bloom {
-    /// An empty filter. Its pages all start as one page of zeros, so the filter costs one
-    /// page up front and each of its pages is written when a key first lands in it: it is
-    /// made on the apply path, and a family's ninth (made at 22 million rows) is 128 MiB.
-    fn new(capacity: usize) -> Self {
-        let words = filter_words(capacity).expect("a filter's capacity fits in memory");
-        let page_words = page_words(words);
-        let zeros: Arc<[u64]> = std::iter::repeat_n(0, page_words).collect();
-        Self {
-            pages: vec![zeros; words / page_words],
-            words,
-            keys: 0,
-            capacity,
-        }
-    }
-
-    fn bytes(&self) -> usize {
-        self.words * 8
-    }
-
-    /// Sets the key's bits, first copying each page it writes that is shared (with a cut's
-    /// copy, or a fresh filter's zeros): at most `PROBES` pages, whatever the filter's size.
-    fn insert(&mut self, hash: u64) {
-        for at in positions(self.words, hash) {
-            let (page, word, bit) = locate(at);
-            Arc::make_mut(&mut self.pages[page])[word] |= bit;
-        }
-        self.keys += 1;
-    }
-
-    fn may_contain(&self, hash: u64) -> bool {
-        positions(self.words, hash).all(|at| {
-            let (page, word, bit) = locate(at);
-            self.pages[page][word] & bit != 0
-        })
-    }
-}
-
-/// The 64-bit words of a filter for `capacity` keys, unless that overflows.
-fn filter_words(capacity: usize) -> Option<usize> {
-    Some(capacity.checked_mul(BITS_PER_KEY)?.div_ceil(64))
-}
-
-/// The words per page of a filter of `words` words: `PAGE_WORDS`, or all of a smaller one.
-fn page_words(words: usize) -> usize {
-    assert!(words.is_power_of_two(), "a filter of {words} words");
-    words.min(PAGE_WORDS)
-}
-
-/// Bit `at` of a filter as its page, its word in the page and its mask. A filter smaller
-/// than `PAGE_WORDS` has only words below it, so all of them land in its one page.
-fn locate(at: usize) -> (usize, usize, u64) {
-    let word = at >> 6;
-    (word >> PAGE_SHIFT, word & (PAGE_WORDS - 1), 1 << (at & 63))
-}
-
-/// The bit positions of `hash` in a filter of `words` 64-bit words (double hashing over two
-/// 32-bit halves; the step is odd and the size a power of two, so the probes are distinct
-/// and a mask replaces eleven divisions). Borrows nothing, so inserting costs no list of
-/// positions.
-fn positions(words: usize, hash: u64) -> impl Iterator<Item = usize> {
-    let bits = (words * 64) as u64;
-    assert!(bits.is_power_of_two(), "a filter of {bits} bits");
-    let (low, step) = (hash & 0xffff_ffff, (hash >> 32) | 1);
-    (0..PROBES).map(move |i| (low.wrapping_add(i.wrapping_mul(step)) & (bits - 1)) as usize)
-}
 
 impl ColdIndex {
     /// Rows `family_id` has out of memory.
@@ -245,11 +232,14 @@ impl ColdIndex {
             let capacity =
                 (family.filters.last()).map_or(FIRST_FILTER_KEYS, |last| last.capacity * GROWTH);
             let filter = Bloom::new(capacity);
-            self.filter_bytes += filter.bytes();
+            self.filter_bytes += filter.memory_bytes();
             family.filters.push(filter);
         }
         let newest = (family.filters.last_mut()).expect("a filter with room was just ensured");
+        let (bytes, pending) = (newest.memory_bytes(), newest.pending());
         newest.insert(ColdKeyHash::of_bytes(key).value());
+        self.filter_bytes = self.filter_bytes + newest.memory_bytes() - bytes;
+        self.pending = self.pending + newest.pending() - pending;
         family.rows += 1;
     }
 
@@ -257,12 +247,15 @@ impl ColdIndex {
     /// one log index, so rows moved out after the cut must not reach its copy, while the
     /// apply path (paused for the cut) goes on adding to this one. Costs a reference per page
     /// of each filter, not the filters' bytes: an add after the cut copies only the pages it
-    /// writes that the copy still shares (at most 11 of 64 KiB), so the apply path never
-    /// copies a whole filter for a cut. The copy's lookup counters start at zero.
+    /// writes that the copy still shares (one of 64 KiB), so the apply path never copies a
+    /// whole filter for a cut; pages on disk stay in their slots for as long as the copy
+    /// names them. The copy's lookup counters start at zero.
     pub fn share(&self) -> ColdIndex {
         ColdIndex {
             families: self.families.clone(),
             filter_bytes: self.filter_bytes,
+            pending: self.pending,
+            page_file: self.page_file.clone(),
             lookups: 0,
             passed: 0,
         }
@@ -337,7 +330,8 @@ impl ColdIndex {
                 !family.in_store(),
                 "family {family_id}'s filters spilled twice"
             );
-            self.filter_bytes -= (family.filters.iter()).map(Bloom::bytes).sum::<usize>();
+            self.filter_bytes -= family.memory_bytes();
+            self.pending -= family.pending();
             family.filters = Vec::new();
             family.stored_rows = Some(family.rows);
         }
@@ -388,7 +382,7 @@ impl ColdIndex {
                 loaded.rows, family.rows
             )));
         }
-        self.filter_bytes += (loaded.filters.iter()).map(Bloom::bytes).sum::<usize>();
+        self.filter_bytes += loaded.memory_bytes();
         *family = ColdFamily {
             stored_rows: Some(loaded.rows),
             ..loaded
@@ -399,8 +393,26 @@ impl ColdIndex {
     /// Loads an index `write_to` saved, checking all of it: an input that does not decode,
     /// or that no index could have written, is refused (`RouterError::Snapshot`), and no
     /// more is allocated than the input delivers. Reads no further than the index.
+    #[cfg(test)]
     pub fn read_from(input: &mut impl Read) -> Result<ColdIndex, RouterError> {
         let format = read_u32(input, "the format number")?;
+        Self::read_after_format(format, input)
+    }
+
+    /// Loads an index `write_to` saved, or `None` if it was saved by a build before the
+    /// filters were blocked (format 1): its bits are in another layout, so the caller
+    /// rebuilds the filters from the rows (`add`). Such an input is read to its end.
+    pub fn read_any_from(input: &mut impl Read) -> Result<Option<ColdIndex>, RouterError> {
+        let format = read_u32(input, "the format number")?;
+        if format == UNBLOCKED_FORMAT {
+            std::io::copy(input, &mut std::io::sink())
+                .map_err(|error| read_error("an unblocked index", error))?;
+            return Ok(None);
+        }
+        Self::read_after_format(format, input).map(Some)
+    }
+
+    fn read_after_format(format: u32, input: &mut impl Read) -> Result<ColdIndex, RouterError> {
         if format != FORMAT {
             return Err(invalid(format_args!(
                 "format number {format}, expected {FORMAT}"
@@ -423,13 +435,15 @@ impl ColdIndex {
                 }
             }
             let family = read_family(input, &family_id)?;
-            filter_bytes += (family.filters.iter()).map(|f| f.bytes()).sum::<usize>();
+            filter_bytes += family.memory_bytes();
             families.insert(family_id.clone(), family);
             previous = Some(family_id);
         }
         Ok(ColdIndex {
             families,
             filter_bytes,
+            pending: 0,
+            page_file: None,
             lookups: 0,
             passed: 0,
         })
@@ -447,15 +461,163 @@ impl ColdIndex {
         self.families.values().map(|family| family.rows).sum()
     }
 
-    /// The filters' memory, counted against the node's memory budget.
+    /// The filters' memory, counted against the node's memory budget: their pages in
+    /// memory, the hashes waiting beside pages on disk and the page tables.
     pub fn filter_bytes(&self) -> usize {
         self.filter_bytes
     }
 
     /// The memory of one family's filters (0 while they are in the family store).
     pub fn family_filter_bytes(&self, family_id: &FamilyId) -> usize {
-        (self.families.get(family_id))
-            .map_or(0, |family| family.filters.iter().map(Bloom::bytes).sum())
+        (self.families.get(family_id)).map_or(0, ColdFamily::memory_bytes)
+    }
+
+    /// The page file's length (0 before a page went to disk) and its `(blocks read for
+    /// lookups, pages read back, pages written)` so far.
+    pub fn page_file_use(&self) -> (u64, (u64, u64, u64)) {
+        (self.page_file.as_ref()).map_or((0, (0, 0, 0)), |file| (file.bytes(), file.io_counts()))
+    }
+
+    /// Counts what the blocks a `Lookup::Read` named said.
+    pub fn count_read(&mut self, passed: bool) {
+        self.passed += u64::from(passed);
+    }
+
+    /// The page file, made with `create` when first needed.
+    pub fn page_file(
+        &mut self,
+        create: impl FnOnce() -> std::io::Result<Arc<FilterPageFile>>,
+    ) -> Result<Arc<FilterPageFile>, RouterError> {
+        if self.page_file.is_none() {
+            let file = create().map_err(|error| {
+                RouterError::Store(format!("could not create the filters' page file: {error}"))
+            })?;
+            self.page_file = Some(file);
+        }
+        Ok(Arc::clone(self.page_file.as_ref().expect("made above")))
+    }
+
+    /// Pages to write to the page file, at most `max_pages`, once the filters' memory is
+    /// over `cap_bytes`: enough to bring it to three quarters of it (so a round that adds a
+    /// page does not write one). The largest filters first: a lookup reads a block of each of
+    /// a family's filters on disk it reaches, so a page of a larger filter serves fewer of
+    /// them, and the filter being filled is a family's largest, three quarters of its bytes,
+    /// so with it alone on disk a fresh id reads one block. Its pages also gather the rows
+    /// that land in them as waiting hashes, read back and written again to set them, but at
+    /// hundreds of hashes a page that costs less than the block reads a smaller filter's
+    /// pages would (measured with full filters first on a 4 MiB share: 2.5 blocks read per
+    /// id looked up instead of 0.4, for a seventh of the pages read back). Of two alike in
+    /// size, a full one first: it never changes.
+    pub fn to_evict(&self, cap_bytes: usize, max_pages: usize) -> Vec<Eviction> {
+        if self.filter_bytes <= cap_bytes {
+            return Vec::new();
+        }
+        let mut excess = self.filter_bytes - cap_bytes / 4 * 3;
+        let mut filters: Vec<(bool, usize, &FamilyId, usize, &Bloom)> = (self.families.iter())
+            .flat_map(|(family_id, family)| {
+                (family.filters.iter().enumerate()).map(move |(n, filter)| {
+                    let filling = filter.keys < filter.capacity;
+                    (filling, filter.words, family_id, n, filter)
+                })
+            })
+            .collect();
+        filters.sort_unstable_by(|a, b| {
+            (b.1.cmp(&a.1).then(a.0.cmp(&b.0)))
+                .then(a.2.cmp(b.2))
+                .then(a.3.cmp(&b.3))
+        });
+        let mut evictions = Vec::new();
+        for (_, words, family_id, filter, bloom) in filters {
+            let page_bytes = page_words(words) * 8;
+            for (page, at) in bloom.pages().iter().enumerate() {
+                let Page::Memory(words) = at else { continue };
+                if excess == 0 || evictions.len() >= max_pages {
+                    return evictions;
+                }
+                evictions.push(Eviction {
+                    family_id: family_id.clone(),
+                    filter,
+                    page,
+                    words: Arc::clone(words),
+                });
+                excess = excess.saturating_sub(page_bytes);
+            }
+        }
+        evictions
+    }
+
+    /// The pages `to_evict` chose are in these slots now: they leave memory.
+    pub fn evicted(&mut self, written: Vec<(Eviction, Arc<Slot>)>) {
+        for (eviction, slot) in written {
+            let filter = self.filter_mut(&eviction.family_id, eviction.filter);
+            assert!(
+                matches!(&filter.pages()[eviction.page], Page::Memory(words) if Arc::ptr_eq(words, &eviction.words)),
+                "page {} of filter {} of family {} changed while it was written",
+                eviction.page,
+                eviction.filter,
+                eviction.family_id
+            );
+            let bytes = filter.memory_bytes();
+            filter.evicted(eviction.page, slot);
+            let freed = bytes - filter.memory_bytes();
+            self.filter_bytes -= freed;
+        }
+    }
+
+    /// Pages on disk to read back, at most `max_pages`, once more than half of `limit`
+    /// hashes wait beside pages on disk: those with the most first.
+    pub fn to_flush(&self, limit: usize, max_pages: usize) -> Vec<Flush> {
+        if self.pending <= limit / 2 {
+            return Vec::new();
+        }
+        let mut pages: Vec<(usize, Flush)> = Vec::new();
+        for (family_id, family) in &self.families {
+            for (filter, bloom) in family.filters.iter().enumerate() {
+                for (page, at) in bloom.pages().iter().enumerate() {
+                    let Page::Disk { slot, pending } = at else {
+                        continue;
+                    };
+                    if pending.is_empty() {
+                        continue;
+                    }
+                    let flush = Flush {
+                        family_id: family_id.clone(),
+                        filter,
+                        page,
+                        slot: Arc::clone(slot),
+                        words: page_words(bloom.words),
+                    };
+                    pages.push((pending.len(), flush));
+                }
+            }
+        }
+        pages.sort_unstable_by_key(|(pending, _)| std::cmp::Reverse(*pending));
+        pages.truncate(max_pages);
+        pages.into_iter().map(|(_, flush)| flush).collect()
+    }
+
+    /// The pages `to_flush` chose, read back: their waiting hashes are set and they are in
+    /// memory again.
+    pub fn flushed(&mut self, read: Vec<(Flush, Vec<u64>)>) {
+        for (flush, words) in read {
+            let filter = self.filter_mut(&flush.family_id, flush.filter);
+            let (bytes, pending) = (filter.memory_bytes(), filter.pending());
+            filter.flushed(flush.page, words);
+            let (bytes_now, pending_now) = (filter.memory_bytes(), filter.pending());
+            self.filter_bytes = self.filter_bytes + bytes_now - bytes;
+            self.pending -= pending - pending_now;
+        }
+    }
+
+    /// Hashes waiting beside pages on disk.
+    pub fn pending(&self) -> usize {
+        self.pending
+    }
+
+    fn filter_mut(&mut self, family_id: &FamilyId, filter: usize) -> &mut Bloom {
+        let family = (self.families.get_mut(family_id))
+            .unwrap_or_else(|| panic!("family {family_id} left the index with a page on its way"));
+        &mut family.filters[filter]
     }
 
     /// `(ids looked up, ids the filters sent to the store)` so far.
@@ -483,12 +645,7 @@ fn write_family(
             buf.extend_from_slice(&(field as u64).to_le_bytes());
         }
         out.write_all(buf).map_err(io_error)?;
-        for page in &filter.pages {
-            buf.clear();
-            page.iter()
-                .for_each(|word| buf.extend_from_slice(&word.to_le_bytes()));
-            out.write_all(buf).map_err(io_error)?;
-        }
+        write_words(out, filter, buf).map_err(io_error)?;
     }
     Ok(())
 }
@@ -594,12 +751,7 @@ fn read_filter(
         )));
     }
     let pages = read_pages(input, words, which)?;
-    Ok(Bloom {
-        pages,
-        words,
-        keys,
-        capacity,
-    })
+    Ok(Bloom::from_pages(pages, words, keys, capacity))
 }
 
 /// `words` little-endian words (a power of two), read a page at a time into the filter's
@@ -666,9 +818,21 @@ fn io_error(error: std::io::Error) -> RouterError {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
-
+    use super::super::cold_filter::{BITS_PER_KEY, PAGE_WORDS};
     use super::*;
+
+    impl FamilyFilters<'_> {
+        /// What the router's lookup ends in: the blocks on disk read here.
+        fn may_contain(&mut self, hash: ColdKeyHash) -> bool {
+            match self.lookup(hash) {
+                Lookup::Absent => false,
+                Lookup::Maybe => true,
+                Lookup::Read(blocks) => {
+                    (blocks.iter()).any(|block| block.may_contain().expect("the block reads"))
+                }
+            }
+        }
+    }
 
     /// Every key added is found; keys never added are almost all told apart, across the
     /// growth from one filter to many.
@@ -808,7 +972,7 @@ mod tests {
         );
         let copies = index.to_spill(&[a.clone(), b.clone(), c.clone()]);
         let stored: BTreeMap<FamilyId, Vec<u8>> = (copies.into_iter())
-            .map(|(family_id, filters)| (family_id, filters.encode()))
+            .map(|(family_id, filters)| (family_id, filters.encode().unwrap()))
             .collect();
         assert_eq!(stored.keys().collect::<Vec<_>>(), [&a, &b], "c has no rows");
         assert_eq!(stored[&a].len(), encoded_family_len(5_000));
@@ -875,7 +1039,7 @@ mod tests {
             1,
             "a row joined a: its copy in the store is old"
         );
-        assert_eq!(copies[0].1.encode()[..8], 5_001u64.to_le_bytes());
+        assert_eq!(copies[0].1.encode().unwrap()[..8], 5_001u64.to_le_bytes());
     }
 
     #[test]
@@ -889,7 +1053,7 @@ mod tests {
         assert_eq!(counts, index.counts());
         assert_eq!(filter_bytes, index.filter_bytes());
         assert_eq!(copy.lookups(), (0, 0));
-        let shared = |index: &ColdIndex| Arc::clone(&index.families[&a].filters[0].pages[0]);
+        let shared = |index: &ColdIndex| in_memory(&index.families[&a].filters[0], 0);
         assert!(Arc::ptr_eq(&shared(&copy), &shared(&index)));
         // Keys the copy tells apart now; added to the original, into the shared filter and
         // past it into a new one, and into a new family.
@@ -923,10 +1087,18 @@ mod tests {
         (index.families[family_id].filters.last()).expect("a family has filters")
     }
 
-    /// After a cut, an add into a filter of many pages copies only the pages its key's bits
+    /// Page `n` of `filter`, which must be in memory.
+    fn in_memory(filter: &Bloom, n: usize) -> Arc<[u64]> {
+        match &filter.pages()[n] {
+            Page::Memory(words) => Arc::clone(words),
+            Page::Zero | Page::Disk { .. } => panic!("page {n} is not in memory"),
+        }
+    }
+
+    /// After a cut, an add into a filter of many pages copies only the page its key's bits
     /// land in: the others stay shared with the copy, whose answers do not change.
     #[test]
-    fn an_add_after_share_copies_only_the_pages_it_writes() {
+    fn an_add_after_share_copies_only_the_page_it_writes() {
         // Past the filters for 1,024 to 262,144 keys, into one for 1,048,576 keys (262,144
         // words, 32 pages), with keys enough that every one of its pages was written.
         let before: u64 = [1_024, 4_096, 16_384, 65_536, 262_144].iter().sum();
@@ -934,55 +1106,29 @@ mod tests {
         let big = FamilyId::from("big");
         let filter = newest(&index, &big);
         assert_eq!((filter.capacity, filter.keys), (1 << 20, 2_000));
-        assert_eq!((filter.words, filter.pages.len()), (1 << 18, 32));
-        assert!(
-            filter.pages.len() > PROBES as usize,
-            "more pages than an add writes"
-        );
-        assert!(filter.pages.iter().all(|page| page.len() == PAGE_WORDS));
-        assert!(
-            (filter.pages.iter()).all(|page| Arc::strong_count(page) == 1),
-            "every page written, none shared"
-        );
+        assert_eq!((filter.words, filter.pages().len()), (1 << 18, 32));
+        for n in 0..filter.pages().len() {
+            let page = in_memory(filter, n);
+            assert_eq!(page.len(), PAGE_WORDS);
+            assert_eq!(Arc::strong_count(&page), 2, "page {n} written, not shared");
+        }
         let mut copy = index.share();
         let (bytes, filter_bytes) = (encode(&copy), copy.filter_bytes());
-        for family in index.families.keys() {
-            let filters = index.families[family].filters.iter();
-            for (mine, theirs) in filters.zip(&copy.families[family].filters) {
-                for (mine, theirs) in mine.pages.iter().zip(&theirs.pages) {
-                    assert!(Arc::ptr_eq(mine, theirs), "shared, not copied");
-                    assert_eq!(Arc::strong_count(mine), 2, "held by the index and the copy");
-                }
-            }
-        }
         // A key the copy tells apart, added to the original only.
         let key = (0..)
             .map(|n| format!("late-{n}"))
             .find(|key| !copy.family(&big).expect("has rows").may_contain(hash(key)))
             .expect("a key absent from the copy");
         index.add(&big, key.as_bytes());
-        let words = newest(&index, &big).words;
-        let written: BTreeSet<usize> = (positions(words, hash(&key).value()))
-            .map(|at| locate(at).0)
+        let (mine, theirs) = (newest(&index, &big), newest(&copy, &big));
+        let copied: Vec<usize> = (0..mine.pages().len())
+            .filter(|&n| !Arc::ptr_eq(&in_memory(mine, n), &in_memory(theirs, n)))
             .collect();
-        assert!((1..=PROBES as usize).contains(&written.len()));
-        let pages = (newest(&index, &big).pages.iter()).zip(&newest(&copy, &big).pages);
-        for (n, (mine, theirs)) in pages.enumerate() {
-            if written.contains(&n) {
-                assert!(!Arc::ptr_eq(mine, theirs), "page {n} was written: copied");
-                assert_eq!((Arc::strong_count(mine), Arc::strong_count(theirs)), (1, 1));
-            } else {
-                assert!(
-                    Arc::ptr_eq(mine, theirs),
-                    "page {n} was not written: shared"
-                );
-                assert_eq!(Arc::strong_count(mine), 2, "page {n}");
-            }
-        }
+        assert_eq!(copied.len(), 1, "one page copied: {copied:?}");
         let filters = (index.families[&big].filters.iter()).zip(&copy.families[&big].filters);
         for (mine, theirs) in filters.take(5) {
-            let mut pages = mine.pages.iter().zip(&theirs.pages);
-            let shared = pages.all(|(mine, theirs)| Arc::ptr_eq(mine, theirs));
+            let shared = (0..mine.pages().len())
+                .all(|n| Arc::ptr_eq(&in_memory(mine, n), &in_memory(theirs, n)));
             assert!(shared, "the full filters are still shared");
         }
         let may_contain = |index: &mut ColdIndex| {
@@ -996,28 +1142,101 @@ mod tests {
         assert_eq!(encode(&copy), bytes, "the copy's filters did not change");
     }
 
-    /// A new filter's pages share one page of zeros until a key lands in them; a filter
-    /// smaller than a page is one page of its own size.
-    #[test]
-    fn a_new_filter_writes_its_pages_as_keys_land() {
-        let mut filter = Bloom::new(1 << 20);
-        assert_eq!((filter.bytes(), filter.pages.len()), (2 << 20, 32));
-        let zeros = Arc::clone(&filter.pages[0]);
-        assert!((filter.pages.iter()).all(|page| Arc::ptr_eq(page, &zeros)));
-        let hash = hash("a key").value();
-        assert!(!filter.may_contain(hash));
-        filter.insert(hash);
-        assert!(filter.may_contain(hash));
-        let written: BTreeSet<usize> = positions(filter.words, hash)
-            .map(|at| locate(at).0)
+    /// Writes the pages `to_evict` chooses to `file`, as the router does.
+    fn evict(index: &mut ColdIndex, file: &Arc<FilterPageFile>, cap: usize) -> usize {
+        let evictions = index.to_evict(cap, usize::MAX);
+        let count = evictions.len();
+        let written = (evictions.into_iter())
+            .map(|eviction| {
+                let slot = file.write(eviction.words()).expect("written");
+                (eviction, slot)
+            })
             .collect();
-        for (n, page) in filter.pages.iter().enumerate() {
-            assert_eq!(Arc::ptr_eq(page, &zeros), !written.contains(&n), "page {n}");
+        index.evicted(written);
+        count
+    }
+
+    /// Beyond their share the largest filters' pages go to the page file: every key is still
+    /// found (reading blocks), absent ones still rarely pass, the index saves to the same
+    /// bytes, and keys added to pages on disk wait as hashes until flushed into them, after
+    /// which it saves as an index that never left memory. A cut taken with pages on disk
+    /// saves as it was however the index changes after.
+    #[test]
+    fn pages_beyond_the_share_go_to_disk_and_answer_alike() {
+        let file = FilterPageFile::create(None).expect("a page file");
+        let sizes = [("big", 150_000), ("small", 3_000)];
+        let mut index = index_of(&sizes);
+        let roomy = index_of(&sizes);
+        let big = FamilyId::from("big");
+        let all = index.filter_bytes();
+        let cap = all / 4;
+        let evicted = evict(&mut index, &file, cap);
+        assert!(evicted > 0);
+        assert!(
+            index.filter_bytes() <= cap / 4 * 3,
+            "{} over",
+            index.filter_bytes()
+        );
+        assert_eq!(
+            evict(&mut index, &file, cap),
+            0,
+            "under the share: nothing more"
+        );
+        assert_eq!(encode(&index), encode(&roomy), "saved alike");
+        let small = FamilyId::from("small");
+        assert!(
+            (index.families[&small].filters.iter())
+                .all(|filter| matches!(filter.pages()[0], Page::Memory(_))),
+            "the smallest filters stay in memory"
+        );
+        let mut filters = index.family(&big).expect("has rows");
+        assert!((0..150_000).all(|n| filters.may_contain(hash(&format!("big-key-{n}")))));
+        let passed = (0..100_000)
+            .filter(|n| filters.may_contain(hash(&format!("absent-{n}"))))
+            .count();
+        assert!(passed < 500, "{passed} of 100,000 absent ids passed");
+        let (blocks, _, writes) = file.io_counts();
+        assert!(
+            blocks > 100_000,
+            "absent ids read a block of each filter on disk: {blocks}"
+        );
+        assert_eq!(writes, evicted as u64);
+
+        let cut = index.share();
+        let saved_cut = encode(&cut);
+        let mut roomy = roomy;
+        for n in 150_000..170_000 {
+            let key = format!("big-key-{n}");
+            index.add(&big, key.as_bytes());
+            roomy.add(&big, key.as_bytes());
         }
-        assert!(zeros.iter().all(|&word| word == 0), "the zeros stay zeros");
-        let small = Bloom::new(FIRST_FILTER_KEYS);
-        assert_eq!(small.pages.len(), 1);
-        assert_eq!(small.pages[0].len(), FIRST_WORDS);
+        assert!(index.pending() > 0, "keys wait beside pages on disk");
+        let mut filters = index.family(&big).expect("has rows");
+        assert!((0..170_000).all(|n| filters.may_contain(hash(&format!("big-key-{n}")))));
+        assert_eq!(encode(&index), encode(&roomy), "waiting keys saved as set");
+        let bytes = index.filter_bytes();
+        let flushes = index.to_flush(2, 8);
+        assert!((1..=8).contains(&flushes.len()), "{} pages", flushes.len());
+        let read = (flushes.into_iter())
+            .map(|flush| {
+                let words = flush.read().expect("read back");
+                (flush, words)
+            })
+            .collect();
+        let pending = index.pending();
+        index.flushed(read);
+        assert!(index.pending() < pending);
+        assert!(index.filter_bytes() > bytes, "pages back in memory");
+        assert_eq!(
+            encode(&index),
+            encode(&roomy),
+            "flushed pages hold their keys"
+        );
+        assert_eq!(encode(&cut), saved_cut, "the cut saves as it was");
+        assert!(
+            index.to_flush(usize::MAX, 8).is_empty(),
+            "below the limit: none"
+        );
     }
 
     /// Cut anywhere, an index is refused, never a panic.
@@ -1034,8 +1253,8 @@ mod tests {
     #[test]
     fn wrong_format_number_is_refused() {
         let mut bytes = encode(&index_of(&[("a", 3)]));
-        bytes[..4].copy_from_slice(&2u32.to_le_bytes());
-        assert!(refusal(&bytes).contains("format number 2"));
+        bytes[..4].copy_from_slice(&3u32.to_le_bytes());
+        assert!(refusal(&bytes).contains("format number 3"));
     }
 
     #[test]

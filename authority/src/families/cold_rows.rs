@@ -6,12 +6,14 @@
 
 use std::collections::BTreeMap;
 
-use tally_ledger::{ColdFetch, ColdKey, FamilyId, MovedRow};
+use tally_ledger::{ColdFetch, ColdKey, ColdKeyHash, FamilyId, MovedRow};
 
 use super::batch::FamilyWork;
+use super::cold_filter::BlockRead;
+use super::cold_index::Lookup;
 use super::cold_keys::{cold_family_prefix, cold_row_key};
 use super::error::RouterError;
-use super::family_store::on_blocking_thread;
+use super::family_store::{on_blocking_thread, StoreView};
 use super::router::FamilyRouter;
 
 impl FamilyRouter {
@@ -23,9 +25,10 @@ impl FamilyRouter {
         work: &BTreeMap<FamilyId, FamilyWork>,
     ) -> Result<BTreeMap<FamilyId, ColdFetch>, RouterError> {
         let mut fetches = BTreeMap::new();
-        // The ids the filters passed on to the store, and their store keys.
-        let mut lookups: Vec<(FamilyId, ColdKey)> = Vec::new();
-        let mut store_keys: Vec<Vec<u8>> = Vec::new();
+        // The ids the filters passed on to the store or to their blocks on disk, and their
+        // store keys.
+        let mut lookups: Vec<(FamilyId, ColdKey, ColdKeyHash)> = Vec::new();
+        let mut store_keys: Vec<(Vec<u8>, Vec<BlockRead>)> = Vec::new();
         for (family_id, family_work) in work {
             let Some(mut filters) = self.cold.family(family_id) else {
                 continue;
@@ -34,12 +37,16 @@ impl FamilyRouter {
             for (_, command) in &family_work.commands {
                 for key in command.cold_key_refs() {
                     let hash = key.key_hash();
-                    if filters.may_contain(hash) {
-                        lookups.push((family_id.clone(), key.to_key()));
-                        store_keys.push(cold_row_key(family_id, &key.to_bytes()));
-                    } else {
-                        fetch.record_absent(hash);
-                    }
+                    let blocks = match filters.lookup(hash) {
+                        Lookup::Absent => {
+                            fetch.record_absent(hash);
+                            continue;
+                        }
+                        Lookup::Maybe => Vec::new(),
+                        Lookup::Read(blocks) => blocks,
+                    };
+                    lookups.push((family_id.clone(), key.to_key(), hash));
+                    store_keys.push((cold_row_key(family_id, &key.to_bytes()), blocks));
                 }
             }
             fetches.insert(family_id.clone(), fetch);
@@ -50,12 +57,25 @@ impl FamilyRouter {
         let view = self.actors.view()?;
         let found = on_blocking_thread("a row lookup", move || {
             (store_keys.iter())
-                .map(|key| view.cold_row(key))
+                .map(|(key, blocks)| look_up(&view, key, blocks))
                 .collect::<Result<Vec<_>, _>>()
         })
         .await?;
-        for ((family_id, key), row) in lookups.into_iter().zip(found) {
+        for ((family_id, key, hash), found) in lookups.into_iter().zip(found) {
             let fetch = (fetches.get_mut(&family_id)).expect("a family with a lookup has a fetch");
+            let row = match found {
+                Found::RuledOut => {
+                    self.cold.count_read(false);
+                    fetch.record_absent(hash);
+                    continue;
+                }
+                Found::Row { read_blocks, row } => {
+                    if read_blocks {
+                        self.cold.count_read(true);
+                    }
+                    row
+                }
+            };
             fetch
                 .record(key, row.as_deref())
                 .map_err(|error| RouterError::FamilyFailed {
@@ -115,4 +135,40 @@ impl FamilyRouter {
         }
         on_blocking_thread("a row write", move || store.wait_for_cold_rows()).await
     }
+}
+
+/// What the blocking thread found for one id (`look_up`).
+enum Found {
+    /// The blocks on disk ruled it out: no filter holds it.
+    RuledOut,
+    /// The store's answer, and whether blocks on disk were read (and passed it) first.
+    Row {
+        read_blocks: bool,
+        row: Option<Vec<u8>>,
+    },
+}
+
+/// One id's lookup on the blocking thread. With blocks to read, the store is asked only if
+/// one of them may hold the id.
+fn look_up(view: &StoreView, key: &[u8], blocks: &[BlockRead]) -> Result<Found, RouterError> {
+    for block in blocks {
+        let maybe = block.may_contain().map_err(|error| {
+            RouterError::Store(format!("could not read a filter block: {error}"))
+        })?;
+        if maybe {
+            let row = view.cold_row(key)?;
+            return Ok(Found::Row {
+                read_blocks: true,
+                row,
+            });
+        }
+    }
+    if !blocks.is_empty() {
+        return Ok(Found::RuledOut);
+    }
+    let row = view.cold_row(key)?;
+    Ok(Found::Row {
+        read_blocks: false,
+        row,
+    })
 }

@@ -27,6 +27,10 @@ pub struct RouterConfig {
     /// larger than the budget that costs more than the memory it saves (measured: leader
     /// changes with 20 hot families of ~30 MB each). 0 spills any family not in the round.
     pub min_idle_entries_to_spill: u64,
+    /// What the filters over rows out of memory may keep in memory, part of `max_live_bytes`:
+    /// beyond it the pages of the largest go to the page file (`filter_memory.rs`). `None`:
+    /// a quarter of `max_live_bytes`.
+    pub max_filter_bytes: Option<usize>,
 }
 
 impl Default for RouterConfig {
@@ -36,6 +40,7 @@ impl Default for RouterConfig {
             max_live_actors: 10_000,
             max_live_bytes: 1 << 30,
             min_idle_entries_to_spill: 1_000,
+            max_filter_bytes: None,
         }
     }
 }

@@ -498,6 +498,13 @@ impl FamilyStore {
     pub fn cache_bytes(&self) -> usize {
         self.inner.cache_bytes.load(Ordering::Relaxed)
     }
+
+    /// Where node-local scratch files go beside the store (the filters' pages): its
+    /// directory, or none for a store in memory.
+    pub fn scratch_dir(&self) -> Option<PathBuf> {
+        let path = self.inner.path.as_ref()?;
+        Some(path.parent().unwrap_or(Path::new(".")).to_path_buf())
+    }
 }
 
 /// Rows written in the store's key order straight to one run (`FamilyStore::sorted_rows`).

@@ -61,7 +61,7 @@ impl FamilyRouter {
         let mut batch_bytes = 0;
         let mut copies = self.cold.to_spill(&stored).into_iter().peekable();
         while let Some((family_id, filters)) = copies.next() {
-            let bytes = filters.encode();
+            let bytes = filters.encode()?;
             drop(filters);
             batch_bytes += bytes.len();
             batch.push((family_id, bytes));
@@ -79,9 +79,11 @@ impl FamilyRouter {
 /// Encoded filters a restored router writes to its store per commit (`spill_stored_filters`).
 const SPILL_COMMIT_BYTES: usize = 64 << 20;
 
-fn encode(copies: Vec<(FamilyId, FiltersToSpill)>) -> Vec<(FamilyId, Vec<u8>)> {
+fn encode(
+    copies: Vec<(FamilyId, FiltersToSpill)>,
+) -> Result<Vec<(FamilyId, Vec<u8>)>, RouterError> {
     (copies.into_iter())
-        .map(|(family_id, filters)| (family_id, filters.encode()))
+        .map(|(family_id, filters)| Ok((family_id, filters.encode()?)))
         .collect()
 }
 

@@ -8,6 +8,7 @@ mod actor_table;
 mod alarms;
 mod batch;
 mod cold_buffer;
+mod cold_filter;
 mod cold_index;
 mod cold_keys;
 mod cold_rows;
@@ -19,6 +20,7 @@ mod error;
 mod expiry_index;
 mod family_actor;
 mod family_store;
+mod filter_memory;
 mod filter_spill;
 mod hold_index;
 mod messages;
@@ -36,7 +38,7 @@ pub use error::RouterError;
 pub use family_store::{FamilyStore, FamilyStoreDir, StoreView, MIN_STORE_CACHE_BYTES};
 pub use hold_index::rebuild_hold_index;
 pub use reads::{every_family, read};
-pub use router::{FamilyRouter, MemoryUse};
+pub use router::{FamilyRouter, FilterPages, MemoryUse};
 pub use router_state::RouterState;
 pub use snapshot::{
     RouterCut, RouterSnapshot, OLDEST_SNAPSHOT_FORMAT_VERSION, SNAPSHOT_FORMAT_VERSION,

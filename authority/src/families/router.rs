@@ -42,6 +42,21 @@ pub struct MemoryUse {
     pub families_on_disk: usize,
 }
 
+/// The filters' pages beyond their share of the memory budget (`FamilyRouter::filter_pages`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FilterPages {
+    /// What the filters may keep in memory before pages go to the page file.
+    pub share_bytes: usize,
+    /// The page file's length: pages on disk, and slots a cut still names or free.
+    pub file_bytes: u64,
+    /// Hashes of keys added to pages on disk, waiting to be set in them.
+    pub pending_hashes: usize,
+    /// Blocks (4 KiB) read for lookups, pages (64 KiB) read back and written, so far.
+    pub block_reads: u64,
+    pub page_reads: u64,
+    pub page_writes: u64,
+}
+
 pub struct FamilyRouter {
     pub(super) config: RouterConfig,
     /// Replicated: last applied log id, cluster time, parameters.
@@ -237,6 +252,7 @@ impl FamilyRouter {
         }
         // Before the next round can name them, and before any family is passivated.
         self.store_moved(moved).await?;
+        self.keep_filters_in_their_share().await?;
         self.actors.forget(&pristine).await;
         let spill_before = round_first_index.saturating_sub(self.config.min_idle_entries_to_spill);
         // What rows out of memory keep in memory (filters, rows waiting for disk, the runs'
@@ -355,6 +371,19 @@ impl FamilyRouter {
     /// Metric: `(ids looked up among rows out of memory, ids the filters sent to the store)`.
     pub fn cold_lookups(&self) -> (u64, u64) {
         self.cold.lookups()
+    }
+
+    /// Metrics: the filters' pages beyond their share, in the page file (`cold_filter`).
+    pub fn filter_pages(&self) -> FilterPages {
+        let (file_bytes, (block_reads, page_reads, page_writes)) = self.cold.page_file_use();
+        FilterPages {
+            share_bytes: self.filter_share_bytes(),
+            file_bytes,
+            pending_hashes: self.cold.pending(),
+            block_reads,
+            page_reads,
+            page_writes,
+        }
     }
 
     /// The family store (its file size, reads and cache, for metrics).

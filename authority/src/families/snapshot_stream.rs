@@ -264,6 +264,10 @@ pub fn restore_linked(
     for name in &names {
         store.adopt_run(&runs_dir.join(name))?;
     }
+    let cold = match cold {
+        Some(cold) => cold,
+        None => rebuild_filters(&store, &head)?,
+    };
     let linked = store.view()?.cold_rows().rows();
     if linked != cold.total_rows() {
         return Err(invalid(format!(
@@ -326,14 +330,20 @@ pub fn expand_linked(
         })
         .collect::<Result<Vec<_>, _>>()?;
     let view = ColdView::of_runs(runs);
-    if view.rows() != cold.total_rows() {
+    // Filters saved before they were blocked were not checked: the families' counts are.
+    let counts = match cold {
+        Some(cold) => cold.counts(),
+        None => (head.cold_meta.iter())
+            .map(|(family_id, meta)| (family_id.clone(), meta.rows))
+            .collect(),
+    };
+    let counted: u64 = counts.values().sum();
+    if view.rows() != counted {
         return Err(invalid(format!(
-            "the snapshot's runs hold {} rows, its families count {}",
+            "the snapshot's runs hold {} rows, its families count {counted}",
             view.rows(),
-            cold.total_rows()
         )));
     }
-    let counts = cold.counts();
     if !counts.is_empty() {
         write_cold_rows(&view, &counts, Some(&head.cold_meta), out)?;
     }
@@ -366,8 +376,12 @@ impl<R: Read, W: Write> Read for Tee<std::io::Chain<&[u8], R>, W> {
 }
 
 /// What follows the families in a linked snapshot: the run files' names and the filters,
-/// checked against the families' own counts (`head.cold_meta`), and nothing after them.
-fn read_links(input: &mut impl Read, head: &Head) -> Result<(Vec<String>, ColdIndex), RouterError> {
+/// checked against the families' own counts (`head.cold_meta`), and nothing after them;
+/// `None` for filters saved before they were blocked (`ColdIndex::read_any_from`).
+fn read_links(
+    input: &mut impl Read,
+    head: &Head,
+) -> Result<(Vec<String>, Option<ColdIndex>), RouterError> {
     let count = rmp::decode::read_array_len(input).map_err(decode_error)?;
     if count > MAX_LINKED_RUNS {
         return Err(invalid(format!(
@@ -384,18 +398,46 @@ fn read_links(input: &mut impl Read, head: &Head) -> Result<(Vec<String>, ColdIn
         }
         names.push(name.to_string());
     }
-    let cold = ColdIndex::read_from(input)?;
+    let Some(cold) = ColdIndex::read_any_from(input)? else {
+        return Ok((names, None));
+    };
     let mut rest = [0u8; 1];
     if input.read(&mut rest).map_err(decode_error)? != 0 {
         return Err(invalid("bytes after the filters".into()));
     }
+    check_counts(&cold, head)?;
+    Ok((names, Some(cold)))
+}
+
+/// The filters of a linked snapshot saved before they were blocked, rebuilt from the rows of
+/// its runs (read once, family by family): what the first start of a new build costs.
+fn rebuild_filters(store: &FamilyStore, head: &Head) -> Result<ColdIndex, RouterError> {
+    let view = store.view()?;
+    let mut cold = ColdIndex::default();
+    for family_id in head.cold_meta.keys() {
+        view.each_cold_row(family_id, |key, _| {
+            cold.add(family_id, key);
+            Ok(())
+        })?;
+    }
+    tracing::info!(
+        rows = cold.total_rows(),
+        "rebuilt the filters of a snapshot saved by an older build"
+    );
+    check_counts(&cold, head)?;
+    Ok(cold)
+}
+
+/// The filters must count, family by family, the rows each family's encoding says it has out
+/// of memory.
+fn check_counts(cold: &ColdIndex, head: &Head) -> Result<(), RouterError> {
     let counted = (head.cold_meta.iter()).map(|(id, meta)| (id.clone(), meta.rows));
     if !counted.eq(cold.counts()) {
         return Err(invalid(
             "the filters count other rows than the families say they have out of memory".into(),
         ));
     }
-    Ok((names, cold))
+    Ok(())
 }
 
 /// Families read from a stream, written to the store a chunk at a time.

@@ -63,6 +63,12 @@ pub struct NodeConfig {
     /// the Raft log's cache, buffers and indexes. At least 64 MiB.
     #[serde(default = "default_memory_budget_bytes")]
     pub memory_budget_bytes: u64,
+    /// How much of the families' half the filters over rows out of memory may keep in memory
+    /// before the pages of the largest go to a scratch file on disk (docs/sizing.md): unset,
+    /// an eighth of `memory_budget_bytes`; at most half of it. More spares fresh ids their
+    /// 4 KiB reads; 0 keeps every filter page on disk.
+    #[serde(default)]
+    pub filter_memory_bytes: Option<u64>,
     /// A family used in the last this many log entries is not spilled for the memory budget
     /// (families are spilled whole, and spilling one in use costs more than it saves). 0 makes
     /// the budget hard, at the cost of reading families in use back from disk.
@@ -180,6 +186,7 @@ impl Default for NodeConfig {
             expiry_interval_ms: 1_000,
             max_live_families: 10_000,
             memory_budget_bytes: default_memory_budget_bytes(),
+            filter_memory_bytes: None,
             spill_idle_entries: default_spill_idle_entries(),
             malloc_trim_interval_ms: default_malloc_trim_interval_ms(),
             worker_threads: 0,
@@ -209,6 +216,8 @@ impl Default for NodeConfig {
 pub struct MemorySplit {
     pub live_families_bytes: usize,
     pub store_cache_bytes: usize,
+    /// The part of `live_families_bytes` the filters may keep in memory.
+    pub filter_bytes: usize,
 }
 
 fn default_memory_budget_bytes() -> u64 {
@@ -451,6 +460,13 @@ impl NodeConfig {
             self.memory_budget_bytes,
             MIN_MEMORY_BUDGET_BYTES..=u64::MAX,
         )?;
+        if let Some(filter_memory_bytes) = self.filter_memory_bytes {
+            within(
+                "filter_memory_bytes (at most half of memory_budget_bytes)",
+                filter_memory_bytes,
+                0..=self.memory_budget_bytes / 2,
+            )?;
+        }
         within(
             "worker_threads",
             self.worker_threads as u64,
@@ -487,9 +503,13 @@ impl NodeConfig {
     /// store's page cache (see the field's docs).
     pub fn memory_split(&self) -> MemorySplit {
         let budget = usize::try_from(self.memory_budget_bytes).unwrap_or(usize::MAX);
+        let filters = (self.filter_memory_bytes).map_or(budget / 8, |bytes| {
+            usize::try_from(bytes).unwrap_or(usize::MAX)
+        });
         MemorySplit {
             live_families_bytes: budget / 2,
             store_cache_bytes: budget / 8,
+            filter_bytes: filters,
         }
     }
 
@@ -596,9 +616,25 @@ mod tests {
         }
         .memory_split();
         assert_eq!(
-            (split.live_families_bytes, split.store_cache_bytes),
-            (512 << 20, 128 << 20)
+            (
+                split.live_families_bytes,
+                split.store_cache_bytes,
+                split.filter_bytes
+            ),
+            (512 << 20, 128 << 20, 128 << 20)
         );
+        let config = NodeConfig {
+            memory_budget_bytes: 1 << 30,
+            filter_memory_bytes: Some(0),
+            ..secure()
+        };
+        assert!(config.validate().is_ok());
+        assert_eq!(config.memory_split().filter_bytes, 0, "every page on disk");
+        let bad = NodeConfig {
+            filter_memory_bytes: Some((1 << 29) + 1),
+            ..config
+        };
+        assert!(bad.validate().is_err(), "more than the families' half");
     }
 
     #[test]
@@ -721,10 +757,12 @@ mod tests {
             jail.set_env("TALLY_CONFIG", "node.toml");
             jail.set_env("TALLY_TLS_DIR", "/etc/tally/tls");
             jail.set_env("TALLY_IDENTITY", "operator");
+            jail.set_env("TALLY_FILTER_MEMORY_BYTES", "0");
             let config =
                 NodeConfig::load(Some(Path::new("node.toml"))).map_err(|e| e.to_string())?;
             assert_eq!(config.node_id, 7);
             assert_eq!(config.cluster_id, "from-env");
+            assert_eq!(config.filter_memory_bytes, Some(0), "as the chaos nodes set it");
             assert_eq!(
                 config.tls.map(|tls| tls.cert_file),
                 Some(PathBuf::from("node-7.pem"))

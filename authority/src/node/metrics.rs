@@ -252,6 +252,7 @@ struct FamiliesMemory {
     store_commits: u64,
     cold_rows: u64,
     cold_lookups: (u64, u64),
+    filter_pages: crate::families::FilterPages,
     cold_reads: u64,
     cold_run_index_bytes: usize,
     cold_runs: (usize, u64),
@@ -296,6 +297,7 @@ pub async fn render(sources: &Sources) -> String {
             store_commits: router.store().commits(),
             cold_rows: router.cold_rows(),
             cold_lookups: router.cold_lookups(),
+            filter_pages: router.filter_pages(),
             cold_reads: router.store().cold_reads(),
             cold_run_index_bytes: router.store().cold_run_index_bytes(),
             cold_runs: router.store().cold_run_counts(),
@@ -618,9 +620,53 @@ pub async fn render(sources: &Sources) -> String {
         "tally_cold_filter_bytes",
         "gauge",
         "Memory of the filters that spare a fresh id a disk read, those of the families in \
-         memory (counted in the families' half of memory_budget_bytes; a spilled family's \
-         filters are in the family store).",
+         memory: their pages in memory, keys waiting beside pages on disk, page tables \
+         (counted in the families' half of memory_budget_bytes; a spilled family's filters \
+         are in the family store).",
         &plain(used.filter_bytes.to_string()),
+    );
+    let pages = &families_memory.filter_pages;
+    metric(
+        "tally_cold_filter_share_bytes",
+        "gauge",
+        "What the filters may keep in memory (an eighth of memory_budget_bytes); beyond it the \
+         pages of the largest filters go to the node's page file and a lookup reads a 4 KiB \
+         block of each such filter.",
+        &plain(pages.share_bytes.to_string()),
+    );
+    metric(
+        "tally_cold_filter_file_bytes",
+        "gauge",
+        "The filters' page file on disk (pages beyond their share, and slots a snapshot being \
+         written still names or free for reuse).",
+        &plain(pages.file_bytes.to_string()),
+    );
+    metric(
+        "tally_cold_filter_pending_hashes",
+        "gauge",
+        "Keys added to filter pages on disk, waiting as hashes in memory until the page is \
+         read back and they are set (counted in tally_cold_filter_bytes).",
+        &plain(pages.pending_hashes.to_string()),
+    );
+    metric(
+        "tally_cold_filter_io_total",
+        "counter",
+        "The filters' page file: 4 KiB blocks read for lookups, 64 KiB pages read back to set \
+         waiting keys, and pages written.",
+        &[
+            (
+                "{op=\"block_read\"}".to_owned(),
+                pages.block_reads.to_string(),
+            ),
+            (
+                "{op=\"page_read\"}".to_owned(),
+                pages.page_reads.to_string(),
+            ),
+            (
+                "{op=\"page_write\"}".to_owned(),
+                pages.page_writes.to_string(),
+            ),
+        ],
     );
     let (lookups, passed) = families_memory.cold_lookups;
     metric(

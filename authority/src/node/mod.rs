@@ -238,6 +238,7 @@ pub async fn start(
     let router_config = RouterConfig {
         max_live_actors: config.max_live_families,
         max_live_bytes: memory.live_families_bytes,
+        max_filter_bytes: Some(memory.filter_bytes),
         min_idle_entries_to_spill: config.spill_idle_entries,
         ..RouterConfig::default()
     };
@@ -549,6 +550,7 @@ pub async fn start(
         disk_check_interval_ms = config.disk_check_interval_ms,
         shed_after_ms = config.shed_after_ms,
         memory_budget_bytes = config.memory_budget_bytes,
+        filter_memory_bytes = config.memory_split().filter_bytes,
         malloc_trim_interval_ms = config.malloc_trim_interval_ms,
         max_rules_version = config.max_rules_version,
         "node started"
