@@ -762,7 +762,11 @@ mod tests {
                 NodeConfig::load(Some(Path::new("node.toml"))).map_err(|e| e.to_string())?;
             assert_eq!(config.node_id, 7);
             assert_eq!(config.cluster_id, "from-env");
-            assert_eq!(config.filter_memory_bytes, Some(0), "as the chaos nodes set it");
+            assert_eq!(
+                config.filter_memory_bytes,
+                Some(0),
+                "as the chaos nodes set it"
+            );
             assert_eq!(
                 config.tls.map(|tls| tls.cert_file),
                 Some(PathBuf::from("node-7.pem"))
