@@ -80,20 +80,24 @@ pub(crate) struct BlockRead {
 }
 
 impl BlockRead {
-    /// Whether the key may be in the filter, by its block as the slot holds it. Blocking.
+    /// Whether the key may be in the filter, by its block as the slot holds it: one read
+    /// into a buffer on the stack, so a lookup allocates nothing. Blocking.
     pub fn may_contain(&self) -> io::Result<bool> {
-        let page_words = page_words(self.words);
-        let block_words = page_words.min(BLOCK_WORDS);
+        let block_words = page_words(self.words).min(BLOCK_WORDS);
         let mut at = positions(self.words, self.hash).map(locate).peekable();
         let first = at.peek().expect("a key has probes").1;
         let block_first = first - first % block_words;
-        let block = self.slot.read_block(block_first, block_words)?;
+        let mut block = [0u8; BLOCK_WORDS * 8];
+        let block = &mut block[..block_words * 8];
+        self.slot.read_block(block_first, block)?;
         Ok(at.all(|(_, word, bit)| {
             assert!(
                 (block_first..block_first + block_words).contains(&word),
                 "a key's probes left its block"
             );
-            block[word - block_first] & bit != 0
+            let at = (word - block_first) * 8;
+            let bytes = block[at..at + 8].try_into().expect("eight bytes");
+            u64::from_le_bytes(bytes) & bit != 0
         }))
     }
 }
@@ -141,6 +145,11 @@ impl Bloom {
         self.in_memory * page_words(self.words) * 8
             + self.pending * 8
             + self.pages.len() * std::mem::size_of::<Page>()
+    }
+
+    /// Pages in memory (not on disk, not `Page::Zero`).
+    pub fn pages_in_memory(&self) -> usize {
+        self.in_memory
     }
 
     /// Hashes waiting beside the filter's pages on disk.
@@ -314,27 +323,31 @@ pub(crate) struct Slot {
 
 impl Slot {
     /// The block of `len` words from word `first` of the page, for a lookup. Blocking.
-    fn read_block(&self, first: usize, len: usize) -> io::Result<Vec<u64>> {
+    fn read_block(&self, first: usize, out: &mut [u8]) -> io::Result<()> {
         self.file.block_reads.fetch_add(1, Ordering::Relaxed);
-        self.read(first, len)
+        self.read_into(first, out)
     }
 
     /// The page's first `len` words (all of it: a filter's page is `page_words` long), to
     /// set its waiting hashes in. Blocking.
     pub fn read_page(&self, len: usize) -> io::Result<Vec<u64>> {
         self.file.page_reads.fetch_add(1, Ordering::Relaxed);
-        self.read(0, len)
-    }
-
-    fn read(&self, first: usize, len: usize) -> io::Result<Vec<u64>> {
-        assert!(first + len <= PAGE_WORDS, "a read past its slot");
         let mut bytes = vec![0u8; len * 8];
-        let offset = self.index * (PAGE_WORDS * 8) as u64 + (first * 8) as u64;
-        self.file.file.read_exact_at(&mut bytes, offset)?;
+        self.read_into(0, &mut bytes)?;
         Ok(bytes
             .chunks_exact(8)
             .map(|word| u64::from_le_bytes(word.try_into().expect("chunks of eight bytes")))
             .collect())
+    }
+
+    /// `out.len()` bytes from word `first` of the page.
+    fn read_into(&self, first: usize, out: &mut [u8]) -> io::Result<()> {
+        assert!(
+            first * 8 + out.len() <= PAGE_WORDS * 8,
+            "a read past its slot"
+        );
+        let offset = self.index * (PAGE_WORDS * 8) as u64 + (first * 8) as u64;
+        self.file.file.read_exact_at(out, offset)
     }
 }
 
@@ -404,6 +417,12 @@ impl FilterPageFile {
             self.page_writes.load(Ordering::Relaxed),
         )
     }
+}
+
+/// A failed read or write of the page file: the node's disk failed under it (fatal, as any
+/// store error).
+pub(super) fn page_file_error(what: &str, error: io::Error) -> super::error::RouterError {
+    super::error::RouterError::Store(format!("could not {what} the filters' page file: {error}"))
 }
 
 /// Writes a filter's words, little-endian, a page at a time (reading its pages on disk).

@@ -32,7 +32,7 @@ use tally_ledger::limits::MAX_ID_BYTES;
 use tally_ledger::{ColdKeyHash, FamilyId};
 
 use super::cold_filter::{filter_words, page_words, write_words, BlockRead, Bloom, Page, Probe};
-use super::cold_filter::{FilterPageFile, Slot};
+use super::cold_filter::{page_file_error, FilterPageFile, Slot};
 use super::error::RouterError;
 
 /// The first filter's keys; each next one takes `GROWTH` times as many. With these, every
@@ -489,9 +489,7 @@ impl ColdIndex {
         create: impl FnOnce() -> std::io::Result<Arc<FilterPageFile>>,
     ) -> Result<Arc<FilterPageFile>, RouterError> {
         if self.page_file.is_none() {
-            let file = create().map_err(|error| {
-                RouterError::Store(format!("could not create the filters' page file: {error}"))
-            })?;
+            let file = create().map_err(|error| page_file_error("create", error))?;
             self.page_file = Some(file);
         }
         Ok(Arc::clone(self.page_file.as_ref().expect("made above")))
@@ -515,10 +513,12 @@ impl ColdIndex {
         let mut excess = self.filter_bytes - cap_bytes / 4 * 3;
         let mut filters: Vec<(bool, usize, &FamilyId, usize, &Bloom)> = (self.families.iter())
             .flat_map(|(family_id, family)| {
-                (family.filters.iter().enumerate()).map(move |(n, filter)| {
-                    let filling = filter.keys < filter.capacity;
-                    (filling, filter.words, family_id, n, filter)
-                })
+                (family.filters.iter().enumerate())
+                    .filter(|(_, filter)| filter.pages_in_memory() > 0)
+                    .map(move |(n, filter)| {
+                        let filling = filter.keys < filter.capacity;
+                        (filling, filter.words, family_id, n, filter)
+                    })
             })
             .collect();
         filters.sort_unstable_by(|a, b| {
@@ -572,7 +572,8 @@ impl ColdIndex {
         }
         let mut pages: Vec<(usize, Flush)> = Vec::new();
         for (family_id, family) in &self.families {
-            for (filter, bloom) in family.filters.iter().enumerate() {
+            let waiting = (family.filters.iter().enumerate()).filter(|(_, f)| f.pending() > 0);
+            for (filter, bloom) in waiting {
                 for (page, at) in bloom.pages().iter().enumerate() {
                     let Page::Disk { slot, pending } = at else {
                         continue;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use tally_ledger::{ColdFetch, ColdKey, ColdKeyHash, FamilyId, MovedRow};
 
 use super::batch::FamilyWork;
-use super::cold_filter::BlockRead;
+use super::cold_filter::{page_file_error, BlockRead};
 use super::cold_index::Lookup;
 use super::cold_keys::{cold_family_prefix, cold_row_key};
 use super::error::RouterError;
@@ -152,9 +152,8 @@ enum Found {
 /// one of them may hold the id.
 fn look_up(view: &StoreView, key: &[u8], blocks: &[BlockRead]) -> Result<Found, RouterError> {
     for block in blocks {
-        let maybe = block.may_contain().map_err(|error| {
-            RouterError::Store(format!("could not read a filter block: {error}"))
-        })?;
+        let maybe =
+            (block.may_contain()).map_err(|error| page_file_error("read a block from", error))?;
         if maybe {
             let row = view.cold_row(key)?;
             return Ok(Found::Row {

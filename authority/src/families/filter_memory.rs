@@ -4,7 +4,7 @@
 //! back and have them set. Both a bounded number of pages per round, written and read on a
 //! blocking thread, so no round waits on more than a few MiB of disk.
 
-use super::cold_filter::FilterPageFile;
+use super::cold_filter::{page_file_error, FilterPageFile};
 use super::error::RouterError;
 use super::family_store::on_blocking_thread;
 use super::router::FamilyRouter;
@@ -43,7 +43,7 @@ impl FamilyRouter {
                 (flushes.into_iter())
                     .map(|flush| match flush.read() {
                         Ok(words) => Ok((flush, words)),
-                        Err(error) => Err(page_error("read back", error)),
+                        Err(error) => Err(page_file_error("read a page back from", error)),
                     })
                     .collect::<Result<Vec<_>, _>>()
             })
@@ -62,7 +62,7 @@ impl FamilyRouter {
             (evictions.into_iter())
                 .map(|eviction| match file.write(eviction.words()) {
                     Ok(slot) => Ok((eviction, slot)),
-                    Err(error) => Err(page_error("write", error)),
+                    Err(error) => Err(page_file_error("write a page to", error)),
                 })
                 .collect::<Result<Vec<_>, _>>()
         })
@@ -70,8 +70,4 @@ impl FamilyRouter {
         self.cold.evicted(written);
         Ok(())
     }
-}
-
-fn page_error(what: &str, error: std::io::Error) -> RouterError {
-    RouterError::Store(format!("could not {what} a filter page: {error}"))
 }
