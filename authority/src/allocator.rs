@@ -26,6 +26,12 @@ pub const DEFAULT_MALLOC_ARENAS: i32 = 2;
 /// A trim longer than this is logged: allocations wait while their heap is trimmed.
 const SLOW_TRIM: Duration = Duration::from_millis(100);
 
+/// After a trim the next waits at least this many times as long as it took: a node spends at
+/// most a 300th of its time with a heap held. A lowered retention freeing gigabytes over a
+/// minute made glibc hold the heaps 205–552 ms per trim, every 10 s, and each trim of a
+/// `tally-node dev` cluster under full load was followed by a leader change within 0.3 s.
+const TRIM_SPACING_FACTOR: u32 = 300;
+
 /// Sets glibc's heap count to [`DEFAULT_MALLOC_ARENAS`] unless the operator set
 /// `MALLOC_ARENA_MAX` (glibc reads it itself). Call before any thread is started: heaps
 /// already opened stay.
@@ -59,34 +65,72 @@ pub fn keep_trimmed(interval: Duration, memory_budget_bytes: u64) {
     TRIMMER.get_or_init(|| {
         let spawned = std::thread::Builder::new()
             .name("malloc-trim".into())
-            .spawn(move || loop {
-                std::thread::sleep(interval);
-                let Some(free) = resident_free_heap_bytes() else {
-                    continue;
-                };
-                if free <= FREE_ALLOWANCE_BYTES.load(Ordering::Relaxed) {
-                    continue;
-                }
-                let began = Instant::now();
-                let released = trim();
-                let took = began.elapsed();
-                let took_ms = took.as_millis() as u64;
-                let after = resident_free_heap_bytes().unwrap_or(0);
-                tracing::info!(
-                    free_before_mb = free >> 20,
-                    free_after_mb = after >> 20,
-                    took_ms,
-                    released,
-                    "gave free heap memory back"
-                );
-                if took >= SLOW_TRIM {
-                    tracing::warn!(took_ms, "malloc_trim held the heaps for over 100 ms");
+            .spawn(move || {
+                let mut gate = TrimGate::default();
+                loop {
+                    std::thread::sleep(interval);
+                    let Some(free) = resident_free_heap_bytes() else {
+                        continue;
+                    };
+                    let allowance = FREE_ALLOWANCE_BYTES.load(Ordering::Relaxed);
+                    if !gate.should_trim(free, allowance, Instant::now()) {
+                        continue;
+                    }
+                    let began = Instant::now();
+                    let released = trim();
+                    let took = began.elapsed();
+                    let after = resident_free_heap_bytes().unwrap_or(0);
+                    gate.trimmed(after, began, took);
+                    log_trim(free, after, took, released);
                 }
             });
         if let Err(error) = spawned {
             tracing::warn!(%error, "cannot start the malloc-trim thread; free memory stays in the heaps");
         }
     });
+}
+
+/// When to trim again. glibc cannot give back free memory that shares a page with live
+/// memory, so a trim may leave more than the allowance free; trimming again every interval
+/// gave back little and held the heaps each time. So the next trim waits for free memory to
+/// pass what the last one left by the allowance (what it left falls as memory is reused), and
+/// for `TRIM_SPACING_FACTOR` times the last trim's length.
+#[derive(Debug, Default)]
+struct TrimGate {
+    /// Free memory a trim could not give back, lowered as free memory falls below it.
+    left_free_bytes: u64,
+    not_before: Option<Instant>,
+}
+
+impl TrimGate {
+    fn should_trim(&mut self, free_bytes: u64, allowance_bytes: u64, now: Instant) -> bool {
+        self.left_free_bytes = self.left_free_bytes.min(free_bytes);
+        free_bytes > self.left_free_bytes.saturating_add(allowance_bytes)
+            && self.not_before.is_none_or(|at| now >= at)
+    }
+
+    fn trimmed(&mut self, left_free_bytes: u64, began: Instant, took: Duration) {
+        self.left_free_bytes = left_free_bytes;
+        self.not_before = Some(began + took * TRIM_SPACING_FACTOR);
+    }
+}
+
+fn log_trim(free: u64, after: u64, took: Duration, released: bool) {
+    let took_ms = took.as_millis() as u64;
+    tracing::info!(
+        free_before_mb = free >> 20,
+        free_after_mb = after >> 20,
+        took_ms,
+        released,
+        "gave free heap memory back"
+    );
+    if took >= SLOW_TRIM {
+        tracing::warn!(
+            took_ms,
+            next_in_s = (took * TRIM_SPACING_FACTOR).as_secs(),
+            "malloc_trim held the heaps for over 100 ms; the next waits"
+        );
+    }
 }
 
 /// The process's resident memory (RSS), where the system tells it.
@@ -138,6 +182,39 @@ fn trim() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first trim comes once free memory passes the allowance; the next only once it
+    /// passes what that trim left by the allowance again, and not before 300 times the trim's
+    /// length; memory reused in between lowers the mark.
+    #[test]
+    fn a_trim_is_not_repeated_for_what_it_could_not_give_back() {
+        const MB: u64 = 1 << 20;
+        let start = Instant::now();
+        let mut gate = TrimGate::default();
+        assert!(!gate.should_trim(256 * MB, 256 * MB, start));
+        assert!(gate.should_trim(1_331 * MB, 256 * MB, start));
+        gate.trimmed(879 * MB, start, Duration::from_millis(200));
+        let spaced = start + Duration::from_secs(60);
+        assert!(
+            !gate.should_trim(1_100 * MB, 256 * MB, spaced),
+            "what it left, plus little"
+        );
+        assert!(
+            !gate.should_trim(1_200 * MB, 256 * MB, start + Duration::from_secs(59)),
+            "within 300 times the trim's 200 ms"
+        );
+        assert!(gate.should_trim(1_200 * MB, 256 * MB, spaced));
+        gate.trimmed(900 * MB, spaced, Duration::from_millis(10));
+        let later = spaced + Duration::from_secs(10);
+        assert!(
+            !gate.should_trim(100 * MB, 256 * MB, later),
+            "memory was reused"
+        );
+        assert!(
+            gate.should_trim(400 * MB, 256 * MB, later),
+            "the mark fell with it"
+        );
+    }
 
     /// Memory freed in the middle of a heap (below live memory, where glibc's own trimming of
     /// the top never reaches) goes back to the system.
