@@ -600,6 +600,94 @@ async fn set_params_through_the_log_changes_retention_for_later_commands() -> an
     Ok(())
 }
 
+/// Rules version 3: a lowered retention brings forward the compaction of what was queued
+/// before it, in families the change's round never touches and families on disk too; their
+/// maintenance times move with it, the same whether a replica applied the entries one at a
+/// time or together. Under version 2 what was queued keeps its time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lowered_retention_brings_idle_families_maintenance_forward_from_rules_3(
+) -> anyhow::Result<()> {
+    for rules_version in [2, 3] {
+        let families: Vec<FamilyId> = (0..6).map(family).collect();
+        let live = family(9);
+        let mut entries = vec![raise_rules(1, T0, rules_version)];
+        for f in &families {
+            let index = entries.len() as u64 + 1;
+            let call = vec![
+                authorize(f, "h", 5, T0, None),
+                capture(f, "h", T0),
+                reconcile(f, "h", 5, 3, T0),
+            ];
+            entries.push(entry(index, T0, call));
+        }
+        let hour_ms = 3_600_000;
+        let held = authorize(&live, "g", 5, T0, Some(hour_ms));
+        entries.push(entry(entries.len() as u64 + 1, T0, vec![held]));
+        // Cluster time moves at most 10 s an entry.
+        for step in 1..=12 {
+            entries.push(blank(entries.len() as u64 + 1, T0 + step * 10_000));
+        }
+        let lowered = ClusterParams {
+            retention_ms: 1_000,
+            ..ClusterParams::default()
+        };
+        let change_at = entries.len() as u64 + 1;
+        entries.push(set_params(change_at, T0 + 120_000, lowered));
+
+        // Together (2 live families: the others wait on disk), and one entry at a time.
+        let mut together = router(2);
+        let mut one_by_one = router(1_000);
+        together.apply(entries.clone()).await?;
+        for one in entries {
+            one_by_one.apply(vec![one]).await?;
+        }
+        assert_eq!(together.digest().await?, one_by_one.digest().await?);
+        let now_ms = T0 + 120_000;
+        assert_eq!(together.cluster_time_ms(), now_ms);
+        let due = together.due_families(now_ms, 100);
+        assert_eq!(due, one_by_one.due_families(now_ms, 100));
+        if rules_version < 3 {
+            assert!(due.is_empty(), "version 2 keeps the 24 h: {due:?}");
+            continue;
+        }
+        let mut expected = families.clone();
+        expected.push(live.clone());
+        expected.sort();
+        let mut listed = due.clone();
+        listed.sort();
+        assert_eq!(listed, expected, "every family's compaction came forward");
+
+        let maintenance: Vec<Command> = due.iter().map(|f| expire(f, now_ms)).collect();
+        let at = entry(change_at + 1, now_ms + 1_000, maintenance);
+        together.apply(vec![at.clone()]).await?;
+        one_by_one.apply(vec![at]).await?;
+        assert_eq!(together.digest().await?, one_by_one.digest().await?);
+        for f in &families {
+            assert!(
+                together
+                    .list_events(f, None, None, None, 10)
+                    .await?
+                    .is_empty(),
+                "{f}: compacted"
+            );
+            let lookup = together.get_event(f, &"h:reconcile".into()).await?;
+            assert!(
+                matches!(
+                    lookup,
+                    tally_ledger::EventLookup::Applied { record: None, .. }
+                ),
+                "{f}: {lookup:?}"
+            );
+            assert_eq!(together.maintenance_due_ms(f), None, "{f}: nothing left");
+        }
+        // The live hold's family was woken early (its time was its hold's expiry, brought
+        // forward with the rest); its maintenance set it back to that expiry.
+        assert_eq!(together.maintenance_due_ms(&live), Some(T0 + hour_ms));
+        assert_eq!(one_by_one.maintenance_due_ms(&live), Some(T0 + hour_ms));
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn due_families_reflect_hold_expiry() -> anyhow::Result<()> {
     let (f, g) = (family(0), family(1));

@@ -40,8 +40,9 @@ impl Driver {
         let params = ClusterParams {
             retention_ms: 1_000,
             max_clock_step_ms: 10_000,
-            rules_version: tally_ledger::CURRENT_RULES,
-        };
+            ..ClusterParams::default()
+        }
+        .at_rules(tally_ledger::CURRENT_RULES);
         let mut prepared = Vec::with_capacity(calls as usize);
         for _ in 0..calls {
             let now_ms = self.now_ms();

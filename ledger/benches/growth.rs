@@ -72,8 +72,9 @@ fn main() {
     let params = ClusterParams {
         retention_ms: 1_000,
         max_clock_step_ms: 10_000,
-        rules_version: tally_ledger::CURRENT_RULES,
-    };
+        ..ClusterParams::default()
+    }
+    .at_rules(tally_ledger::CURRENT_RULES);
     let window_calls = calls.div_ceil(WINDOWS);
     println!(
         "ledger growth: {calls} calls (authorize+capture+reconcile, {ids_name}) on one family"

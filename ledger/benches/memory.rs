@@ -67,8 +67,9 @@ fn measure<const N: usize>(
     let params = ClusterParams {
         retention_ms: RETENTION_MS,
         max_clock_step_ms: 10_000,
-        rules_version: tally_ledger::CURRENT_RULES,
-    };
+        ..ClusterParams::default()
+    }
+    .at_rules(tally_ledger::CURRENT_RULES);
     let mut log_index = 0;
     let mut ctx = |now_ms: u64| {
         log_index += 1;

@@ -7,6 +7,7 @@ use std::ops::RangeInclusive;
 use serde::{Deserialize, Serialize};
 
 use crate::error::LedgerError;
+use crate::limits::{MAX_COMPACTIONS_PER_CLIENT_COMMAND, MAX_COMPACTIONS_PER_COMMAND};
 use crate::region::validate_preferred_leader_regions;
 
 const SECOND_MS: u64 = 1_000;
@@ -26,8 +27,13 @@ pub const MAX_CLOCK_STEP_MS: RangeInclusive<u64> = SECOND_MS..=600 * SECOND_MS;
 pub const LEGACY_RULES: u32 = 1;
 
 /// The newest rules this release applies. Version 2: a denied authorize's claim on its
-/// `hold_id` leaves memory with its command's compact row (docs/spec.md §5.5).
-pub const CURRENT_RULES: u32 = 2;
+/// `hold_id` leaves memory with its command's compact row (docs/spec.md §5.5). Version 3: an
+/// item waiting for compaction falls due at its keep-until time plus the retention in force
+/// when it is popped, so a lowered retention compacts what was queued before it too.
+pub const CURRENT_RULES: u32 = 3;
+
+/// The first rules version under which a retention change moves every queued item's due time.
+const RETENTION_FOLLOWS_CHANGES: u32 = 3;
 
 /// Replicated parameters: changed only through the log, so every replica compacts alike.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,6 +48,15 @@ pub struct ClusterParams {
     /// so a state that never raised it encodes as before versions existed.
     #[serde(default = "legacy_rules", skip_serializing_if = "is_legacy_rules")]
     pub rules_version: u32,
+    /// From rules version 3: the retention the compaction queues' keys count in, fixed to the
+    /// retention in force when version 3 was raised. A key is `keep_until_ms` plus it, so
+    /// items queued under version 2 (whose keys are their due times under that retention)
+    /// keep their keys, the order of keys is the order of due times under any retention, and
+    /// a retention change moves every item's due time without touching the queue. `None`
+    /// before version 3, and then left out of the encoding (last, after `rules_version`,
+    /// which is encoded whenever this is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyed_retention_ms: Option<u64>,
 }
 
 fn legacy_rules() -> u32 {
@@ -57,6 +72,91 @@ impl ClusterParams {
     pub fn denied_claims_leave_memory(&self) -> bool {
         self.rules_version >= 2
     }
+
+    /// Raises the rules to `version` (never lowers them). Crossing into version 3 fixes the
+    /// queues' key retention to the retention in force, which every queued key was computed
+    /// with unless retention changed within the last retention window: those few keep the
+    /// due time they had, as they would have under version 2.
+    pub fn raise_rules(&mut self, version: u32) {
+        if self.rules_version < RETENTION_FOLLOWS_CHANGES && version >= RETENTION_FOLLOWS_CHANGES {
+            self.keyed_retention_ms = Some(self.retention_ms);
+        }
+        self.rules_version = self.rules_version.max(version);
+    }
+
+    /// These parameters with the rules raised to `version`, as the log would raise them.
+    pub fn at_rules(mut self, version: u32) -> Self {
+        self.raise_rules(version);
+        self
+    }
+
+    /// The compaction key of an item kept until `keep_until_ms` and then for the retention.
+    pub fn compaction_key(&self, keep_until_ms: u64) -> u64 {
+        match self.keyed_retention() {
+            Some(keyed_ms) => keep_until_ms.saturating_add(keyed_ms),
+            None => keep_until_ms.saturating_add(self.retention_ms),
+        }
+    }
+
+    /// The compaction key of an item due at `due_ms` whatever the retention (a nonce's
+    /// expiry). Under version 3 a later lower retention makes it due early; its compaction
+    /// then queues it again (`compaction.rs`). Never due before `due_ms`: a key that would be
+    /// negative is 0, which falls due later than `due_ms`.
+    pub fn compaction_key_at(&self, due_ms: u64) -> u64 {
+        clamp_ms(i128::from(due_ms) + self.key_minus_due_ms())
+    }
+
+    /// How many compaction steps may follow one command: `maintenance` for the leader's
+    /// `ExpireHolds`. From rules version 3 a client command does fewer.
+    pub fn max_compactions(&self, maintenance: bool) -> usize {
+        if maintenance || self.rules_version < RETENTION_FOLLOWS_CHANGES {
+            MAX_COMPACTIONS_PER_COMMAND
+        } else {
+            MAX_COMPACTIONS_PER_CLIENT_COMMAND
+        }
+    }
+
+    /// How much earlier every item waiting for compaction falls due after the parameters go
+    /// from `self` to `after`: the retention lowered by, from rules version 3, else 0.
+    pub fn compaction_brought_forward_ms(&self, after: &ClusterParams) -> u64 {
+        if after.rules_version < RETENTION_FOLLOWS_CHANGES {
+            return 0;
+        }
+        self.retention_ms.saturating_sub(after.retention_ms)
+    }
+
+    /// When an item with compaction key `key` falls due under the retention in force.
+    pub fn compaction_due_ms(&self, key: u64) -> u64 {
+        clamp_ms(i128::from(key) - self.key_minus_due_ms())
+    }
+
+    /// Keys below this are due at `now_ms` (an item is due once cluster time is past its due
+    /// time); `None` when nothing can be, because every key's due time is after `now_ms`.
+    pub fn compaction_horizon(&self, now_ms: u64) -> Option<u64> {
+        let horizon = i128::from(now_ms) + self.key_minus_due_ms();
+        (horizon >= 0).then(|| clamp_ms(horizon))
+    }
+
+    /// A key less its due time under the retention in force: the key retention less the
+    /// retention from version 3, 0 before (keys are due times).
+    fn key_minus_due_ms(&self) -> i128 {
+        self.keyed_retention().map_or(0, |keyed_ms| {
+            i128::from(keyed_ms) - i128::from(self.retention_ms)
+        })
+    }
+
+    fn keyed_retention(&self) -> Option<u64> {
+        if self.rules_version < RETENTION_FOLLOWS_CHANGES {
+            return None;
+        }
+        let keyed_ms = self.keyed_retention_ms;
+        assert!(
+            keyed_ms.is_some(),
+            "rules version {} raised without fixing the queues' key retention",
+            self.rules_version
+        );
+        keyed_ms
+    }
 }
 
 /// The parameters a log starts with. The legacy rules, not the current ones: a log written by
@@ -68,6 +168,7 @@ impl Default for ClusterParams {
             retention_ms: 24 * 3_600_000,
             max_clock_step_ms: 10_000,
             rules_version: LEGACY_RULES,
+            keyed_retention_ms: None,
         }
     }
 }
@@ -122,6 +223,7 @@ impl ParamsChange {
             retention_ms: self.retention_ms.unwrap_or(current.retention_ms),
             max_clock_step_ms: self.max_clock_step_ms.unwrap_or(current.max_clock_step_ms),
             rules_version: current.rules_version,
+            keyed_retention_ms: current.keyed_retention_ms,
         }
     }
 }
@@ -150,6 +252,11 @@ fn check(field: &str, value: Option<u64>, range: &RangeInclusive<u64>) -> Result
         )),
         _ => Ok(()),
     }
+}
+
+/// `ms` within `0..=u64::MAX`.
+fn clamp_ms(ms: i128) -> u64 {
+    u64::try_from(ms.max(0)).unwrap_or(u64::MAX)
 }
 
 /// `max(previous, min(stamped, previous + max_step))`; the first stamp (previous = 0)
@@ -193,6 +300,7 @@ mod tests {
             retention_ms: 7,
             max_clock_step_ms: u64::MAX,
             rules_version: LEGACY_RULES,
+            keyed_retention_ms: None,
         };
         assert_eq!(ParamsChange::from(whole).apply_to(current), whole);
     }
@@ -246,6 +354,55 @@ mod tests {
             refused(regions(&["eu-west", "eu-west"])),
             "preferred_leader_regions region \"eu-west\" is named twice"
         );
+    }
+
+    /// Under version 3 a key's due time follows the retention in force: raised, everything
+    /// falls due later; lowered, earlier, by the same amount. Before it, keys are due times.
+    /// A state at version 2 encodes as before version 3 existed.
+    #[test]
+    fn from_rules_version_3_due_times_follow_the_retention_in_force() {
+        let mut params = ClusterParams {
+            rules_version: 2,
+            ..ClusterParams::default()
+        };
+        let day_ms = 24 * 3_600_000;
+        let now_ms = 5 * day_ms;
+        assert_eq!(params.compaction_key(now_ms), now_ms + day_ms);
+        assert_eq!(params.compaction_horizon(now_ms), Some(now_ms));
+        let before_v3 = rmp_serde::to_vec(&params).expect("encodes");
+        params.raise_rules(3);
+        assert_eq!(params.keyed_retention_ms, Some(day_ms));
+        assert_eq!(params.compaction_key(now_ms), now_ms + day_ms, "same keys");
+        assert_eq!(params.compaction_due_ms(now_ms + day_ms), now_ms + day_ms);
+        params.retention_ms = 10_000;
+        let key = params.compaction_key(now_ms);
+        assert_eq!(params.compaction_due_ms(key), now_ms + 10_000);
+        assert_eq!(params.compaction_horizon(now_ms + 10_001), Some(key + 1));
+        assert_eq!(params.compaction_key_at(now_ms), now_ms + day_ms - 10_000);
+        assert_eq!(
+            params.compaction_due_ms(params.compaction_key_at(now_ms)),
+            now_ms
+        );
+        params.retention_ms = 2 * day_ms;
+        assert_eq!(params.compaction_due_ms(key), now_ms + 2 * day_ms);
+        assert_eq!(
+            params.compaction_horizon(day_ms - 1),
+            None,
+            "nothing due yet"
+        );
+        assert_eq!(params.compaction_key_at(day_ms - 1), 0, "never due early");
+        assert_eq!(params.compaction_due_ms(0), day_ms);
+        params.raise_rules(2);
+        assert_eq!(
+            (params.rules_version, params.keyed_retention_ms),
+            (3, Some(day_ms))
+        );
+        let raised = rmp_serde::to_vec(&params).expect("encodes");
+        let decoded: ClusterParams = rmp_serde::from_slice(&raised).expect("decodes");
+        assert_eq!(decoded, params);
+        let v2: ClusterParams = rmp_serde::from_slice(&before_v3).expect("decodes");
+        assert_eq!((v2.rules_version, v2.keyed_retention_ms), (2, None));
+        assert_eq!(before_v3.len() + 5, raised.len(), "one u32 field more");
     }
 
     /// A change that names no region encodes byte for byte as before the field existed, so

@@ -8,15 +8,17 @@ use crate::cluster_time::ClusterParams;
 use crate::family::Family;
 use crate::hold::HoldSlot;
 use crate::ids::{EventId, HoldId};
-use crate::limits::MAX_COMPACTIONS_PER_COMMAND;
 use crate::tables::compaction_queue::{CompactionItem, CompactionWork, DueItem};
 
 impl Family {
-    /// Runs due compaction steps, at most `MAX_COMPACTIONS_PER_COMMAND`, in due order.
-    /// Deterministic: it depends only on replicated state and cluster time.
-    pub(crate) fn compact_due(&mut self, now_ms: u64, params: &ClusterParams) {
-        for _ in 0..MAX_COMPACTIONS_PER_COMMAND {
-            let Some(due) = self.compaction_queue.pop_due(now_ms) else {
+    /// Runs due compaction steps, at most `max_steps` (`ClusterParams::max_compactions`), in
+    /// due order. Deterministic: it depends only on replicated state and cluster time.
+    pub(crate) fn compact_due(&mut self, now_ms: u64, max_steps: usize, params: &ClusterParams) {
+        let Some(horizon) = params.compaction_horizon(now_ms) else {
+            return;
+        };
+        for _ in 0..max_steps {
+            let Some(due) = self.compaction_queue.pop_due(horizon) else {
                 return;
             };
             self.compact(due, now_ms, params);
@@ -80,11 +82,20 @@ impl Family {
                 self.live_holds -= 1;
                 self.cold_rows.move_hold(&mut self.cold, hold_id, archive);
             }
-            CompactionItem::Nonce(nonce_id) => {
-                if self.nonces.get(&nonce_id).is_some_and(|at| *at < now_ms) {
+            CompactionItem::Nonce(nonce_id) => match self.nonces.get(&nonce_id) {
+                Some(at) if *at < now_ms => {
                     self.nonces.remove(&nonce_id);
                 }
-            }
+                // Popped before its expiry: the retention was lowered since it was queued
+                // (rules version 3), and a nonce is kept until it expires, whatever the
+                // retention. Queued again, due exactly then.
+                Some(at) => {
+                    let key = params.compaction_key_at(*at);
+                    self.compaction_queue
+                        .push(key, CompactionItem::Nonce(nonce_id), None);
+                }
+                None => {}
+            },
         }
     }
 

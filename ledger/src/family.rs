@@ -175,8 +175,8 @@ impl Books<'_> {
     }
 
     pub fn schedule(&mut self, keep_until_ms: u64, params: ClusterParams, item: CompactionItem) {
-        let due = keep_until_ms.saturating_add(params.retention_ms);
-        self.compaction_queue.push(due, item, None);
+        self.compaction_queue
+            .push(params.compaction_key(keep_until_ms), item, None);
     }
 
     /// The after-images of `keys` changed by `change` and stamped with `index` and `now_ms`;
@@ -311,7 +311,12 @@ impl Family {
         if result.is_err() && step.appended() == 0 {
             return result;
         }
-        self.compact_due(ctx.now_ms, &ctx.params);
+        let maintenance = matches!(command, Command::ExpireHolds { .. });
+        self.compact_due(
+            ctx.now_ms,
+            ctx.params.max_compactions(maintenance),
+            &ctx.params,
+        );
         result
     }
 
@@ -445,12 +450,11 @@ impl Family {
         step: &Step<'_>,
         row_hash: RowHash,
     ) {
-        let due = cmd
-            .header
-            .not_after_ms
-            .max(step.now_ms())
-            .saturating_add(step.ctx.params.retention_ms);
-        let identity = self.retain(cmd, due, CompactionItem::Command, step.own_event);
+        let key = step
+            .ctx
+            .params
+            .compaction_key(cmd.header.not_after_ms.max(step.now_ms()));
+        let identity = self.retain(cmd, key, CompactionItem::Command, step.own_event);
         let row = AppliedRow {
             identity,
             outcome: decision.outcome.clone(),

@@ -20,8 +20,17 @@ pub const MAX_COMMANDS_PER_ENTRY: usize = 4_096;
 pub const MAX_EVENTS_PER_COMMAND: usize = 256;
 /// Holds reversed by one `ExpireHolds` command (docs/spec.md §4).
 pub const MAX_EXPIRED_PER_COMMAND: usize = 256;
-/// Compaction steps done before one command, so a backlog never stalls an apply.
+/// Compaction steps done after one command, so a backlog never stalls an apply. From rules
+/// version 3, the bound of the leader's maintenance (`ExpireHolds`) only.
 pub const MAX_COMPACTIONS_PER_COMMAND: usize = 1_024;
+/// From rules version 3, compaction steps after one client command. A lowered retention makes
+/// a whole retained window due at once (millions of items after 80 s at 12,000 commands/s),
+/// and 1,024 steps after each command drained it within a round or two per node: 28 s without
+/// an answer and 6 leader changes on a 3-node dev cluster (`scripts/retention-drop`). A
+/// command queues at most a few items, so 8 keeps up with any load at twice its pace and
+/// spreads a backlog over a minute of commands (slowest commands 0.3–0.9 s a second meanwhile;
+/// 16 measured alike, a little slower); idle families drain by maintenance.
+pub const MAX_COMPACTIONS_PER_CLIENT_COMMAND: usize = 8;
 /// Compaction queue items one push moves from a sorted lane to the queue's tree: however many
 /// items a lowered retention leaves due far later than new ones, one push stays a few dozen
 /// tree inserts (`tables/compaction_queue.rs`).

@@ -147,6 +147,63 @@ fn tombstones_and_nonces_are_forgotten_only_when_no_copy_can_apply() {
     );
 }
 
+/// Rules version 3 (docs/spec.md §5.5): an item waiting for compaction falls due at its
+/// keep-until time plus the retention in force, so lowering the retention compacts what was
+/// queued under the old one, raising it keeps what is not yet compacted longer, and a nonce
+/// is still kept until it expires, whatever the retention.
+#[test]
+fn from_rules_version_3_a_retention_change_moves_what_was_queued_before_it() {
+    let mut h = Harness::new();
+    h.params = h.params.at_rules(3);
+    h.ok(h.authorize("h1", 40));
+    h.ok(h.capture("h1", "a"));
+    h.ok(h.reconcile("h1", 40, 30));
+    h.ok(h.nonce("n:consume", "n", T0 + 600_000));
+    h.ok(h.authorize("h2", 40));
+    // Queued under 24 h; two minutes later the retention goes to 1 s, then back up to 24 h for
+    // a moment: the raise keeps h1 and h2's events, the lowering frees them at once.
+    h.advance(120_000);
+    h.params.retention_ms = 24 * 3_600_000;
+    h.ok(h.expire(h.now_ms));
+    let h1 = EventId::from("h1:authorize");
+    assert!(matches!(
+        h.cold.get_event(&h.family, &h1),
+        EventLookup::Applied {
+            record: Some(_),
+            ..
+        }
+    ));
+    h.params.retention_ms = 1_000;
+    h.ok(h.expire(h.now_ms));
+    for event in ["h1:authorize", "h1:capture", "h1:reconcile", "h2:authorize"] {
+        let lookup = h.cold.get_event(&h.family, &event.into());
+        assert!(
+            matches!(lookup, EventLookup::Applied { record: None, .. }),
+            "{event}: {lookup:?}"
+        );
+    }
+    assert!(matches!(
+        h.cold.get_hold(&h.family, &"h1".into()),
+        Some(HoldView::Archived { .. })
+    ));
+    // h2 expired unreconciled at its deadline; its expiry's event leaves as well.
+    assert!(h.family.journal_len() <= 1, "{}", h.family.journal_len());
+    // The nonce expires in ten minutes: the lowered retention popped it early, and it is
+    // still consumed until then, forgotten after.
+    assert_eq!(
+        code(&h.err_unchanged(h.nonce("n:again", "n", T0 + 600_000))),
+        PreconditionCode::NonceReplayed
+    );
+    h.advance(T0 + 600_001 - h.now_ms);
+    h.ok(h.expire(h.now_ms));
+    assert_eq!(h.family.next_compaction_ms(&h.params), None);
+    assert_eq!(
+        code(&h.err_unchanged(h.nonce("n:late", "n", T0 + 600_000))),
+        PreconditionCode::NonceExpired
+    );
+    assert!(h.family.invariant_violations().is_empty());
+}
+
 #[test]
 fn a_captured_call_without_exposure_is_archived_and_can_no_longer_be_cancelled() {
     let mut h = short_retention();
@@ -291,7 +348,7 @@ fn a_family_past_its_tables_split_restores_alike_and_answers_alike() {
 fn a_denied_claim_leaves_memory_with_its_command_from_rules_version_2() {
     for rules_version in [LEGACY_RULES, CURRENT_RULES] {
         let mut h = short_retention();
-        h.params.rules_version = rules_version;
+        h.params = h.params.at_rules(rules_version);
         let authorize = h.authorize("h1", 500);
         let denied = h.ok(authorize.clone());
         assert!(

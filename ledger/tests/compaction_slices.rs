@@ -1,12 +1,15 @@
 //! docs/spec.md §5.5 under load: lowering `retention_ms` on a family that retains many events
-//! costs every later command a bounded amount of compaction work, and the backlog the old
-//! retention left drains over later commands to the state it would have reached anyway.
+//! costs every later command a bounded amount of compaction work, and the backlog drains over
+//! later commands to the state it would have reached anyway: from rules version 3 as soon as
+//! the lowered retention makes it due, before it only once the old retention had passed.
 
 mod support;
 
 use support::*;
 use tally_ledger::family::CompactionWork;
-use tally_ledger::limits::{MAX_COMPACTIONS_PER_COMMAND, MAX_QUEUE_MOVES_PER_PUSH};
+use tally_ledger::limits::{
+    MAX_COMPACTIONS_PER_CLIENT_COMMAND, MAX_COMPACTIONS_PER_COMMAND, MAX_QUEUE_MOVES_PER_PUSH,
+};
 use tally_ledger::*;
 
 /// Holds in flight at once, as a bench's concurrent callers keep them: each call's capture
@@ -40,8 +43,9 @@ struct Replicas {
 }
 
 impl Replicas {
-    fn new() -> Self {
-        let h = Harness::new();
+    fn new(rules_version: u32) -> Self {
+        let mut h = Harness::new();
+        h.params = h.params.at_rules(rules_version);
         Self {
             reference: h.family.clone(),
             h,
@@ -55,6 +59,8 @@ impl Replicas {
     /// and that the restored replica answered alike.
     fn apply(&mut self, command: Command) -> Result<Decision, LedgerError> {
         let ctx = self.h.ctx();
+        let maintenance = matches!(command, Command::ExpireHolds { .. });
+        let max_steps = ctx.params.max_compactions(maintenance) as u64;
         let before = self.h.family.compaction_work();
         let decision = self.h.apply_at(&command, &ctx);
         let after = self.h.family.compaction_work();
@@ -63,8 +69,8 @@ impl Replicas {
             moved: after.moved - before.moved,
         };
         assert!(
-            work.compacted <= MAX_COMPACTIONS_PER_COMMAND as u64,
-            "{} compactions in one command",
+            work.compacted <= max_steps,
+            "{} compactions in one command, at most {max_steps}",
             work.compacted
         );
         assert!(
@@ -133,7 +139,7 @@ impl Replicas {
         while self
             .h
             .family
-            .next_compaction_ms()
+            .next_compaction_ms(&self.h.params)
             .is_some_and(|due| due <= self.h.now_ms)
         {
             let before = self.h.family.compaction_work().compacted;
@@ -147,8 +153,17 @@ impl Replicas {
 }
 
 #[test]
+fn lowering_retention_under_load_compacts_the_backlog_in_bounded_slices_from_rules_3() {
+    lowering_retention_under_load(3);
+}
+
+#[test]
 fn lowering_retention_under_load_compacts_in_bounded_slices_to_the_same_end_state() {
-    let mut r = Replicas::new();
+    lowering_retention_under_load(2);
+}
+
+fn lowering_retention_under_load(rules_version: u32) {
+    let mut r = Replicas::new(rules_version);
     for n in 0..LOADED_HOLDS {
         r.load_step(n);
     }
@@ -177,10 +192,31 @@ fn lowering_retention_under_load_compacts_in_bounded_slices_to_the_same_end_stat
         compacted_under_load > 3 * (LATER_HOLDS as u64) / 2,
         "events queued under the lowered retention compact during the load: {compacted_under_load}"
     );
-    assert!(
-        r.h.family.journal_len() > 3 * LOADED_HOLDS,
-        "events queued under the old retention keep it"
-    );
+    // Calls loaded before the change whose reconcile applied then: under version 3 their
+    // events fell due 10 s after their deadline, during the later load; before it, each
+    // keeps the 24 h it was queued with.
+    for n in (0..LOADED_HOLDS - IN_FLIGHT).step_by(97) {
+        let event = EventId::from(format!("h{n}:authorize").as_str());
+        let lookup = r.h.cold.get_event(&r.h.family, &event);
+        let compacted = matches!(lookup, EventLookup::Applied { record: None, .. });
+        assert_eq!(compacted, rules_version >= 3, "{event:?}: {lookup:?}");
+    }
+    if rules_version >= 3 {
+        assert_eq!(
+            r.worst.compacted, MAX_COMPACTIONS_PER_CLIENT_COMMAND as u64,
+            "client commands drained the backlog at their bound"
+        );
+        assert!(
+            r.h.family.journal_len() < 3 * LATER_HOLDS,
+            "only events of later calls are retained: {}",
+            r.h.family.journal_len()
+        );
+    } else {
+        assert!(
+            r.h.family.journal_len() > 3 * LOADED_HOLDS,
+            "events queued under the old retention keep it"
+        );
+    }
 
     // Past the old retention of the last call loaded before the change, every item is due at
     // once: maintenance drains the backlog a bounded slice per command.
@@ -199,7 +235,15 @@ fn lowering_retention_under_load_compacts_in_bounded_slices_to_the_same_end_stat
     drop(cut);
     // Each retained command, and each hold its reconcile made final.
     let retained_before = 3 * LOADED_HOLDS - IN_FLIGHT / 2 - IN_FLIGHT + LOADED_HOLDS - IN_FLIGHT;
-    assert!(backlog >= retained_before as u64, "{backlog} items drained");
+    if rules_version >= 3 {
+        assert!(
+            compacted_under_load >= retained_before as u64,
+            "the backlog drained under load: {compacted_under_load} items"
+        );
+        assert!(backlog > 0, "later calls' items drained");
+    } else {
+        assert!(backlog >= retained_before as u64, "{backlog} items drained");
+    }
     assert_eq!(
         commands,
         backlog.div_ceil(MAX_COMPACTIONS_PER_COMMAND as u64) as usize,
@@ -210,7 +254,7 @@ fn lowering_retention_under_load_compacts_in_bounded_slices_to_the_same_end_stat
         0,
         "the backlog drained completely"
     );
-    assert_eq!(r.h.family.next_compaction_ms(), None);
+    assert_eq!(r.h.family.next_compaction_ms(&r.h.params), None);
     assert!(r.h.family.invariant_violations().is_empty());
     r.assert_replicas_agree();
 
@@ -220,15 +264,21 @@ fn lowering_retention_under_load_compacts_in_bounded_slices_to_the_same_end_stat
     // when compaction ran, not what it left.
     while r
         .reference
-        .next_compaction_ms()
+        .next_compaction_ms(&ClusterParams::default())
         .is_some_and(|due| due <= r.h.now_ms)
     {
-        let ctx = r.h.ctx();
+        let ctx = ApplyCtx {
+            params: ClusterParams::default(),
+            ..r.h.ctx()
+        };
         let expire = r.h.expire(r.h.now_ms);
         r.reference.apply(&expire, &ctx).expect("applies");
     }
     assert_eq!(r.reference.journal_len(), 0);
-    assert_eq!(r.reference.next_compaction_ms(), None);
+    assert_eq!(
+        r.reference.next_compaction_ms(&ClusterParams::default()),
+        None
+    );
     let account = AccountKey::new(CAP, 0);
     assert_eq!(
         r.reference.get_usage(&account),

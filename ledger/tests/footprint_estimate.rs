@@ -43,8 +43,9 @@ fn measure<const N: usize>(
     let params = ClusterParams {
         retention_ms: 24 * 3_600_000,
         max_clock_step_ms: 10_000,
-        rules_version: CURRENT_RULES,
-    };
+        ..ClusterParams::default()
+    }
+    .at_rules(CURRENT_RULES);
     let (before_build, _) = live();
     let mut family = Family::new("fam".into());
     let mut log_index = 0;

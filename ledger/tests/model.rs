@@ -841,8 +841,9 @@ impl Sut {
             params: ClusterParams {
                 retention_ms: RETENTION_MS,
                 max_clock_step_ms: 10_000,
-                rules_version: tally_ledger::CURRENT_RULES,
-            },
+                ..ClusterParams::default()
+            }
+            .at_rules(tally_ledger::CURRENT_RULES),
             no_space: self.no_space,
         };
         let result = self.cold.apply(&mut self.family, command, &ctx);

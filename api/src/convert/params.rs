@@ -16,16 +16,6 @@ impl From<ClusterParams> for pb::ClusterParams {
     }
 }
 
-impl From<pb::ClusterParams> for ClusterParams {
-    fn from(params: pb::ClusterParams) -> Self {
-        Self {
-            retention_ms: params.retention_ms,
-            max_clock_step_ms: params.max_clock_step_ms,
-            rules_version: params.rules_version.max(tally_ledger::LEGACY_RULES),
-        }
-    }
-}
-
 /// The fields a request names, and only those: the log carries this change and applies it on
 /// top of the parameters in force at that point, so concurrent changes of different fields
 /// both hold. Ranges are checked by `ParamsChange::validate`.

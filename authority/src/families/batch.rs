@@ -66,13 +66,20 @@ pub(crate) struct Round {
 }
 
 /// Splits entries into rounds of at most `max_commands` commands, never splitting an entry.
+/// A parameter change starts a round: every command of a round applies under the same
+/// parameters, and the families' maintenance times, computed once a round under them, come
+/// out the same however a replica's entries were grouped into rounds.
 pub(crate) fn split_rounds(entries: Vec<EntryInput>, max_commands: usize) -> Vec<Vec<EntryInput>> {
     let mut rounds = Vec::new();
     let mut current = Vec::new();
     let mut in_current = 0;
     for entry in entries {
         let count = command_count(&entry);
-        if in_current + count > max_commands && !current.is_empty() {
+        let changes_params = matches!(
+            entry.payload,
+            EntryPayload::SetParams(_) | EntryPayload::RaiseRules(_)
+        );
+        if (in_current + count > max_commands || changes_params) && !current.is_empty() {
             rounds.push(std::mem::take(&mut current));
             in_current = 0;
         }
@@ -157,7 +164,7 @@ pub(crate) fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tally_ledger::ClusterParams;
+    use tally_ledger::{ClusterParams, ParamsChange};
 
     fn entry(index: u64, commands: usize) -> EntryInput {
         let commands = (0..commands)
@@ -188,6 +195,31 @@ mod tests {
             .map(|r| r.iter().map(|e| e.log_id.index).collect())
             .collect();
         assert_eq!(sizes, vec![vec![1, 2, 3], vec![4, 5]]);
+    }
+
+    /// A parameter change starts a round, so a round's commands share their parameters.
+    #[test]
+    fn a_parameter_change_starts_a_round() {
+        let change = |index: u64, payload: EntryPayload| EntryInput {
+            log_id: LogPosition { term: 1, index },
+            stamped_ms: 1_000,
+            payload,
+        };
+        let entries = vec![
+            entry(1, 1),
+            change(2, EntryPayload::SetParams(ParamsChange::default())),
+            entry(3, 1),
+            change(4, EntryPayload::RaiseRules(3)),
+            change(5, EntryPayload::SetParams(ParamsChange::default())),
+            change(6, EntryPayload::Blank),
+            entry(7, 1),
+        ];
+        let rounds = split_rounds(entries, 100);
+        let indexes: Vec<Vec<u64>> = rounds
+            .iter()
+            .map(|r| r.iter().map(|e| e.log_id.index).collect())
+            .collect();
+        assert_eq!(indexes, vec![vec![1], vec![2, 3], vec![4], vec![5, 6, 7]]);
     }
 
     #[test]

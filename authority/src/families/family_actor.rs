@@ -123,7 +123,14 @@ fn apply_batch(
         .iter()
         .map(|(ctx, command)| family.apply(command, ctx))
         .collect();
-    let maintenance_due_ms = match (family.next_expiry_ms(), family.next_compaction_ms()) {
+    // The parameters of the round's last entry are in force after it: a parameter change
+    // starts a round of its own (`batch::split_rounds`), so every command of a round has them.
+    let params = commands
+        .last()
+        .map(|(ctx, _)| ctx.params)
+        .expect("a family is sent a batch only for commands");
+    let next_compaction_ms = family.next_compaction_ms(&params);
+    let maintenance_due_ms = match (family.next_expiry_ms(), next_compaction_ms) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };

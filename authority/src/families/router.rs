@@ -142,7 +142,16 @@ impl FamilyRouter {
     ) -> Result<Vec<EntryOutput>, RouterError> {
         // Families used from this index on were used by this round.
         let round_first_index = entries.first().map_or(0, |entry| entry.log_id.index);
+        let params_before = self.state.params;
         let Round { mut outputs, work } = batch::plan(&mut self.state, entries)?;
+        // A lowered retention (rules version 3) brings every queued compaction forward, in
+        // families this round does not touch too: their maintenance times move with it. A
+        // time that was a hold expiry moves as well, and costs that family one early
+        // maintenance command, which sets its time right.
+        let forward_ms = params_before.compaction_brought_forward_ms(&self.state.params);
+        if forward_ms > 0 {
+            self.expiry.bring_forward(forward_ms);
+        }
         for slice in self.slices(work) {
             self.apply_slice(slice, &mut outputs, round_first_index)
                 .await?;

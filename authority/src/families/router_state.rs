@@ -97,7 +97,7 @@ impl RouterState {
                     .apply(change, entry.log_id, self.cluster_time_ms)
             }
             EntryPayload::RaiseRules(version) => {
-                self.params.rules_version = self.params.rules_version.max(*version);
+                self.params.raise_rules(*version);
             }
             EntryPayload::Blank | EntryPayload::Commands(_) => {}
         }

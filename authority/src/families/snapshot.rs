@@ -111,7 +111,7 @@ impl FamilyRouter {
         let live = self.share_live().await?;
         Ok(RouterCut {
             state: self.state.clone(),
-            maintenance_due: self.expiry.as_map().clone(),
+            maintenance_due: self.expiry.as_map().into_owned(),
             live,
             stored: self.actors.stored().keys().cloned().collect(),
             view: self.actors.view()?,
@@ -174,7 +174,11 @@ impl FamilyRouter {
                 "family {family_id} is both live and passivated"
             );
         }
-        Ok(compose_digest(&self.state, self.expiry.as_map(), &families))
+        Ok(compose_digest(
+            &self.state,
+            &self.expiry.as_map(),
+            &families,
+        ))
     }
 }
 

@@ -325,6 +325,7 @@ mod tests {
             retention_ms: 3_600_000,
             max_clock_step_ms: 5_000,
             rules_version: tally_ledger::LEGACY_RULES,
+            keyed_retention_ms: None,
         };
         let decoded: Proposal =
             rmp_serde::from_slice(&hex(OLD_SET_PARAMS)).expect("an old entry decodes");
@@ -384,6 +385,7 @@ mod tests {
                 retention_ms: 60_000,
                 max_clock_step_ms: 2_000,
                 rules_version: tally_ledger::LEGACY_RULES,
+                keyed_retention_ms: None,
             },
             "neither change reverts the other (started from {current:?})"
         );

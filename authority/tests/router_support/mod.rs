@@ -161,9 +161,7 @@ impl Reference {
                 EntryPayload::Alarm(change) => {
                     self.no_space = matches!(change, AlarmChange::Raise { .. })
                 }
-                EntryPayload::RaiseRules(version) => {
-                    self.params.rules_version = self.params.rules_version.max(*version)
-                }
+                EntryPayload::RaiseRules(version) => self.params.raise_rules(*version),
                 EntryPayload::Commands(commands) => {
                     for (position, command) in commands.iter().enumerate() {
                         let ctx = ApplyCtx {

@@ -449,8 +449,9 @@ fn memory_line(endpoint: &str, memory: &pb::MemoryUse) -> Option<String> {
         "their filters grow with the history of families never idle; give the node more \
          memory (docs/sizing.md, \"What still grows with the history\")"
     } else {
-        "shorten the retention of full events for the commands to come (`tally params \
-         --retention-ms`) or give the node more memory (docs/sizing.md)"
+        "shorten the retention of full events (`tally params --retention-ms`; from rules \
+         version 3 it frees what is retained already) or give the node more memory \
+         (docs/sizing.md)"
     };
     Some(format!(
         "{endpoint} IS OVER ITS MEMORY BUDGET: its families in memory count {} MiB ({} MiB \
@@ -899,8 +900,9 @@ mod tests {
         let line = memory_line("127.0.0.1:7401", &memory).expect("over");
         assert!(
             line.ends_with(
-                "shorten the retention of full events for the commands to come (`tally params \
-                 --retention-ms`) or give the node more memory (docs/sizing.md)"
+                "shorten the retention of full events (`tally params --retention-ms`; from rules \
+                 version 3 it frees what is retained already) or give the node more memory \
+                 (docs/sizing.md)"
             ),
             "{line}"
         );

@@ -17,8 +17,10 @@ use crate::TallyClient;
 pub struct ParamsArgs {
     /// How long after a command's `not_after_ms` its full event stays in memory; after it,
     /// only a compact record is kept (for ever). Memory grows with commands/s × retention.
-    /// A change holds for commands applied from then on: those already retained keep the
-    /// retention they were applied under, so lowering it frees memory as they fall due.
+    /// A change holds for what is retained already too (rules version 3, `tally params`
+    /// shows the version in force): lowering it compacts what it makes due in bounded
+    /// slices, raising it keeps longer what is not compacted yet. Under version 2 those
+    /// already retained keep the retention they were applied under.
     /// 1000..=31536000000 (1 s to 365 days).
     #[arg(long, value_parser = clap::value_parser!(u64).range(RETENTION_MS))]
     pub retention_ms: Option<u64>,

@@ -207,6 +207,7 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
             retention_ms: 3_600_000,
             max_clock_step_ms: 5_000,
             rules_version: tally_ledger::LEGACY_RULES,
+            keyed_retention_ms: None,
         }),
     });
     let named = |p: &Proposal| rmp_serde::to_vec_named(p).expect("encodes");

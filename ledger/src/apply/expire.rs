@@ -1,6 +1,7 @@
 //! `ExpireHolds` (internal, leader-proposed): reverse due Authorized holds in
 //! `(expires_at_ms, hold_id)` order, at most 256 per command.
 
+use crate::cluster_time::ClusterParams;
 use crate::decision::{Decision, Outcome};
 use crate::family::{Family, Step};
 use crate::hold::HoldSlot;
@@ -46,10 +47,11 @@ impl Family {
         self.expiry_index.first().map(|(at, _)| *at)
     }
 
-    /// The earliest time compaction has work: an idle family needs a command by then.
-    pub fn next_compaction_ms(&self) -> Option<u64> {
+    /// The earliest time compaction has work under `params`: an idle family needs a command
+    /// by then.
+    pub fn next_compaction_ms(&self, params: &ClusterParams) -> Option<u64> {
         self.compaction_queue
-            .first_due_ms()
-            .map(|due| due.saturating_add(1))
+            .first_key()
+            .map(|key| params.compaction_due_ms(key).saturating_add(1))
     }
 }

@@ -66,8 +66,11 @@ impl Family {
         );
         self.nonces.insert(nonce_id.clone(), expires_at_ms);
         // Forgotten once expired: a late copy is refused as expired, not as fresh.
-        self.compaction_queue
-            .push(expires_at_ms, CompactionItem::Nonce(nonce_id.clone()), None);
+        self.compaction_queue.push(
+            step.ctx.params.compaction_key_at(expires_at_ms),
+            CompactionItem::Nonce(nonce_id.clone()),
+            None,
+        );
         let outcome = Outcome::NonceConsumed {
             nonce_id: nonce_id.clone(),
         };

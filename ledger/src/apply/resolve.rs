@@ -32,10 +32,8 @@ impl Family {
                 let keep_until_ms = original.header.not_after_ms;
                 // Past not_after + retention no copy can apply any more: nothing to remember.
                 if keep_until_ms.saturating_add(retention_ms) >= step.now_ms() {
-                    let due = keep_until_ms
-                        .max(step.now_ms())
-                        .saturating_add(retention_ms);
-                    let identity = self.retain(original, due, CompactionItem::Tombstone, None);
+                    let key = (step.ctx.params).compaction_key(keep_until_ms.max(step.now_ms()));
+                    let identity = self.retain(original, key, CompactionItem::Tombstone, None);
                     assert!(
                         self.dedupe.insert_tombstone(event_id.clone(), identity),
                         "event {event_id} was resolved twice"

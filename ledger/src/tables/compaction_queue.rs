@@ -1,7 +1,10 @@
 //! The compaction queue: work that becomes due once cluster time passes a command's
 //! `not_after_ms + retention_ms` (docs/spec.md §5.5), in due order.
 //!
-//! Keys are two integers, the due time and a sequence number the family hands out, so ties
+//! Keys are two integers, the due time (from rules version 3, the due time under the fixed
+//! retention `ClusterParams::compaction_key` counts in: the same order as the due times under
+//! any retention, so a retention change moves every due time and no key) and a sequence
+//! number the family hands out, so ties
 //! (many items fall due in the same millisecond) keep their insertion order and every key
 //! comparison is two integer compares, never a string compare. The sequence number is
 //! replicated state: every replica hands out the same numbers in the same order, so every
@@ -43,10 +46,11 @@ pub(crate) enum CompactionItem {
     Nonce(NonceId),
 }
 
-/// Where an item waits: `(due_ms, seq)`, ordered by due time, then by insertion.
+/// Where an item waits: `(key_ms, seq)`, ordered by due time, then by insertion. `key_ms` is
+/// the due time, or from rules version 3 `ClusterParams::compaction_key`'s.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub(crate) struct QueueKey {
-    pub due_ms: u64,
+    pub key_ms: u64,
     pub seq: u64,
 }
 
@@ -130,7 +134,7 @@ impl Lane {
 
     /// How many items at the back fall due after `limit_ms` (a binary search).
     fn far_tail(&self, limit_ms: u64) -> usize {
-        self.len() - self.keys.partition_point(|key| key.due_ms <= limit_ms)
+        self.len() - self.keys.partition_point(|key| key.key_ms <= limit_ms)
     }
 
     fn is_empty(&self) -> bool {
@@ -165,7 +169,7 @@ impl DueItem {
     }
 }
 
-/// Items in `(due_ms, seq)` order. Items come in a few streams whose due times each rise
+/// Items in `(key_ms, seq)` order. Items come in a few streams whose due times each rise
 /// with cluster time: commands (`not_after_ms + retention`), holds that just ended (`now +
 /// retention`), expiry events. Each stream is appended to a lane, a deque sorted by
 /// construction, so a push and a pop cost no tree search and no allocation. A push goes to
@@ -204,15 +208,15 @@ pub struct CompactionWork {
 }
 
 impl CompactionQueue {
-    /// Queues `item` (and what it retains) until cluster time passes `due_ms`.
+    /// Queues `item` (and what it retains) until cluster time passes `key_ms`.
     pub fn push(
         &mut self,
-        due_ms: u64,
+        key_ms: u64,
         item: CompactionItem,
         retained: Option<Retained>,
     ) -> QueueKey {
         let key = QueueKey {
-            due_ms,
+            key_ms,
             seq: self.next_seq,
         };
         self.next_seq = self
@@ -221,7 +225,7 @@ impl CompactionQueue {
             .expect("compaction sequence numbers are 64-bit and never run out");
         let queued = Queued { item, retained };
         // `seq` only grows, so a key due no earlier than a lane's last is above it.
-        let lane = self.lane_for(due_ms).or_else(|| self.make_room(due_ms));
+        let lane = self.lane_for(key_ms).or_else(|| self.make_room(key_ms));
         match lane {
             Some(at) => self.lanes[at].push_back(key, queued),
             None => {
@@ -238,7 +242,7 @@ impl CompactionQueue {
         key
     }
 
-    /// No open lane takes an item due at `due_ms`: finds or makes one, or `None` (the item
+    /// No open lane takes an item due at `key_ms`: finds or makes one, or `None` (the item
     /// waits in the tree). Bounded work: at most `MAX_QUEUE_MOVES_PER_PUSH` items move.
     ///
     /// A lane blocks an item when its back is due later. A few items due far later (commands
@@ -249,12 +253,12 @@ impl CompactionQueue {
     /// of a loaded family took 2.8 s, and a node missed heartbeats). Its lane is sealed
     /// instead, whole and in order, and drains by pops like any other; a new lane takes the
     /// stream.
-    fn make_room(&mut self, due_ms: u64) -> Option<usize> {
+    fn make_room(&mut self, key_ms: u64) -> Option<usize> {
         if self.open_lanes() < MAX_LANES {
             self.lanes.push(Lane::default());
             return Some(self.lanes.len() - 1);
         }
-        let limit = due_ms.saturating_add(MAX_IN_ORDER_GAP_MS);
+        let limit = key_ms.saturating_add(MAX_IN_ORDER_GAP_MS);
         let mut budget = MAX_QUEUE_MOVES_PER_PUSH;
         for at in 0..self.lanes.len() {
             let lane = &self.lanes[at];
@@ -264,7 +268,7 @@ impl CompactionQueue {
                 budget -= far;
             }
         }
-        if let Some(at) = self.lane_for(due_ms) {
+        if let Some(at) = self.lane_for(key_ms) {
             return Some(at);
         }
         if self.lanes.len() - self.open_lanes() < MAX_SEALED_LANES {
@@ -293,7 +297,7 @@ impl CompactionQueue {
             self.move_back_to_tree(at, far);
             budget -= far;
         }
-        self.lane_for(due_ms)
+        self.lane_for(key_ms)
     }
 
     /// Moves the last `count` items of lane `at` to the tree; the lane keeps at least one.
@@ -312,17 +316,17 @@ impl CompactionQueue {
         self.lanes.iter().filter(|lane| !lane.sealed).count()
     }
 
-    /// The open lane whose last item is due latest but no later than `due_ms`.
-    fn lane_for(&self, due_ms: u64) -> Option<usize> {
+    /// The open lane whose last item is due latest but no later than `key_ms`.
+    fn lane_for(&self, key_ms: u64) -> Option<usize> {
         let mut best: Option<(u64, usize)> = None;
         for (at, lane) in self.lanes.iter().enumerate() {
             let Some(last) = lane.keys.back().filter(|_| !lane.sealed) else {
                 continue;
             };
-            if last.due_ms <= due_ms
-                && best.is_none_or(|(best_due_ms, _)| last.due_ms > best_due_ms)
+            if last.key_ms <= key_ms
+                && best.is_none_or(|(best_due_ms, _)| last.key_ms > best_due_ms)
             {
-                best = Some((last.due_ms, at));
+                best = Some((last.key_ms, at));
             }
         }
         best.map(|(_, at)| at)
@@ -343,10 +347,11 @@ impl CompactionQueue {
             })
     }
 
-    /// The first item whose due time is before `now_ms`, taken out of the queue.
-    pub fn pop_due(&mut self, now_ms: u64) -> Option<DueItem> {
+    /// The first item whose key is below `horizon` (`ClusterParams::compaction_horizon`: due
+    /// before cluster time), taken out of the queue.
+    pub fn pop_due(&mut self, horizon: u64) -> Option<DueItem> {
         let (first, side) = self.first()?;
-        if first.due_ms >= now_ms {
+        if first.key_ms >= horizon {
             return None;
         }
         self.work.compacted += 1;
@@ -366,9 +371,9 @@ impl CompactionQueue {
         }
     }
 
-    /// The earliest due time, if any item waits.
-    pub fn first_due_ms(&self) -> Option<u64> {
-        self.first().map(|(key, _)| key.due_ms)
+    /// The smallest key (the earliest due time), if any item waits.
+    pub fn first_key(&self) -> Option<u64> {
+        self.first().map(|(key, _)| key.key_ms)
     }
 
     /// The smallest key, and which side holds it: the smallest of the fronts.
@@ -522,13 +527,13 @@ mod tests {
         let first = queue.push(10, nonce("a"), None);
         queue.push(10, nonce("b"), None);
         assert_eq!(queue.get(&first).map(|q| q.0), Some(&nonce("a")));
-        assert_eq!(queue.first_due_ms(), Some(10));
+        assert_eq!(queue.first_key(), Some(10));
         assert!(queue.pop_due(10).is_none(), "due at 10 is not before 10");
         let popped: Vec<_> = std::iter::from_fn(|| queue.pop_due(21))
             .map(|q| q.item)
             .collect();
         assert_eq!(popped, [nonce("a"), nonce("b"), nonce("late")]);
-        assert_eq!(queue.first_due_ms(), None);
+        assert_eq!(queue.first_key(), None);
     }
 
     #[test]
@@ -559,11 +564,11 @@ mod tests {
             let mut queue = CompactionQueue::default();
             let mut model: BTreeMap<QueueKey, CompactionItem> = BTreeMap::new();
             let mut keys = Vec::new();
-            for (n, (due_ms, pop, now_ms)) in steps.into_iter().enumerate() {
+            for (n, (key_ms, pop, now_ms)) in steps.into_iter().enumerate() {
                 if pop {
                     let expected = model
                         .first_key_value()
-                        .filter(|(key, _)| key.due_ms < now_ms)
+                        .filter(|(key, _)| key.key_ms < now_ms)
                         .map(|(key, _)| *key);
                     if let Some(key) = expected {
                         model.remove(&key);
@@ -573,7 +578,7 @@ mod tests {
                 } else {
                     let item = nonce(&format!("n{n}"));
                     let moved = queue.work().moved;
-                    let key = queue.push(due_ms, item.clone(), None);
+                    let key = queue.push(key_ms, item.clone(), None);
                     proptest::prop_assert!(
                         queue.work().moved - moved <= MAX_QUEUE_MOVES_PER_PUSH as u64
                     );
@@ -585,8 +590,8 @@ mod tests {
                 proptest::prop_assert!(queue.lanes.len() <= MAX_LANES + MAX_SEALED_LANES);
                 proptest::prop_assert!(queue.lanes.iter().all(|lane| !lane.is_empty()));
                 proptest::prop_assert_eq!(
-                    queue.first_due_ms(),
-                    model.first_key_value().map(|(key, _)| key.due_ms)
+                    queue.first_key(),
+                    model.first_key_value().map(|(key, _)| key.key_ms)
                 );
                 for key in &keys {
                     proptest::prop_assert_eq!(queue.get(key).map(|q| q.0), model.get(key));
@@ -625,8 +630,8 @@ mod tests {
             (3, "f"),
             (1, "g"),
         ];
-        for (due_ms, name) in pushes {
-            let key = queue.push(due_ms, nonce(name), None);
+        for (key_ms, name) in pushes {
+            let key = queue.push(key_ms, nonce(name), None);
             before.items.insert(
                 key,
                 Queued {
@@ -689,16 +694,16 @@ mod tests {
         queue.push(10, nonce("a"), None);
         queue.push(10 + 24 * 3_600_000, nonce("far"), None);
         // Each due before every lane's last: one new lane each, until the lanes run out.
-        for (name, due_ms) in [("n9", 9), ("n8", 8), ("n7", 7)] {
-            queue.push(due_ms, nonce(name), None);
+        for (name, key_ms) in [("n9", 9), ("n8", 8), ("n7", 7)] {
+            queue.push(key_ms, nonce(name), None);
         }
         assert_eq!(queue.lanes.len(), MAX_LANES);
         assert!(queue.out_of_order.is_empty());
         // Fits no lane: the far item leaves its lane, and this one waits in the tree.
         queue.push(5, nonce("n5"), None);
         assert_eq!(queue.out_of_order.len(), 2, "the far item and n5");
-        for (n, due_ms) in [20, 30, 40].into_iter().enumerate() {
-            queue.push(due_ms, nonce(&format!("m{n}")), None);
+        for (n, key_ms) in [20, 30, 40].into_iter().enumerate() {
+            queue.push(key_ms, nonce(&format!("m{n}")), None);
         }
         assert_eq!(queue.out_of_order.len(), 2, "ordinary items fit a lane");
         let popped: Vec<_> = std::iter::from_fn(|| queue.pop_due(u64::MAX))
@@ -715,12 +720,12 @@ mod tests {
         for n in 0..count {
             let now_ms = start_ms + n;
             let jitter = (n * 7_919) % 5_000;
-            for due_ms in [
+            for key_ms in [
                 now_ms + 60_000 + retention_ms - jitter,
                 now_ms + retention_ms,
             ] {
                 let moved = queue.work().moved;
-                queue.push(due_ms, nonce(&format!("{start_ms}:{n}")), None);
+                queue.push(key_ms, nonce(&format!("{start_ms}:{n}")), None);
                 let moved = queue.work().moved - moved;
                 assert!(
                     moved <= MAX_QUEUE_MOVES_PER_PUSH as u64,
