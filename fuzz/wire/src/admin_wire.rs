@@ -44,9 +44,28 @@ fn decode<M: Message + Default + PartialEq + Debug>(bytes: &[u8]) -> Option<M> {
     Some(message)
 }
 
+/// The parameters a node holds go out as they are: built from any wire values (the rules
+/// raised as the log raises them), their reply carries the same fields.
 fn params(wire: pb::ClusterParams) {
-    let params = ClusterParams::from(wire);
-    assert_eq!(ClusterParams::from(pb::ClusterParams::from(params)), params);
+    let params = ClusterParams {
+        retention_ms: wire.retention_ms,
+        max_clock_step_ms: wire.max_clock_step_ms,
+        ..ClusterParams::default()
+    }
+    .at_rules(wire.rules_version);
+    let back = pb::ClusterParams::from(params);
+    assert_eq!(
+        (
+            back.retention_ms,
+            back.max_clock_step_ms,
+            back.rules_version
+        ),
+        (
+            wire.retention_ms,
+            wire.max_clock_step_ms,
+            wire.rules_version.max(tally_ledger::LEGACY_RULES)
+        )
+    );
 }
 
 fn set_params(request: &pb::SetParamsRequest) {
