@@ -69,17 +69,33 @@ pub fn keep_trimmed(interval: Duration, memory_budget_bytes: u64) {
                 let mut gate = TrimGate::default();
                 loop {
                     std::thread::sleep(interval);
+                    let looked_at = Instant::now();
+                    if !gate.may_look(looked_at) {
+                        continue;
+                    }
                     let Some(free) = resident_free_heap_bytes() else {
                         continue;
                     };
+                    let looked = looked_at.elapsed();
+                    gate.held(looked_at, looked);
+                    if looked >= SLOW_TRIM {
+                        tracing::warn!(
+                            took_ms = looked.as_millis() as u64,
+                            "measuring the heaps' free memory held them for over 100 ms"
+                        );
+                    }
                     let allowance = FREE_ALLOWANCE_BYTES.load(Ordering::Relaxed);
-                    if !gate.should_trim(free, allowance, Instant::now()) {
+                    if !gate.should_trim(free, allowance) {
                         continue;
                     }
+                    // What the trim gave back shows in RSS, which costs no walk of the heaps.
+                    let resident_before = process_resident_bytes().unwrap_or(0);
                     let began = Instant::now();
                     let released = trim();
                     let took = began.elapsed();
-                    let after = resident_free_heap_bytes().unwrap_or(0);
+                    let given_back =
+                        resident_before.saturating_sub(process_resident_bytes().unwrap_or(0));
+                    let after = free.saturating_sub(given_back);
                     gate.trimmed(after, began, took);
                     log_trim(free, after, took, released);
                 }
@@ -90,11 +106,13 @@ pub fn keep_trimmed(interval: Duration, memory_budget_bytes: u64) {
     });
 }
 
-/// When to trim again. glibc cannot give back free memory that shares a page with live
-/// memory, so a trim may leave more than the allowance free; trimming again every interval
-/// gave back little and held the heaps each time. So the next trim waits for free memory to
-/// pass what the last one left by the allowance (what it left falls as memory is reused), and
-/// for `TRIM_SPACING_FACTOR` times the last trim's length.
+/// When to look and trim again. glibc cannot give back free memory that shares a page with
+/// live memory, so a trim may leave more than the allowance free; trimming again every
+/// interval gave back little and held the heaps each time. So the next trim waits for free
+/// memory to pass what the last one left by the allowance (what it left falls as memory is
+/// reused). And both the look (`mallinfo2` walks every free chunk under each heap's lock, as
+/// the trim does) and the trim hold the heaps: the next look waits `TRIM_SPACING_FACTOR`
+/// times as long as the last look or trim took.
 #[derive(Debug, Default)]
 struct TrimGate {
     /// Free memory a trim could not give back, lowered as free memory falls below it.
@@ -103,15 +121,23 @@ struct TrimGate {
 }
 
 impl TrimGate {
-    fn should_trim(&mut self, free_bytes: u64, allowance_bytes: u64, now: Instant) -> bool {
+    fn may_look(&self, now: Instant) -> bool {
+        self.not_before.is_none_or(|at| now >= at)
+    }
+
+    /// The heaps were held from `began` for `took` (a look or a trim).
+    fn held(&mut self, began: Instant, took: Duration) {
+        self.not_before = Some(began + took * TRIM_SPACING_FACTOR);
+    }
+
+    fn should_trim(&mut self, free_bytes: u64, allowance_bytes: u64) -> bool {
         self.left_free_bytes = self.left_free_bytes.min(free_bytes);
         free_bytes > self.left_free_bytes.saturating_add(allowance_bytes)
-            && self.not_before.is_none_or(|at| now >= at)
     }
 
     fn trimmed(&mut self, left_free_bytes: u64, began: Instant, took: Duration) {
         self.left_free_bytes = left_free_bytes;
-        self.not_before = Some(began + took * TRIM_SPACING_FACTOR);
+        self.held(began, took);
     }
 }
 
@@ -191,29 +217,33 @@ mod tests {
         const MB: u64 = 1 << 20;
         let start = Instant::now();
         let mut gate = TrimGate::default();
-        assert!(!gate.should_trim(256 * MB, 256 * MB, start));
-        assert!(gate.should_trim(1_331 * MB, 256 * MB, start));
+        assert!(gate.may_look(start));
+        assert!(!gate.should_trim(256 * MB, 256 * MB));
+        assert!(gate.should_trim(1_331 * MB, 256 * MB));
         gate.trimmed(879 * MB, start, Duration::from_millis(200));
-        let spaced = start + Duration::from_secs(60);
         assert!(
-            !gate.should_trim(1_100 * MB, 256 * MB, spaced),
-            "what it left, plus little"
-        );
-        assert!(
-            !gate.should_trim(1_200 * MB, 256 * MB, start + Duration::from_secs(59)),
+            !gate.may_look(start + Duration::from_secs(59)),
             "within 300 times the trim's 200 ms"
         );
-        assert!(gate.should_trim(1_200 * MB, 256 * MB, spaced));
+        let spaced = start + Duration::from_secs(60);
+        assert!(gate.may_look(spaced));
+        assert!(
+            !gate.should_trim(1_100 * MB, 256 * MB),
+            "what it left, plus little"
+        );
+        assert!(gate.should_trim(1_200 * MB, 256 * MB));
         gate.trimmed(900 * MB, spaced, Duration::from_millis(10));
         let later = spaced + Duration::from_secs(10);
+        assert!(gate.may_look(later));
+        assert!(!gate.should_trim(100 * MB, 256 * MB), "memory was reused");
         assert!(
-            !gate.should_trim(100 * MB, 256 * MB, later),
-            "memory was reused"
-        );
-        assert!(
-            gate.should_trim(400 * MB, 256 * MB, later),
+            gate.should_trim(400 * MB, 256 * MB),
             "the mark fell with it"
         );
+        // A look that held the heaps 50 ms waits 15 s for the next.
+        gate.held(later, Duration::from_millis(50));
+        assert!(!gate.may_look(later + Duration::from_secs(14)));
+        assert!(gate.may_look(later + Duration::from_secs(15)));
     }
 
     /// Memory freed in the middle of a heap (below live memory, where glibc's own trimming of
