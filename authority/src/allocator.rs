@@ -9,8 +9,9 @@
 //! measured again").
 //!
 //! So a node keeps two heaps (`MALLOC_ARENA_MAX` overrides it), and a thread checks every
-//! `malloc_trim_interval_ms` how much of the process's resident memory the heaps hold free,
-//! and gives it back (`malloc_trim`) once that passes a quarter of the memory budget. Not
+//! `malloc_trim_interval_ms` how much of the process's resident memory the heaps hold free
+//! (RSS less the bytes in use, which `tally-node` counts as it allocates: heap_count.rs), and
+//! gives it back (`malloc_trim`) once that passes a quarter of the memory budget. Not
 //! below: under steady load that free memory is reused by the next snapshot, and giving it
 //! back only to fault it in again costs CPU and makes RSS swing (a trim every 10 s whatever
 //! was free turned a soak's RSS, flat within ±5%, into a saw within ±21%). Elsewhere than
@@ -110,9 +111,9 @@ pub fn keep_trimmed(interval: Duration, memory_budget_bytes: u64) {
 /// live memory, so a trim may leave more than the allowance free; trimming again every
 /// interval gave back little and held the heaps each time. So the next trim waits for free
 /// memory to pass what the last one left by the allowance (what it left falls as memory is
-/// reused). And both the look (`mallinfo2` walks every free chunk under each heap's lock, as
-/// the trim does) and the trim hold the heaps: the next look waits `TRIM_SPACING_FACTOR`
-/// times as long as the last look or trim took.
+/// reused). And the trim holds the heaps, as does a look where glibc counts (`mallinfo2` walks
+/// every free chunk under each heap's lock; `tally-node` counts as it allocates instead): the
+/// next look waits `TRIM_SPACING_FACTOR` times as long as the last look or trim took.
 #[derive(Debug, Default)]
 struct TrimGate {
     /// Free memory a trim could not give back, lowered as free memory falls below it.
@@ -176,15 +177,23 @@ pub fn process_resident_bytes() -> Option<u64> {
 }
 
 /// Resident memory the heaps do not use: the process's RSS less what is allocated (in the
-/// heaps and in mapped blocks). Counts the code and the stacks too, a few tens of MB.
+/// heaps and in mapped blocks). Counts the code and the stacks too, a few tens of MB. What is
+/// allocated comes from the counting allocator where the process has it (`tally-node` does:
+/// heap_count.rs says why), else from glibc's own walk of its heaps.
 fn resident_free_heap_bytes() -> Option<u64> {
+    let resident = process_resident_bytes()?;
+    let in_use = crate::heap_count::heap_in_use_bytes().or_else(walked_heap_in_use_bytes)?;
+    Some(resident.saturating_sub(in_use))
+}
+
+/// glibc's count of the bytes its heaps have in use, which walks every free chunk under each
+/// heap's lock.
+fn walked_heap_in_use_bytes() -> Option<u64> {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        let resident = process_resident_bytes()?;
         // SAFETY: mallinfo2 only reads the allocator's counters.
         let info = unsafe { libc::mallinfo2() };
-        let in_use = (info.uordblks + info.hblkhd) as u64;
-        Some(resident.saturating_sub(in_use))
+        Some((info.uordblks + info.hblkhd) as u64)
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod failpoints;
 pub mod families;
 pub mod faults;
+pub mod heap_count;
 pub mod node;
 pub mod raft;
 pub mod service;

@@ -2,6 +2,12 @@
 
 use clap::Parser;
 
+/// Counts the heap bytes in use, so the trimmer never walks the heaps to learn them
+/// (heap_count.rs says why).
+#[global_allocator]
+static HEAP: tally_authority::heap_count::CountingAllocator =
+    tally_authority::heap_count::CountingAllocator;
+
 fn main() -> std::process::ExitCode {
     // Before the runtime starts its threads (allocator.rs says why).
     tally_authority::allocator::limit_malloc_arenas();
