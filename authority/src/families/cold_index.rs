@@ -396,23 +396,44 @@ impl ColdIndex {
     #[cfg(test)]
     pub fn read_from(input: &mut impl Read) -> Result<ColdIndex, RouterError> {
         let format = read_u32(input, "the format number")?;
-        Self::read_after_format(format, input)
+        Self::read_after_format(format, input, |_, family| Ok(family))
     }
 
     /// Loads an index `write_to` saved, or `None` if it was saved by a build before the
     /// filters were blocked (format 1): its bits are in another layout, so the caller
     /// rebuilds the filters from the rows (`add`). Such an input is read to its end.
-    pub fn read_any_from(input: &mut impl Read) -> Result<Option<ColdIndex>, RouterError> {
+    ///
+    /// Each family's filters go to `spill` as they are read (to be written to the family
+    /// store), and the index keeps only the family's rows, its filters marked in the store:
+    /// the reader holds one family's filters at a time, never every family's. A restored
+    /// router starts with every family passivated, so this is where they belong.
+    pub fn read_any_spilling(
+        input: &mut impl Read,
+        mut spill: impl FnMut(FamilyId, FiltersToSpill) -> Result<(), RouterError>,
+    ) -> Result<Option<ColdIndex>, RouterError> {
         let format = read_u32(input, "the format number")?;
         if format == UNBLOCKED_FORMAT {
             std::io::copy(input, &mut std::io::sink())
                 .map_err(|error| read_error("an unblocked index", error))?;
             return Ok(None);
         }
-        Self::read_after_format(format, input).map(Some)
+        let cold = Self::read_after_format(format, input, |family_id, family| {
+            let rows = family.rows;
+            spill(family_id.clone(), FiltersToSpill(family))?;
+            Ok(ColdFamily {
+                rows,
+                filters: Vec::new(),
+                stored_rows: Some(rows),
+            })
+        })?;
+        Ok(Some(cold))
     }
 
-    fn read_after_format(format: u32, input: &mut impl Read) -> Result<ColdIndex, RouterError> {
+    fn read_after_format(
+        format: u32,
+        input: &mut impl Read,
+        mut keep: impl FnMut(&FamilyId, ColdFamily) -> Result<ColdFamily, RouterError>,
+    ) -> Result<ColdIndex, RouterError> {
         if format != FORMAT {
             return Err(invalid(format_args!(
                 "format number {format}, expected {FORMAT}"
@@ -434,7 +455,7 @@ impl ColdIndex {
                     )));
                 }
             }
-            let family = read_family(input, &family_id)?;
+            let family = keep(&family_id, read_family(input, &family_id)?)?;
             filter_bytes += family.memory_bytes();
             families.insert(family_id.clone(), family);
             previous = Some(family_id);
@@ -951,6 +972,67 @@ mod tests {
         }
         assert!(back.family(&FamilyId::from("other")).is_none());
         assert_eq!(encode(&back), bytes, "saved again, the same bytes");
+    }
+
+    /// A saved index read spilling hands each family's filters over once, in id order, as
+    /// the store would hold them, and keeps none: every family counts its rows with its
+    /// filters in the store, and reloaded from those bytes they answer as saved.
+    #[test]
+    fn an_index_read_spilling_keeps_only_the_rows() {
+        let sizes = [("a", 5_000), ("b", 10), ("c", 1_025)];
+        let index = index_of(&sizes);
+        let bytes = encode(&index);
+        let mut handed = Vec::new();
+        let mut back = ColdIndex::read_any_spilling(&mut &bytes[..], |family_id, filters| {
+            handed.push((family_id, filters.encode()?));
+            Ok(())
+        })
+        .expect("reads")
+        .expect("a blocked index");
+        let ids: Vec<FamilyId> = sizes.iter().map(|(id, _)| FamilyId::from(*id)).collect();
+        assert_eq!(
+            handed.iter().map(|(id, _)| id).collect::<Vec<_>>(),
+            ids.iter().collect::<Vec<_>>()
+        );
+        for (family_id, encoded) in &handed {
+            let expected = index.to_spill(std::slice::from_ref(family_id));
+            assert!(
+                *encoded == expected[0].1.encode().unwrap(),
+                "{family_id}'s filters handed over as the store keeps them"
+            );
+        }
+        assert_eq!(back.filter_bytes(), 0, "no filter kept in memory");
+        assert_eq!(back.counts(), index.counts());
+        assert_eq!(back.in_store(&ids), ids);
+        assert!(
+            back.to_spill(&ids).is_empty(),
+            "the store's copies are current"
+        );
+        let from_store = |family_id: &FamilyId| {
+            Ok((handed.iter().find(|(id, _)| id == family_id))
+                .expect("handed over")
+                .1
+                .clone())
+        };
+        let mut written = Vec::new();
+        back.write_to(&mut written, from_store).expect("writes");
+        assert!(
+            written == bytes,
+            "saved again from the store, the same bytes"
+        );
+        for (family_id, encoded) in &handed {
+            let filters = ColdIndex::decode_spilled(family_id, encoded).expect("decodes");
+            back.reload(family_id, filters).expect("reloads");
+        }
+        assert_eq!(back.filter_bytes(), index.filter_bytes());
+
+        let refused = ColdIndex::read_any_spilling(&mut &bytes[..], |_, _| {
+            Err(RouterError::Store("full".into()))
+        });
+        assert!(
+            matches!(refused, Err(RouterError::Store(_))),
+            "the store's error stops it"
+        );
     }
 
     /// A shared copy keeps the index as it was: later adds reach only the original.

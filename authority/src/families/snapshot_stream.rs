@@ -26,12 +26,13 @@ use sha2::Digest;
 use tally_ledger::snapshot::digest_bytes;
 use tally_ledger::{ColdMeta, FamilyId, IdMap};
 
-use super::cold_index::ColdIndex;
+use super::cold_index::{ColdIndex, FiltersToSpill};
 use super::cold_runs::Run;
 use super::cold_view::ColdView;
 use super::config::RouterConfig;
 use super::error::RouterError;
 use super::family_store::FamilyStore;
+use super::filter_spill::StoredFilterWriter;
 use super::router::FamilyRouter;
 use super::router_state::RouterState;
 use super::snapshot::{
@@ -231,13 +232,26 @@ pub fn restore_from(
     // The rows come in the store's key order: one run, each row written once.
     let mut rows = store.sorted_rows();
     let mut cold = ColdIndex::default();
+    // And family by family: once the next family's rows begin, the last one's filters are
+    // complete and go to the store, so the filters of one family at a time are in memory.
+    let mut filters = StoredFilterWriter::new(&store);
+    let mut filling: Option<FamilyId> = None;
     let head = read_stream(input, RowsAt::Stream, |item| match item {
         Item::Family(family_id, bytes) => families.add(family_id, bytes),
         Item::ColdRow(family_id, key, row) => {
+            if filling.as_ref() != Some(family_id) {
+                if let Some(done) = filling.replace(family_id.clone()) {
+                    spill_filters(&mut cold, &mut filters, done)?;
+                }
+            }
             cold.add(family_id, key);
             rows.push(family_id, key, row)
         }
     })?;
+    if let Some(done) = filling {
+        spill_filters(&mut cold, &mut filters, done)?;
+    }
+    cold.spilled(&filters.finish()?);
     let stored = families.finish()?;
     rows.finish()?;
     head.into_router(config, store, stored, cold)
@@ -260,7 +274,12 @@ pub fn restore_linked(
         Item::ColdRow(..) => unreachable!("a linked snapshot streams no rows"),
     })?;
     let stored = families.finish()?;
-    let (names, cold) = read_links(input, &head)?;
+    // The index marks every family's filters in the store as it hands them over; the store
+    // holds them all once `filters` is finished.
+    let mut filters = StoredFilterWriter::new(&store);
+    let spill = |family_id, copy: FiltersToSpill| filters.push(family_id, copy.encode()?).map(drop);
+    let (names, cold) = read_links(input, &head, spill)?;
+    filters.finish()?;
     for name in &names {
         store.adopt_run(&runs_dir.join(name))?;
     }
@@ -321,7 +340,8 @@ pub fn expand_linked(
     }
     let head = head?;
     let mut input = tee.input;
-    let (names, cold) = read_links(&mut input, &head)?;
+    // Only the counts are needed: each family's filters are dropped as they are read.
+    let (names, cold) = read_links(&mut input, &head, |_, _| Ok(()))?;
     let runs = (names.iter())
         .map(|name| {
             opened.remove(name).ok_or_else(|| {
@@ -377,10 +397,11 @@ impl<R: Read, W: Write> Read for Tee<std::io::Chain<&[u8], R>, W> {
 
 /// What follows the families in a linked snapshot: the run files' names and the filters,
 /// checked against the families' own counts (`head.cold_meta`), and nothing after them;
-/// `None` for filters saved before they were blocked (`ColdIndex::read_any_from`).
+/// `None` for filters saved before they were blocked (`ColdIndex::read_any_spilling`).
 fn read_links(
     input: &mut impl Read,
     head: &Head,
+    spill: impl FnMut(FamilyId, FiltersToSpill) -> Result<(), RouterError>,
 ) -> Result<(Vec<String>, Option<ColdIndex>), RouterError> {
     let count = rmp::decode::read_array_len(input).map_err(decode_error)?;
     if count > MAX_LINKED_RUNS {
@@ -398,7 +419,7 @@ fn read_links(
         }
         names.push(name.to_string());
     }
-    let Some(cold) = ColdIndex::read_any_from(input)? else {
+    let Some(cold) = ColdIndex::read_any_spilling(input, spill)? else {
         return Ok((names, None));
     };
     let mut rest = [0u8; 1];
@@ -407,6 +428,22 @@ fn read_links(
     }
     check_counts(&cold, head)?;
     Ok((names, Some(cold)))
+}
+
+/// Hands the complete filters of `family_id` (being restored, so passivated) to `filters`,
+/// and drops from memory those of the families its commit wrote.
+fn spill_filters(
+    cold: &mut ColdIndex,
+    filters: &mut StoredFilterWriter<'_>,
+    family_id: FamilyId,
+) -> Result<(), RouterError> {
+    for (family_id, copy) in cold.to_spill(std::slice::from_ref(&family_id)) {
+        let bytes = copy.encode()?;
+        drop(copy);
+        let written = filters.push(family_id, bytes)?;
+        cold.spilled(&written);
+    }
+    Ok(())
 }
 
 /// The filters of a linked snapshot saved before they were blocked, rebuilt from the rows of
