@@ -11,6 +11,11 @@ use tally_authority::testing::TestCluster;
 
 const FAMILIES: usize = 6;
 
+/// Counted as `tally-node` counts, so Status and the metrics report the heap in use.
+#[global_allocator]
+static HEAP: tally_authority::heap_count::CountingAllocator =
+    tally_authority::heap_count::CountingAllocator;
+
 /// One authorize on each of `FAMILIES` families, through the leader; returns the leader.
 async fn touch_every_family(cluster: &TestCluster) -> u64 {
     let leader = cluster.wait_leader().await;
@@ -69,7 +74,14 @@ async fn idle_families_beyond_the_limit_go_to_the_store_and_are_read_back_from_i
         memory.families_bytes > 0 && memory.families_bytes < memory.families_share_bytes,
         "{memory:?}"
     );
-    assert!(memory.process_resident_bytes.unwrap_or(0) > 0, "{memory:?}");
+    let resident = memory.process_resident_bytes.unwrap_or(0);
+    let heap = memory.heap_in_use_bytes.unwrap_or(0);
+    assert!(resident > 0 && heap > 0, "{memory:?}");
+    // Allocated pages the process never touched are not resident, so the heap in use may pass
+    // RSS a little, not by far.
+    assert!(heap < resident + (64 << 20), "{memory:?}");
+    assert!(count(&before, "tally_process_memory_bytes{kind=\"resident\"}") > 0);
+    assert!(count(&before, "tally_process_memory_bytes{kind=\"heap_in_use\"}") > 0);
 
     let reads_before = count(&before, "tally_family_store_reads_total");
     let account = usage_of(&cluster, leader, "fam0")

@@ -581,6 +581,21 @@ pub async fn render(sources: &Sources) -> String {
             ("{kind=\"budget\"}".to_owned(), used.share_bytes.to_string()),
         ],
     );
+    let process = [
+        ("resident", crate::allocator::process_resident_bytes()),
+        ("heap_in_use", crate::heap_count::heap_in_use_bytes()),
+    ];
+    let process: Vec<(String, String)> = (process.into_iter())
+        .filter_map(|(kind, bytes)| Some((format!("{{kind=\"{kind}\"}}"), bytes?.to_string())))
+        .collect();
+    metric(
+        "tally_process_memory_bytes",
+        "gauge",
+        "The process's resident memory, and the heap bytes it has in use (tally-node counts \
+         them as it allocates); the difference is mostly free heap memory not yet given back \
+         and code. Nodes that share a process (tally-node dev) report the same figures.",
+        &process,
+    );
     metric(
         "tally_family_store_bytes",
         "gauge",

@@ -483,7 +483,7 @@ fn leader_in_preferred_region(
 /// Durations in whole ms, as the status message counts them.
 /// The families' share of the memory budget and what counts against it
 /// (`FamilyRouter::memory_use`, the figures `/metrics` shows too), beside the whole budget and
-/// the process's resident memory.
+/// the process's resident memory and heap bytes in use.
 fn memory_message(used: MemoryUse, budget_bytes: u64) -> pb::MemoryUse {
     let bytes = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
     pb::MemoryUse {
@@ -495,6 +495,7 @@ fn memory_message(used: MemoryUse, budget_bytes: u64) -> pb::MemoryUse {
         families_in_memory: bytes(used.families_in_memory),
         families_on_disk: bytes(used.families_on_disk),
         process_resident_bytes: crate::allocator::process_resident_bytes(),
+        heap_in_use_bytes: crate::heap_count::heap_in_use_bytes(),
     }
 }
 

@@ -299,6 +299,7 @@ async fn status(client: &TallyClient, json: bool) -> anyhow::Result<u8> {
                         "store_memory_bytes": m.store_memory_bytes,
                         "families_in_memory": m.families_in_memory, "families_on_disk": m.families_on_disk,
                         "process_resident_bytes": m.process_resident_bytes,
+                        "heap_in_use_bytes": m.heap_in_use_bytes,
                         "over_budget": memory_over_share(m).is_some(),
                     })),
                 }),

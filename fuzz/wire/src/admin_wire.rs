@@ -253,6 +253,7 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
                 families_in_memory: 1_000,
                 families_on_disk: 20_000,
                 process_resident_bytes: Some(1_500 << 20),
+                heap_in_use_bytes: Some(1_200 << 20),
             }),
         }
         .encode_to_vec(),
