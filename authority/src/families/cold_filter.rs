@@ -116,16 +116,27 @@ impl Bloom {
         }
     }
 
-    /// A filter of these pages, all in memory (a saved filter read back).
-    pub fn from_pages(pages: Vec<Arc<[u64]>>, words: usize, keys: usize, capacity: usize) -> Self {
+    /// A filter of these pages, in memory or in the page file with no hash waiting (a saved
+    /// filter read back).
+    pub fn from_pages(pages: Vec<Page>, words: usize, keys: usize, capacity: usize) -> Self {
         assert_eq!(
             pages.len() * page_words(words),
             words,
             "a filter's pages hold its words"
         );
+        assert!(
+            (pages.iter()).all(|page| match page {
+                Page::Zero => false,
+                Page::Memory(_) => true,
+                Page::Disk { pending, .. } => pending.is_empty(),
+            }),
+            "a filter read back has every page in memory or written whole"
+        );
         Self {
-            in_memory: pages.len(),
-            pages: pages.into_iter().map(Page::Memory).collect(),
+            in_memory: (pages.iter())
+                .filter(|page| matches!(page, Page::Memory(_)))
+                .count(),
+            pages,
             words,
             keys,
             capacity,

@@ -187,6 +187,42 @@ impl FiltersToSpill {
 /// A family's filters read back from the family store (`ColdIndex::decode_spilled`).
 pub(crate) struct SpilledFilters(ColdFamily);
 
+/// Where the pages of filters read back go (`ColdIndex::read_back_room`): memory while
+/// `room_bytes` lasts, then the page file, if there is one.
+pub(crate) struct PageRoom {
+    room_bytes: usize,
+    file: Option<Arc<FilterPageFile>>,
+}
+
+impl PageRoom {
+    /// Every page in memory: a snapshot's index, whose families go to the store one by one.
+    pub fn unlimited() -> Self {
+        Self {
+            room_bytes: usize::MAX,
+            file: None,
+        }
+    }
+
+    /// The page read back, in memory or written to the page file. Blocking in the latter case.
+    fn place(&mut self, words: Arc<[u64]>) -> Result<Page, RouterError> {
+        let bytes = words.len() * 8;
+        match &self.file {
+            Some(file) if self.room_bytes < bytes => {
+                let slot = (file.write(&words))
+                    .map_err(|error| page_file_error("write a page to", error))?;
+                Ok(Page::Disk {
+                    slot,
+                    pending: Vec::new(),
+                })
+            }
+            _ => {
+                self.room_bytes = self.room_bytes.saturating_sub(bytes);
+                Ok(Page::Memory(words))
+            }
+        }
+    }
+}
+
 impl ColdIndex {
     /// Rows `family_id` has out of memory.
     pub fn rows(&self, family_id: &FamilyId) -> u64 {
@@ -349,13 +385,16 @@ impl ColdIndex {
             .collect()
     }
 
-    /// Decodes a family's filters as the family store holds them, checking all of it.
+    /// Decodes a family's filters as the family store holds them, checking all of it: pages
+    /// in memory while `room` lasts, the rest written to its page file as they are decoded.
+    /// Blocking when a page goes to the page file.
     pub fn decode_spilled(
         family_id: &FamilyId,
         bytes: &[u8],
+        room: &mut PageRoom,
     ) -> Result<SpilledFilters, RouterError> {
         let mut input = bytes;
-        let family = read_family(&mut input, family_id)?;
+        let family = read_family(&mut input, family_id, room)?;
         if !input.is_empty() {
             return Err(invalid(format_args!(
                 "{} bytes after the filters of family {family_id:?}",
@@ -363,6 +402,29 @@ impl ColdIndex {
             )));
         }
         Ok(SpilledFilters(family))
+    }
+
+    /// Where the filters of those of `families` that have them in the family store go when
+    /// read back (`decode_spilled`): memory up to `share_bytes` less what the filters hold
+    /// now, then the page file (made with `create` if they would not all fit). So bringing
+    /// back a family with a long history never holds its filters whole in memory, to be
+    /// written out 64 pages a round afterwards.
+    pub fn read_back_room(
+        &mut self,
+        families: &[FamilyId],
+        share_bytes: usize,
+        create: impl FnOnce() -> std::io::Result<Arc<FilterPageFile>>,
+    ) -> Result<PageRoom, RouterError> {
+        let room_bytes = share_bytes.saturating_sub(self.filter_bytes);
+        let needed: usize = (families.iter())
+            .filter_map(|family_id| self.families.get(family_id))
+            .filter(|family| family.in_store())
+            .map(|family| encoded_family_len(family.rows))
+            .sum();
+        let file = (needed > room_bytes)
+            .then(|| self.page_file(create))
+            .transpose()?;
+        Ok(PageRoom { room_bytes, file })
     }
 
     /// Takes a family's filters back into memory (`decode_spilled`) before a round looks ids
@@ -455,7 +517,8 @@ impl ColdIndex {
                     )));
                 }
             }
-            let family = keep(&family_id, read_family(input, &family_id)?)?;
+            let family = read_family(input, &family_id, &mut PageRoom::unlimited())?;
+            let family = keep(&family_id, family)?;
             filter_bytes += family.memory_bytes();
             families.insert(family_id.clone(), family);
             previous = Some(family_id);
@@ -686,7 +749,11 @@ fn encoded_family_len(rows: u64) -> usize {
 }
 
 /// One family's rows and filters, after its id (`ColdIndex::read_from`).
-fn read_family(input: &mut impl Read, family_id: &FamilyId) -> Result<ColdFamily, RouterError> {
+fn read_family(
+    input: &mut impl Read,
+    family_id: &FamilyId,
+    room: &mut PageRoom,
+) -> Result<ColdFamily, RouterError> {
     let whose = format!("family {family_id:?}");
     let rows = read_u64(input, &format!("the rows of {whose}"))?;
     if rows == 0 {
@@ -703,7 +770,7 @@ fn read_family(input: &mut impl Read, family_id: &FamilyId) -> Result<ColdFamily
     let mut expected = Some(FIRST_FILTER_KEYS);
     for n in 0..count {
         let which = format!("filter {n} of {whose}");
-        let filter = read_filter(input, expected, n + 1 == count, &which)?;
+        let filter = read_filter(input, expected, n + 1 == count, &which, room)?;
         keys_sum = keys_sum.saturating_add(filter.keys as u64);
         expected = filter.capacity.checked_mul(GROWTH);
         filters.push(filter);
@@ -744,6 +811,7 @@ fn read_filter(
     expected: Option<usize>,
     last: bool,
     which: &str,
+    room: &mut PageRoom,
 ) -> Result<Bloom, RouterError> {
     let capacity = read_u64(input, &format!("the capacity of {which}"))?;
     let keys = read_u64(input, &format!("the keys of {which}"))?;
@@ -772,7 +840,7 @@ fn read_filter(
              and none may be empty"
         )));
     }
-    let pages = read_pages(input, words, which)?;
+    let pages = read_pages(input, words, which, room)?;
     Ok(Bloom::from_pages(pages, words, keys, capacity))
 }
 
@@ -783,10 +851,11 @@ fn read_pages(
     input: &mut impl Read,
     words: usize,
     which: &str,
-) -> Result<Vec<Arc<[u64]>>, RouterError> {
+    room: &mut PageRoom,
+) -> Result<Vec<Page>, RouterError> {
     let page_words = page_words(words);
     let count = words / page_words;
-    let mut pages: Vec<Arc<[u64]>> = Vec::new();
+    let mut pages: Vec<Page> = Vec::new();
     let mut buf = vec![0; page_words * 8];
     while pages.len() < count {
         input
@@ -800,7 +869,7 @@ fn read_pages(
         let decoded = buf
             .chunks_exact(8)
             .map(|word| u64::from_le_bytes(word.try_into().expect("chunks of eight bytes")));
-        pages.push(decoded.collect());
+        pages.push(room.place(decoded.collect())?);
     }
     Ok(pages)
 }
@@ -1021,7 +1090,8 @@ mod tests {
             "saved again from the store, the same bytes"
         );
         for (family_id, encoded) in &handed {
-            let filters = ColdIndex::decode_spilled(family_id, encoded).expect("decodes");
+            let filters = ColdIndex::decode_spilled(family_id, encoded, &mut PageRoom::unlimited())
+                .expect("decodes");
             back.reload(family_id, filters).expect("reloads");
         }
         assert_eq!(back.filter_bytes(), index.filter_bytes());
@@ -1084,17 +1154,22 @@ mod tests {
         let mut long = stored[&b].clone();
         long.push(0);
         assert!(
-            ColdIndex::decode_spilled(&b, &long).is_err(),
+            ColdIndex::decode_spilled(&b, &long, &mut PageRoom::unlimited()).is_err(),
             "a byte after them"
         );
-        let b_as_a = ColdIndex::decode_spilled(&a, &stored[&b]).expect("decodes");
+        let b_as_a = ColdIndex::decode_spilled(&a, &stored[&b], &mut PageRoom::unlimited())
+            .expect("decodes");
         assert!(
             index.reload(&a, b_as_a).is_err(),
             "10 rows are not a's 5,000"
         );
         for family_id in [&a, &b] {
-            let filters =
-                ColdIndex::decode_spilled(family_id, &stored[family_id]).expect("decodes");
+            let filters = ColdIndex::decode_spilled(
+                family_id,
+                &stored[family_id],
+                &mut PageRoom::unlimited(),
+            )
+            .expect("decodes");
             index.reload(family_id, filters).expect("reloads");
         }
         assert_eq!(index.filter_bytes(), bytes_before);
@@ -1113,7 +1188,8 @@ mod tests {
             again == before,
             "the copies in the store still serve the snapshot"
         );
-        let filters = ColdIndex::decode_spilled(&a, &stored[&a]).expect("decodes");
+        let filters = ColdIndex::decode_spilled(&a, &stored[&a], &mut PageRoom::unlimited())
+            .expect("decodes");
         index.reload(&a, filters).expect("reloads");
         index.add(&a, b"a-key-new");
         let copies = index.to_spill(std::slice::from_ref(&a));
@@ -1225,6 +1301,72 @@ mod tests {
         assert_eq!(encode(&copy), bytes, "the copy's filters did not change");
     }
 
+    /// A family read back into less room than its filters take keeps what fits in memory and
+    /// writes the rest to the page file as it decodes them: the index never holds more than
+    /// the room (and page tables), every key is still found, absent ones rarely pass, and it
+    /// saves to the same bytes. With room enough, no page file is made.
+    #[test]
+    fn filters_read_back_beyond_their_room_go_straight_to_disk() {
+        let sizes = [("big", 150_000), ("small", 3_000)];
+        let mut index = index_of(&sizes);
+        let roomy = index_of(&sizes);
+        let (big, small) = (FamilyId::from("big"), FamilyId::from("small"));
+        let all = index.filter_bytes();
+        let stored: BTreeMap<FamilyId, Vec<u8>> = (index.to_spill(&[big.clone(), small.clone()]))
+            .into_iter()
+            .map(|(family_id, filters)| (family_id, filters.encode().unwrap()))
+            .collect();
+        index.spilled(&[big.clone(), small.clone()]);
+        assert_eq!(index.filter_bytes(), 0);
+
+        let none = || -> std::io::Result<Arc<FilterPageFile>> { panic!("no page file needed") };
+        let room = index
+            .read_back_room(std::slice::from_ref(&small), all, none)
+            .expect("room");
+        assert!(room.file.is_none());
+
+        let share = all / 4;
+        let mut room = (index.read_back_room(&[big.clone(), small.clone()], share, || {
+            FilterPageFile::create(None)
+        }))
+        .expect("a page file");
+        for family_id in [&big, &small] {
+            let filters = ColdIndex::decode_spilled(family_id, &stored[family_id], &mut room)
+                .expect("decodes");
+            index.reload(family_id, filters).expect("reloads");
+        }
+        let tables: usize = (index.families.values())
+            .flat_map(|family| &family.filters)
+            .map(|filter| std::mem::size_of_val(filter.pages()))
+            .sum();
+        assert!(
+            index.filter_bytes() <= share + tables,
+            "{} bytes in memory, room for {share}",
+            index.filter_bytes()
+        );
+        let (_, (_, _, written)) = index.page_file_use();
+        assert!(written > 0, "pages went to the page file");
+        assert_eq!(encode(&index), encode(&roomy), "saved alike");
+        let passed = absent_passed_with_every_key_found(&mut index, &big, 150_000, 20_000);
+        assert!(passed < 100, "{passed} of 20,000 absent keys passed");
+    }
+
+    /// Checks that `family`'s filters find each of its `keys` keys (`index_of`'s names), and
+    /// counts how many of `absent` keys never added pass them.
+    fn absent_passed_with_every_key_found(
+        index: &mut ColdIndex,
+        family: &FamilyId,
+        keys: u64,
+        absent: u64,
+    ) -> usize {
+        let mut filters = index.family(family).expect("has rows");
+        let found = (0..keys).all(|n| filters.may_contain(hash(&format!("{family}-key-{n}"))));
+        assert!(found, "every key of {family} found");
+        (0..absent)
+            .filter(|n| filters.may_contain(hash(&format!("absent-{n}"))))
+            .count()
+    }
+
     /// Writes the pages `to_evict` chooses to `file`, as the router does.
     fn evict(index: &mut ColdIndex, file: &Arc<FilterPageFile>, cap: usize) -> usize {
         let evictions = index.to_evict(cap, usize::MAX);
@@ -1272,11 +1414,7 @@ mod tests {
                 .all(|filter| matches!(filter.pages()[0], Page::Memory(_))),
             "the smallest filters stay in memory"
         );
-        let mut filters = index.family(&big).expect("has rows");
-        assert!((0..150_000).all(|n| filters.may_contain(hash(&format!("big-key-{n}")))));
-        let passed = (0..100_000)
-            .filter(|n| filters.may_contain(hash(&format!("absent-{n}"))))
-            .count();
+        let passed = absent_passed_with_every_key_found(&mut index, &big, 150_000, 100_000);
         assert!(passed < 500, "{passed} of 100,000 absent ids passed");
         let (blocks, _, writes) = file.io_counts();
         assert!(
@@ -1386,7 +1524,12 @@ mod tests {
         assert!(refusal(&bytes).contains("reading the id of family 1"));
         // Words claimed past the input (8 TiB of them): the reader stops at the end.
         let short = [0xffu8; 100];
-        let result = read_pages(&mut &short[..], 1 << 40, "a filter");
+        let result = read_pages(
+            &mut &short[..],
+            1 << 40,
+            "a filter",
+            &mut PageRoom::unlimited(),
+        );
         assert!(matches!(result, Err(RouterError::Snapshot(m)) if m.contains("the words of")));
     }
 }

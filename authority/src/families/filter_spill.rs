@@ -10,7 +10,8 @@
 
 use std::collections::BTreeMap;
 
-use super::cold_index::{ColdIndex, FiltersToSpill, SpilledFilters};
+use super::cold_filter::FilterPageFile;
+use super::cold_index::{ColdIndex, FiltersToSpill, PageRoom, SpilledFilters};
 use super::error::RouterError;
 use super::family_store::{FamilyStore, StoreView};
 use super::router::FamilyRouter;
@@ -32,16 +33,21 @@ impl FamilyRouter {
     }
 
     /// Reads the stored bytes of `families` (stored ones, about to be activated) and brings
-    /// the filters of those that have them in the store back into memory, both read (and the
-    /// filters decoded) on one blocking thread.
+    /// the filters of those that have them in the store back, both read (and the filters
+    /// decoded) on one blocking thread: their pages in memory up to the filters' share, the
+    /// rest written to the page file as they are decoded (`ColdIndex::read_back_room`).
     pub(super) async fn fetch_stored(
         &mut self,
         families: Vec<FamilyId>,
     ) -> Result<BTreeMap<FamilyId, Vec<u8>>, RouterError> {
         let in_store = self.cold.in_store(&families);
+        let dir = self.actors.store().scratch_dir();
+        let share = self.filter_share_bytes();
+        let room = (self.cold)
+            .read_back_room(&in_store, share, || FilterPageFile::create(dir.as_deref()))?;
         let (fetched, filters) = self
             .actors
-            .fetch(families, move |view| read_filters(view, in_store))
+            .fetch(families, move |view| read_filters(view, in_store, room))
             .await?;
         for (family_id, filters) in filters {
             self.cold.reload(&family_id, filters)?;
@@ -141,14 +147,17 @@ fn encode(
         .collect()
 }
 
-/// The filters of `families` as the view holds them, decoded. Blocking.
+/// The filters of `families` as the view holds them, decoded, their pages placed by `room`.
+/// Blocking.
 fn read_filters(
     view: &StoreView,
     families: Vec<FamilyId>,
+    mut room: PageRoom,
 ) -> Result<Vec<(FamilyId, SpilledFilters)>, RouterError> {
     (families.into_iter())
         .map(|family_id| {
-            let filters = ColdIndex::decode_spilled(&family_id, &view.filters(&family_id)?)?;
+            let bytes = view.filters(&family_id)?;
+            let filters = ColdIndex::decode_spilled(&family_id, &bytes, &mut room)?;
             Ok((family_id, filters))
         })
         .collect()
