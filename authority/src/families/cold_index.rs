@@ -390,15 +390,16 @@ impl ColdIndex {
     /// Blocking when a page goes to the page file.
     pub fn decode_spilled(
         family_id: &FamilyId,
-        bytes: &[u8],
+        mut input: impl Read,
         room: &mut PageRoom,
     ) -> Result<SpilledFilters, RouterError> {
-        let mut input = bytes;
         let family = read_family(&mut input, family_id, room)?;
-        if !input.is_empty() {
+        let mut after = [0u8; 1];
+        let more = (input.read(&mut after))
+            .map_err(|error| read_error(&format!("the end of family {family_id:?}"), error))?;
+        if more > 0 {
             return Err(invalid(format_args!(
-                "{} bytes after the filters of family {family_id:?}",
-                input.len()
+                "bytes after the filters of family {family_id:?}"
             )));
         }
         Ok(SpilledFilters(family))
@@ -1090,8 +1091,12 @@ mod tests {
             "saved again from the store, the same bytes"
         );
         for (family_id, encoded) in &handed {
-            let filters = ColdIndex::decode_spilled(family_id, encoded, &mut PageRoom::unlimited())
-                .expect("decodes");
+            let filters = ColdIndex::decode_spilled(
+                family_id,
+                encoded.as_slice(),
+                &mut PageRoom::unlimited(),
+            )
+            .expect("decodes");
             back.reload(family_id, filters).expect("reloads");
         }
         assert_eq!(back.filter_bytes(), index.filter_bytes());
@@ -1154,11 +1159,12 @@ mod tests {
         let mut long = stored[&b].clone();
         long.push(0);
         assert!(
-            ColdIndex::decode_spilled(&b, &long, &mut PageRoom::unlimited()).is_err(),
+            ColdIndex::decode_spilled(&b, long.as_slice(), &mut PageRoom::unlimited()).is_err(),
             "a byte after them"
         );
-        let b_as_a = ColdIndex::decode_spilled(&a, &stored[&b], &mut PageRoom::unlimited())
-            .expect("decodes");
+        let b_as_a =
+            ColdIndex::decode_spilled(&a, stored[&b].as_slice(), &mut PageRoom::unlimited())
+                .expect("decodes");
         assert!(
             index.reload(&a, b_as_a).is_err(),
             "10 rows are not a's 5,000"
@@ -1166,7 +1172,7 @@ mod tests {
         for family_id in [&a, &b] {
             let filters = ColdIndex::decode_spilled(
                 family_id,
-                &stored[family_id],
+                stored[family_id].as_slice(),
                 &mut PageRoom::unlimited(),
             )
             .expect("decodes");
@@ -1188,8 +1194,9 @@ mod tests {
             again == before,
             "the copies in the store still serve the snapshot"
         );
-        let filters = ColdIndex::decode_spilled(&a, &stored[&a], &mut PageRoom::unlimited())
-            .expect("decodes");
+        let filters =
+            ColdIndex::decode_spilled(&a, stored[&a].as_slice(), &mut PageRoom::unlimited())
+                .expect("decodes");
         index.reload(&a, filters).expect("reloads");
         index.add(&a, b"a-key-new");
         let copies = index.to_spill(std::slice::from_ref(&a));
@@ -1331,8 +1338,9 @@ mod tests {
         }))
         .expect("a page file");
         for family_id in [&big, &small] {
-            let filters = ColdIndex::decode_spilled(family_id, &stored[family_id], &mut room)
-                .expect("decodes");
+            let filters =
+                ColdIndex::decode_spilled(family_id, stored[family_id].as_slice(), &mut room)
+                    .expect("decodes");
             index.reload(family_id, filters).expect("reloads");
         }
         let tables: usize = (index.families.values())

@@ -622,8 +622,85 @@ impl StoreView {
     /// The family's filters as `FamilyStore::write_with_filters` wrote them last. A family
     /// the index says has its filters here but the view lacks is a fault of this node (fatal).
     pub fn filters(&self, family_id: &FamilyId) -> Result<Vec<u8>, RouterError> {
-        let missing = "its filters are spilled, but missing from the family store";
-        read_row(&self.file.tables.filters, family_id, missing)
+        read_row(&self.file.tables.filters, family_id, FILTERS_MISSING)
+    }
+
+    /// The family's filters as `filters` gives them, read a chunk at a time: a reader that
+    /// decodes as it reads holds one chunk (under 1 MiB) of them, not all. Blocking.
+    pub fn filters_reader(&self, family_id: &FamilyId) -> Result<RowReader, RouterError> {
+        RowReader::open(&self.file.tables.filters, family_id, FILTERS_MISSING)
+    }
+}
+
+const FILTERS_MISSING: &str = "its filters are spilled, but missing from the family store";
+
+/// A family's row read a chunk at a time (`StoreView::filters_reader`), with `read_row`'s
+/// checks: chunks numbered from 0 without a gap, every one but the last full. A broken row
+/// reads as an error of kind `InvalidData` that names the family.
+pub struct RowReader {
+    family_id: FamilyId,
+    chunks: redb::Range<'static, (&'static str, u32), &'static [u8]>,
+    chunk: redb::AccessGuard<'static, &'static [u8]>,
+    number: u32,
+    /// Bytes of `chunk` already read.
+    at: usize,
+}
+
+impl RowReader {
+    fn open(table: &Table, family_id: &FamilyId, missing: &str) -> Result<Self, RouterError> {
+        let read_error = |e| store_error("read a family", e);
+        let id = family_id.as_str();
+        let mut chunks = (table.range((id, 0)..=(id, u32::MAX))).map_err(read_error)?;
+        let first = chunks.next().transpose().map_err(read_error)?;
+        let Some((key, chunk)) = first.filter(|(key, _)| key.value().1 == 0) else {
+            return Err(RouterError::FamilyFailed {
+                family_id: family_id.clone(),
+                reason: missing.into(),
+            });
+        };
+        drop(key);
+        Ok(Self {
+            family_id: family_id.clone(),
+            chunks,
+            chunk,
+            number: 0,
+            at: 0,
+        })
+    }
+
+    fn broken(&self, why: impl std::fmt::Display) -> std::io::Error {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("family {}'s row is broken: {why}", self.family_id),
+        )
+    }
+}
+
+impl std::io::Read for RowReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let chunk = self.chunk.value();
+            if self.at < chunk.len() {
+                let n = buf.len().min(chunk.len() - self.at);
+                buf[..n].copy_from_slice(&chunk[self.at..self.at + n]);
+                self.at += n;
+                return Ok(n);
+            }
+            let full = chunk.len() == CHUNK_BYTES;
+            let Some(next) = self.chunks.next() else {
+                return Ok(0);
+            };
+            let (key, chunk) = next.map_err(|error| self.broken(error))?;
+            let number = key.value().1;
+            if !full || Some(number) != self.number.checked_add(1) {
+                return Err(self.broken(format_args!(
+                    "chunk {number} after chunk {} of {} bytes",
+                    self.number,
+                    self.chunk.value().len()
+                )));
+            }
+            (self.chunk, self.number, self.at) = (chunk, number, 0);
+        }
     }
 }
 
@@ -803,6 +880,58 @@ mod tests {
             "no chunk of an old row is left"
         );
         assert_eq!(read(&neighbour).expect("read"), *row(CHUNK_BYTES + 1));
+    }
+
+    /// A family's filters read a chunk at a time come out as `filters` joins them, whatever
+    /// the length and however small the reads; a missing row is the family's failure, and a
+    /// row that lost a chunk reads as broken data naming the family.
+    #[test]
+    fn filters_read_a_chunk_at_a_time_read_as_joined() {
+        use std::io::Read;
+        let dir = tempfile::tempdir().expect("dir");
+        let store = FamilyStore::create(&dir.path().join("families.redb"), 0).expect("create");
+        let fam = FamilyId::from("fam");
+        let row = |len: usize| (0..len).map(|n| (n % 251) as u8).collect::<Vec<u8>>();
+        for len in [2 * CHUNK_BYTES + 7, CHUNK_BYTES, 0, 5] {
+            store
+                .write_with_filters(&[], &[(fam.clone(), row(len))])
+                .expect("write");
+            let view = store.view().expect("view");
+            let mut reader = view.filters_reader(&fam).expect("opens");
+            let (mut read, mut buf) = (Vec::new(), [0u8; 4_099]);
+            loop {
+                let n = reader.read(&mut buf).expect("reads");
+                if n == 0 {
+                    break;
+                }
+                read.extend_from_slice(&buf[..n]);
+            }
+            assert!(read == row(len), "a row of {len} bytes");
+            assert!(read == view.filters(&fam).expect("joined"));
+        }
+        let view = store.view().expect("view");
+        assert!(matches!(
+            view.filters_reader(&FamilyId::from("other")),
+            Err(RouterError::FamilyFailed { .. })
+        ));
+
+        store
+            .write_with_filters(&[], &[(fam.clone(), row(3 * CHUNK_BYTES))])
+            .expect("write");
+        let txn = store.inner.db.begin_write().expect("begin");
+        txn.open_table(FILTERS)
+            .expect("open")
+            .remove(("fam", 1))
+            .expect("remove a chunk");
+        txn.commit().expect("commit");
+        let view = store.view().expect("view");
+        let mut reader = view.filters_reader(&fam).expect("opens");
+        let error = std::io::copy(&mut reader, &mut std::io::sink()).expect_err("broken");
+        assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
+        assert!(
+            error.to_string().contains("family fam's row is broken"),
+            "{error}"
+        );
     }
 
     /// Rows handed over are read from memory until written, then from a run on disk, and a

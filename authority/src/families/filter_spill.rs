@@ -147,8 +147,8 @@ fn encode(
         .collect()
 }
 
-/// The filters of `families` as the view holds them, decoded, their pages placed by `room`.
-/// Blocking.
+/// The filters of `families` as the view holds them, decoded as they are read a chunk at a
+/// time, their pages placed by `room`. Blocking.
 fn read_filters(
     view: &StoreView,
     families: Vec<FamilyId>,
@@ -156,8 +156,8 @@ fn read_filters(
 ) -> Result<Vec<(FamilyId, SpilledFilters)>, RouterError> {
     (families.into_iter())
         .map(|family_id| {
-            let bytes = view.filters(&family_id)?;
-            let filters = ColdIndex::decode_spilled(&family_id, &bytes, &mut room)?;
+            let input = view.filters_reader(&family_id)?;
+            let filters = ColdIndex::decode_spilled(&family_id, input, &mut room)?;
             Ok((family_id, filters))
         })
         .collect()

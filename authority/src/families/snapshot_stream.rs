@@ -233,7 +233,8 @@ pub fn restore_from(
     let mut rows = store.sorted_rows();
     let mut cold = ColdIndex::default();
     // And family by family: once the next family's rows begin, the last one's filters are
-    // complete and go to the store, so the filters of one family at a time are in memory.
+    // complete and go to the store, so the filters in memory are the family being read and
+    // those waiting for the writer's next commit (at most `SPILL_COMMIT_BYTES` of them).
     let mut filters = StoredFilterWriter::new(&store);
     let mut filling: Option<FamilyId> = None;
     let head = read_stream(input, RowsAt::Stream, |item| match item {
