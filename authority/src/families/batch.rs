@@ -180,6 +180,13 @@ mod tests {
         }
     }
 
+    /// The log indexes of each round's entries.
+    fn round_indexes(rounds: &[Vec<EntryInput>]) -> Vec<Vec<u64>> {
+        (rounds.iter())
+            .map(|round| round.iter().map(|entry| entry.log_id.index).collect())
+            .collect()
+    }
+
     #[test]
     fn rounds_respect_the_limit_without_splitting_entries() {
         let entries = vec![
@@ -190,11 +197,7 @@ mod tests {
             entry(5, 1),
         ];
         let rounds = split_rounds(entries, 6);
-        let sizes: Vec<Vec<u64>> = rounds
-            .iter()
-            .map(|r| r.iter().map(|e| e.log_id.index).collect())
-            .collect();
-        assert_eq!(sizes, vec![vec![1, 2, 3], vec![4, 5]]);
+        assert_eq!(round_indexes(&rounds), vec![vec![1, 2, 3], vec![4, 5]]);
     }
 
     /// A parameter change starts a round, so a round's commands share their parameters.
@@ -215,11 +218,10 @@ mod tests {
             entry(7, 1),
         ];
         let rounds = split_rounds(entries, 100);
-        let indexes: Vec<Vec<u64>> = rounds
-            .iter()
-            .map(|r| r.iter().map(|e| e.log_id.index).collect())
-            .collect();
-        assert_eq!(indexes, vec![vec![1], vec![2, 3], vec![4], vec![5, 6, 7]]);
+        assert_eq!(
+            round_indexes(&rounds),
+            vec![vec![1], vec![2, 3], vec![4], vec![5, 6, 7]]
+        );
     }
 
     #[test]

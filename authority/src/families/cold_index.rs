@@ -1067,7 +1067,7 @@ mod tests {
         for (family_id, encoded) in &handed {
             let expected = index.to_spill(std::slice::from_ref(family_id));
             assert!(
-                *encoded == expected[0].1.encode().unwrap(),
+                *encoded == expected[0].1.encode().expect("encodes"),
                 "{family_id}'s filters handed over as the store keeps them"
             );
         }
@@ -1130,7 +1130,7 @@ mod tests {
         );
         let copies = index.to_spill(&[a.clone(), b.clone(), c.clone()]);
         let stored: BTreeMap<FamilyId, Vec<u8>> = (copies.into_iter())
-            .map(|(family_id, filters)| (family_id, filters.encode().unwrap()))
+            .map(|(family_id, filters)| (family_id, filters.encode().expect("encodes")))
             .collect();
         assert_eq!(stored.keys().collect::<Vec<_>>(), [&a, &b], "c has no rows");
         assert_eq!(stored[&a].len(), encoded_family_len(5_000));
@@ -1321,7 +1321,7 @@ mod tests {
         let all = index.filter_bytes();
         let stored: BTreeMap<FamilyId, Vec<u8>> = (index.to_spill(&[big.clone(), small.clone()]))
             .into_iter()
-            .map(|(family_id, filters)| (family_id, filters.encode().unwrap()))
+            .map(|(family_id, filters)| (family_id, filters.encode().expect("encodes")))
             .collect();
         index.spilled(&[big.clone(), small.clone()]);
         assert_eq!(index.filter_bytes(), 0);

@@ -4,6 +4,8 @@
 //! back and have them set. Both a bounded number of pages per round, written and read on a
 //! blocking thread, so no round waits on more than a few MiB of disk.
 
+use std::sync::Arc;
+
 use super::cold_filter::{page_file_error, FilterPageFile};
 use super::error::RouterError;
 use super::family_store::on_blocking_thread;
@@ -32,6 +34,15 @@ impl FamilyRouter {
         (self.config.max_filter_bytes).unwrap_or(self.config.max_live_bytes / FILTER_SHARE_DIVISOR)
     }
 
+    /// How the filters' page file is made when first needed: unnamed, beside the family store
+    /// (in the system's temporary directory for a store in memory).
+    pub(super) fn page_file_maker(
+        &self,
+    ) -> impl FnOnce() -> std::io::Result<Arc<FilterPageFile>> + use<> {
+        let dir = self.actors.store().scratch_dir();
+        move || FilterPageFile::create(dir.as_deref())
+    }
+
     /// Reads back the pages with the most waiting hashes once too many wait, then writes the
     /// pages the filters' memory exceeds its share by to the page file.
     pub(super) async fn keep_filters_in_their_share(&mut self) -> Result<(), RouterError> {
@@ -54,10 +65,7 @@ impl FamilyRouter {
         if evictions.is_empty() {
             return Ok(());
         }
-        let dir = self.actors.store().scratch_dir();
-        let file = self
-            .cold
-            .page_file(|| FilterPageFile::create(dir.as_deref()))?;
+        let file = self.cold.page_file(self.page_file_maker())?;
         let written = on_blocking_thread("a filter page write", move || {
             (evictions.into_iter())
                 .map(|eviction| match file.write(eviction.words()) {

@@ -10,7 +10,6 @@
 
 use std::collections::BTreeMap;
 
-use super::cold_filter::FilterPageFile;
 use super::cold_index::{ColdIndex, FiltersToSpill, PageRoom, SpilledFilters};
 use super::error::RouterError;
 use super::family_store::{FamilyStore, StoreView};
@@ -41,10 +40,8 @@ impl FamilyRouter {
         families: Vec<FamilyId>,
     ) -> Result<BTreeMap<FamilyId, Vec<u8>>, RouterError> {
         let in_store = self.cold.in_store(&families);
-        let dir = self.actors.store().scratch_dir();
-        let share = self.filter_share_bytes();
-        let room = (self.cold)
-            .read_back_room(&in_store, share, || FilterPageFile::create(dir.as_deref()))?;
+        let (share, make_file) = (self.filter_share_bytes(), self.page_file_maker());
+        let room = self.cold.read_back_room(&in_store, share, make_file)?;
         let (fetched, filters) = self
             .actors
             .fetch(families, move |view| read_filters(view, in_store, room))
@@ -173,27 +170,28 @@ mod tests {
     #[test]
     fn filters_are_written_a_commit_at_a_time() {
         let store = FamilyStore::in_memory().expect("an in-memory store");
+        let stored = |family_id: &FamilyId| store.view().expect("a view").filters(family_id);
         let mut writer = StoredFilterWriter::with_commit_bytes(&store, 10);
         let (a, b, c) = (
             FamilyId::from("a"),
             FamilyId::from("b"),
             FamilyId::from("c"),
         );
-        assert!(writer.push(a.clone(), vec![1; 4]).unwrap().is_empty());
+        assert!(writer.push(a.clone(), vec![1; 4]).expect("held").is_empty());
         assert_eq!(
-            writer.push(b.clone(), vec![2; 6]).unwrap(),
+            writer.push(b.clone(), vec![2; 6]).expect("committed"),
             [a.clone(), b.clone()]
         );
-        assert!(store.view().unwrap().filters(&a).unwrap() == [1; 4]);
-        assert!(writer.push(c.clone(), vec![3; 1]).unwrap().is_empty());
-        assert!(
-            store.view().unwrap().filters(&c).is_err(),
-            "not written yet"
-        );
-        assert_eq!(writer.finish().unwrap(), [c]);
-        assert!(store.view().unwrap().filters(&FamilyId::from("c")).unwrap() == [3; 1]);
-        assert!(store.view().unwrap().filters(&b).unwrap() == [2; 6]);
+        assert!(stored(&a).expect("written") == [1; 4]);
+        assert!(writer.push(c.clone(), vec![3; 1]).expect("held").is_empty());
+        assert!(stored(&c).is_err(), "not written yet");
+        assert_eq!(writer.finish().expect("committed"), [c]);
+        assert!(stored(&FamilyId::from("c")).expect("written") == [3; 1]);
+        assert!(stored(&b).expect("written") == [2; 6]);
         let empty = StoredFilterWriter::new(&store);
-        assert!(empty.finish().unwrap().is_empty(), "nothing to commit");
+        assert!(
+            empty.finish().expect("nothing to fail").is_empty(),
+            "nothing to commit"
+        );
     }
 }

@@ -324,7 +324,7 @@ impl CompactionQueue {
                 continue;
             };
             if last.key_ms <= key_ms
-                && best.is_none_or(|(best_due_ms, _)| last.key_ms > best_due_ms)
+                && best.is_none_or(|(best_key_ms, _)| last.key_ms > best_key_ms)
             {
                 best = Some((last.key_ms, at));
             }
